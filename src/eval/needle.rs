@@ -6,8 +6,8 @@
 //! haystack: filler with N needles "the magic number of CITY is NUMBER. " inserted at word
 //!           boundaries; the queried needle at depth p (p of the filler bytes come before it),
 //!           the other N − 1 at seeded random depths
-//! query:    "\nwhat is the magic number of CITY? "
-//! answer:   NUMBER, then "\n"
+//! queries:  R times "\nwhat is the magic number of CITY? NUMBER", the needle at depth p
+//!           asked first, then R − 1 of the others; the episode ends with "\n"
 //! ```
 //!
 //! Filler comes from a seeded synthetic language (Zipf-distributed pseudo-words built from
@@ -20,6 +20,7 @@
 //! decoding produces the same digits, and conversely), in one forward pass per batch.
 
 use crate::error::{Error, Result};
+use crate::kernels::cross_entropy::IGNORE;
 use crate::model::{Model, Workspace};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -129,10 +130,13 @@ impl Filler {
     }
 }
 
-/// The task: N needles per haystack, NUMBERs of `digits` digits, and the filler.
+/// The task: N needles per haystack, R of them queried, NUMBERs of `digits` digits, and the
+/// filler.
 #[derive(Clone, Debug)]
 pub struct NeedleTask {
     pub needles: usize,
+    /// R ≤ N
+    pub queries: usize,
     pub digits: usize,
     pub filler: Filler,
 }
@@ -147,9 +151,11 @@ pub struct Episode {
     pub needle: Range<usize>,
     /// the queried NUMBER inside the needle
     pub number: Range<usize>,
-    /// the answer digits (after the query)
+    /// the answer digits of the needle at the depth (after the first query)
     pub answer: Range<usize>,
-    /// the queried city
+    /// the answer digits of all R queries; `answers[0] == answer`
+    pub answers: Vec<Range<usize>>,
+    /// the city of the needle at the depth
     pub city: &'static str,
     /// filler bytes before the queried needle, and in the whole haystack
     pub filler_before: usize,
@@ -166,9 +172,21 @@ impl Episode {
         }
     }
 
-    /// Input positions whose next token is an answer digit.
+    /// Input positions whose next token is a digit of the depth needle's answer.
     pub fn answer_queries(&self) -> Range<usize> {
         self.answer.start - 1..self.answer.end - 1
+    }
+
+    /// Targets that train on the answer digits of all R queries only: `tokens[1..]` with
+    /// every other position `IGNORE`.
+    pub fn answer_targets(&self) -> Vec<u32> {
+        let mut y = vec![IGNORE; self.tokens.len() - 1];
+        for a in &self.answers {
+            for p in a.clone() {
+                y[p - 1] = self.tokens[p];
+            }
+        }
+        y
     }
 }
 
@@ -189,9 +207,10 @@ fn snap(filler: &[u8], o: usize) -> usize {
 
 impl NeedleTask {
     /// A task with filler from the synthetic language of `language_seed` (200 words).
-    pub fn synthetic(needles: usize, digits: usize, language_seed: u64) -> Self {
+    pub fn synthetic(needles: usize, queries: usize, digits: usize, language_seed: u64) -> Self {
         NeedleTask {
             needles,
+            queries,
             digits,
             filler: Filler::Synthetic(SyntheticLanguage::new(language_seed, 200)),
         }
@@ -202,7 +221,8 @@ impl NeedleTask {
         let longest = CITIES.iter().map(|c| c.len()).max().unwrap_or(0);
         let number = "0".repeat(self.digits);
         let lc = "x".repeat(longest);
-        self.needles * needle_text(&lc, &number).len() + query_text(&lc).len() + self.digits
+        self.needles * needle_text(&lc, &number).len()
+            + self.queries * (query_text(&lc).len() + self.digits)
     }
 
     fn check(&self) -> Result<()> {
@@ -217,6 +237,12 @@ impl NeedleTask {
             return Err(Error::Invalid(format!(
                 "digits ({}) must be between 1 and 9",
                 self.digits
+            )));
+        }
+        if self.queries == 0 || self.queries > self.needles {
+            return Err(Error::Invalid(format!(
+                "queries ({}) must be between 1 and the number of needles ({})",
+                self.queries, self.needles
             )));
         }
         Ok(())
@@ -250,8 +276,10 @@ impl NeedleTask {
         let needles: Vec<String> = (0..n)
             .map(|i| needle_text(cities[i], &numbers[i]))
             .collect();
-        let query = query_text(cities[0]);
-        let fixed = needles.iter().map(|s| s.len()).sum::<usize>() + query.len() + self.digits + 1;
+        let queries: Vec<String> = (0..self.queries).map(|i| query_text(cities[i])).collect();
+        let fixed = needles.iter().map(|s| s.len()).sum::<usize>()
+            + queries.iter().map(|q| q.len() + self.digits).sum::<usize>()
+            + 1;
         let total = t + 1;
         if total < fixed {
             return Err(Error::Invalid(format!(
@@ -292,9 +320,12 @@ impl NeedleTask {
         }
         bytes.extend_from_slice(&filler[at..]);
         let context = bytes.len();
-        bytes.extend_from_slice(query.as_bytes());
-        let a0 = bytes.len();
-        bytes.extend_from_slice(numbers[0].as_bytes());
+        let mut answers = Vec::with_capacity(self.queries);
+        for (q, number) in queries.iter().zip(&numbers) {
+            bytes.extend_from_slice(q.as_bytes());
+            answers.push(bytes.len()..bytes.len() + self.digits);
+            bytes.extend_from_slice(number.as_bytes());
+        }
         bytes.push(b'\n');
         debug_assert_eq!(bytes.len(), total);
         Ok(Episode {
@@ -302,7 +333,8 @@ impl NeedleTask {
             context,
             needle,
             number,
-            answer: a0..a0 + self.digits,
+            answer: answers[0].clone(),
+            answers,
             city: cities[0],
             filler_before,
             filler_len: f,
@@ -310,15 +342,15 @@ impl NeedleTask {
     }
 }
 
-/// Whether the model retrieves each episode's answer (teacher-forced argmax at every answer
-/// digit, which equals greedy decoding). All episodes have `t` input tokens; `ws` holds at
-/// least `episodes.len()` × `t`.
+/// For each episode, whether the model retrieves each of its R answers (teacher-forced argmax
+/// at every answer digit, which equals greedy decoding; the first is the needle at the
+/// depth). All episodes have `t` input tokens; `ws` holds at least `episodes.len()` × `t`.
 pub fn answers_correct(
     model: &Model,
     ws: &mut Workspace,
     episodes: &[Episode],
     t: usize,
-) -> Result<Vec<bool>> {
+) -> Result<Vec<Vec<bool>>> {
     let v = model.config.vocab_size;
     if v < 256 {
         return Err(Error::Invalid(format!(
@@ -340,10 +372,15 @@ pub fn answers_correct(
         .iter()
         .enumerate()
         .map(|(b, e)| {
-            e.answer_queries().all(|p| {
-                let row = &ws.logits[(b * t + p) * v..(b * t + p + 1) * v];
-                argmax(row) == e.tokens[p + 1] as usize
-            })
+            e.answers
+                .iter()
+                .map(|a| {
+                    (a.start - 1..a.end - 1).all(|p| {
+                        let row = &ws.logits[(b * t + p) * v..(b * t + p + 1) * v];
+                        argmax(row) == e.tokens[p + 1] as usize
+                    })
+                })
+                .collect()
         })
         .collect())
 }
@@ -359,13 +396,16 @@ pub fn argmax(row: &[f32]) -> usize {
     best
 }
 
-/// Retrieval accuracy of one (depth, length) cell.
+/// Retrieval accuracy of one (depth, length) cell: `correct` of `total` episodes answer the
+/// needle at the depth; `all_correct` of `all_total` answers over all R queries.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Cell {
     pub depth: f64,
     pub len: usize,
     pub correct: usize,
     pub total: usize,
+    pub all_correct: usize,
+    pub all_total: usize,
 }
 
 impl Cell {
@@ -409,18 +449,21 @@ pub fn retrieval_grid(
             let episodes = (0..per_cell)
                 .map(|_| task.episode(&mut rng, len, depth))
                 .collect::<Result<Vec<_>>>()?;
-            let mut correct = 0;
+            let (mut correct, mut all_correct, mut all_total) = (0, 0, 0);
             for group in episodes.chunks(batch.max(1)) {
-                correct += answers_correct(model, &mut ws, group, len)?
-                    .into_iter()
-                    .filter(|&c| c)
-                    .count();
+                for answers in answers_correct(model, &mut ws, group, len)? {
+                    correct += answers[0] as usize;
+                    all_correct += answers.iter().filter(|&&c| c).count();
+                    all_total += answers.len();
+                }
             }
             cells.push(Cell {
                 depth,
                 len,
                 correct,
                 total: per_cell,
+                all_correct,
+                all_total,
             });
         }
     }
@@ -435,9 +478,13 @@ mod tests {
         e.tokens[r].iter().map(|&b| b as u8 as char).collect()
     }
 
+    fn hay_count(e: &Episode, s: &str) -> usize {
+        text(e, 0..e.context).matches(s).count()
+    }
+
     #[test]
     fn the_queried_needle_sits_at_its_depth_and_holds_the_answer() {
-        let task = NeedleTask::synthetic(4, 4, 7);
+        let task = NeedleTask::synthetic(4, 2, 4, 7);
         let mut rng = ChaCha8Rng::seed_from_u64(3);
         for &depth in &DEPTHS {
             for _ in 0..20 {
@@ -469,6 +516,20 @@ mod tests {
                     text(&e, e.context..e.answer.start),
                     format!("\nwhat is the magic number of {}? ", e.city)
                 );
+                // the second query asks another needle of the haystack, right after the first
+                assert_eq!(e.answers.len(), 2);
+                let second = text(&e, e.answer.end..e.answers[1].start);
+                let other = second.trim_start_matches("\nwhat is the magic number of ");
+                let city = other.trim_end_matches("? ");
+                assert_ne!(city, e.city);
+                let n2 = text(&e, e.answers[1].clone());
+                assert_eq!(hay_count(&e, &format!("number of {city} is {n2}.")), 1);
+                // answer-only targets: exactly the 2 × 4 answer digits count
+                let y = e.answer_targets();
+                let kept: Vec<usize> = (0..y.len()).filter(|&i| y[i] != IGNORE).collect();
+                assert_eq!(kept.len(), 8);
+                assert!(kept.iter().all(|&i| y[i] == e.tokens[i + 1]));
+                assert_eq!(kept[0], e.answer.start - 1);
                 assert_eq!(e.tokens[400], b'\n' as u32);
                 // the city is named by exactly one needle in the haystack
                 let hay = text(&e, 0..e.context);
@@ -481,7 +542,7 @@ mod tests {
 
     #[test]
     fn episodes_are_determined_by_the_seed() {
-        let task = NeedleTask::synthetic(3, 3, 1);
+        let task = NeedleTask::synthetic(3, 1, 3, 1);
         let make = |seed| {
             let mut rng = ChaCha8Rng::seed_from_u64(seed);
             (0..5)
@@ -491,7 +552,7 @@ mod tests {
         assert_eq!(make(11), make(11));
         assert_ne!(make(11), make(12));
         // a different language seed changes the filler, not the layout rules
-        let other = NeedleTask::synthetic(3, 3, 2);
+        let other = NeedleTask::synthetic(3, 1, 3, 2);
         let mut r1 = ChaCha8Rng::seed_from_u64(11);
         let e = other.episode(&mut r1, 256, 0.5).unwrap();
         assert_ne!(e.tokens, make(11)[2].tokens);
@@ -499,7 +560,7 @@ mod tests {
 
     #[test]
     fn a_window_too_short_for_the_needles_is_named() {
-        let task = NeedleTask::synthetic(6, 4, 1);
+        let task = NeedleTask::synthetic(6, 2, 4, 1);
         let mut rng = ChaCha8Rng::seed_from_u64(0);
         let e = task.episode(&mut rng, 100, 0.5).unwrap_err().to_string();
         assert!(
@@ -518,6 +579,7 @@ mod tests {
         let src: Vec<u8> = b"one two three four five six seven eight nine ten ".repeat(20);
         let task = NeedleTask {
             needles: 2,
+            queries: 1,
             digits: 3,
             filler: Filler::Text(Arc::new(src.clone())),
         };

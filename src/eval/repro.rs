@@ -16,12 +16,10 @@ use super::attention_stats::{allocation, attention_logits, hidden_states, Alloca
 use super::needle::{retrieval_grid, Cell, NeedleTask, DEPTHS};
 use crate::config::{swiglu_width, AttentionKind, ModelConfig, Preset};
 use crate::error::{Error, Result};
-use crate::kernels::adamw::AdamWParams;
 use crate::model::{Model, Workspace};
 use crate::report::heatmap::{plot_heatmaps, Panel};
 use crate::report::plot::thousands;
-use crate::train::schedule::lr_at;
-use crate::train::Optimizer;
+use crate::train::in_memory::{train_short, ShortRun, Trained};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde_json::json;
@@ -56,6 +54,10 @@ pub struct ReproPlan {
     pub lr: f32,
     pub warmup: u64,
     pub needles: usize,
+    /// R: needles queried per episode (the first at the cell's depth)
+    pub queries: usize,
+    /// train on the answer digits only (the others are `IGNORE`d), not on every byte
+    pub answer_only: bool,
     pub digits: usize,
     pub language_seed: u64,
     /// training windows are drawn uniformly from multiples of 16 in [train_min_len, context]
@@ -93,6 +95,8 @@ impl ReproPlan {
             lr: 3e-3,
             warmup: 10,
             needles: 2,
+            queries: 1,
+            answer_only: true,
             digits: 3,
             language_seed: 1,
             train_min_len: 128,
@@ -124,6 +128,8 @@ impl ReproPlan {
             lr: 2e-3,
             warmup: 75,
             needles: 6,
+            queries: 2,
+            answer_only: true,
             digits: 4,
             language_seed: 1,
             train_min_len: 320,
@@ -140,7 +146,7 @@ impl ReproPlan {
     }
 
     pub fn task(&self) -> NeedleTask {
-        NeedleTask::synthetic(self.needles, self.digits, self.language_seed)
+        NeedleTask::synthetic(self.needles, self.queries, self.digits, self.language_seed)
     }
 
     /// The model of one kind: h = D / 2d differential heads; standard gets 2h heads, diff_v1
@@ -196,6 +202,7 @@ impl ReproPlan {
         for &n in &self.needle_counts {
             let task = NeedleTask {
                 needles: n,
+                queries: self.queries.min(n),
                 ..self.task()
             };
             let longest = self.lengths.last().copied().unwrap_or(0);
@@ -295,45 +302,18 @@ impl KindRun {
     }
 }
 
-/// A model trained by `train_needle`, with its per-step losses and λ per layer after each step
-/// (diff_v1: the layer's λ; diff_v2: the mean σ(lambda_proj x) over the step's last batch;
-/// standard: empty rows).
-pub struct Trained {
-    pub model: Model,
-    pub losses: Vec<f32>,
-    pub lambdas: Vec<Vec<f32>>,
-}
-
-/// Trains one model on the needle task: `plan.steps` AdamW steps (warm-up + cosine, clip 1,
-/// weight decay 0.1) on batches of fresh episodes, next-token loss on every byte. The episodes
-/// depend only on `seed`, so every kind trained with one seed sees the same bytes.
+/// Trains one model on the needle task (train/in_memory.rs): batches of fresh episodes in
+/// windows drawn from multiples of 16 in [train_min_len, context]; the loss is on the answer
+/// digits (`answer_only`) or on every byte. The episodes depend only on `seed`, so every kind
+/// trained with one seed sees the same bytes.
 pub fn train_needle(
     config: ModelConfig,
     plan: &ReproPlan,
     task: &NeedleTask,
     seed: u64,
-    mut on_step: impl FnMut(u64, f32),
+    on_step: impl FnMut(u64, f32),
 ) -> Result<Trained> {
-    let mut model = Model::init(config, seed)?;
-    let hp = AdamWParams {
-        lr: plan.lr,
-        beta1: 0.9,
-        beta2: 0.95,
-        eps: 1e-8,
-        weight_decay: 0.1,
-    };
-    let mut opt = Optimizer::new(&model, hp, 1.0);
     let (b, ctx) = (plan.batch, plan.context);
-    let mut ws = Workspace::new(&model, b, ctx);
-    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ TRAIN_STREAM);
-    let (mut x, mut y) = (vec![0u32; b * ctx], vec![0u32; b * ctx]);
-    let mut losses = Vec::with_capacity(plan.steps as usize);
-    let mut lambdas = Vec::with_capacity(plan.steps as usize);
-    let layers = if model.config.attention.is_diff() {
-        model.config.num_hidden_layers
-    } else {
-        0
-    };
     let (lo, hi) = (plan.train_min_len.div_ceil(16), ctx / 16);
     if lo > hi {
         return Err(Error::Invalid(format!(
@@ -341,36 +321,28 @@ pub fn train_needle(
             plan.train_min_len
         )));
     }
-    for step in 0..plan.steps {
+    let run = ShortRun {
+        steps: plan.steps,
+        batch: b,
+        context: ctx,
+        lr: plan.lr,
+        warmup: plan.warmup,
+    };
+    let fill = |rng: &mut ChaCha8Rng, x: &mut [u32], y: &mut [u32]| -> Result<usize> {
         let t = 16 * rng.random_range(lo..=hi);
         for r in 0..b {
             let depth: f64 = rng.random();
-            let e = task.episode(&mut rng, t, depth)?;
+            let e = task.episode(rng, t, depth)?;
             x[r * t..(r + 1) * t].copy_from_slice(&e.tokens[..t]);
-            y[r * t..(r + 1) * t].copy_from_slice(&e.tokens[1..]);
+            if plan.answer_only {
+                y[r * t..(r + 1) * t].copy_from_slice(&e.answer_targets());
+            } else {
+                y[r * t..(r + 1) * t].copy_from_slice(&e.tokens[1..]);
+            }
         }
-        let lr = lr_at(step, plan.steps, plan.lr, plan.lr / 10.0, plan.warmup);
-        let s = opt.step(&mut model, &mut ws, &x[..b * t], &y[..b * t], b, t, lr)?;
-        if !(s.loss.is_finite() && s.grad_norm.is_finite()) {
-            return Err(Error::Invalid(format!(
-                "{} seed {seed}: step {}: loss {} / gradient norm {} is not finite",
-                model.config.attention,
-                step + 1,
-                s.loss,
-                s.grad_norm
-            )));
-        }
-        losses.push(s.loss);
-        let mut lam = vec![0f32; layers];
-        crate::train::trainer::layer_lambdas(&model, &ws, b * t, &mut lam);
-        lambdas.push(lam);
-        on_step(step + 1, s.loss);
-    }
-    Ok(Trained {
-        model,
-        losses,
-        lambdas,
-    })
+        Ok(t)
+    };
+    train_short(config, &run, seed, TRAIN_STREAM, fill, on_step)
 }
 
 /// What `measure` finds for one trained model.
@@ -434,6 +406,7 @@ pub fn measure(model: &Model, plan: &ReproPlan, task: &NeedleTask) -> Result<Mea
     for &n in &plan.needle_counts {
         let t = NeedleTask {
             needles: n,
+            queries: task.queries.min(n),
             ..task.clone()
         };
         let cells = retrieval_grid(
@@ -446,7 +419,9 @@ pub fn measure(model: &Model, plan: &ReproPlan, task: &NeedleTask) -> Result<Mea
             plan.batch,
             None,
         )?;
-        by_needles.push((n, accuracy_of(&cells)));
+        let all: usize = cells.iter().map(|c| c.all_correct).sum();
+        let total: usize = cells.iter().map(|c| c.all_total).sum();
+        by_needles.push((n, all as f64 / total.max(1) as f64));
     }
     let c = &model.config;
 

@@ -5,7 +5,12 @@ use rayon::prelude::*;
 
 const CHUNK: usize = 16;
 
-/// logits: (N, V), targets: (N); writes losses (N) = lse − logit[target] and lse (N) for the backward.
+/// A target that takes no part in the loss (PyTorch's `ignore_index`): its loss and its
+/// gradient are zero and the mean is over the other targets. Used to train on answer tokens only.
+pub const IGNORE: u32 = u32::MAX;
+
+/// logits: (N, V), targets: (N); writes losses (N) = lse − logit[target] (0 for `IGNORE`) and
+/// lse (N) for the backward.
 pub fn cross_entropy_forward(
     losses: &mut [f32],
     lse: &mut [f32],
@@ -25,13 +30,18 @@ pub fn cross_entropy_forward(
                 let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
                 let sum: f32 = row.iter().map(|&x| exp_nonpos(x - max)).sum();
                 *lse = max + sum.ln();
-                *loss = *lse - row[t as usize];
+                *loss = if t == IGNORE {
+                    0.0
+                } else {
+                    *lse - row[t as usize]
+                };
             }
         });
 }
 
 /// Writes dlogits (N, V) = (softmax(logits) − onehot(target)) · dloss, the logits feeding
-/// only the loss. `dloss` is the same for every row (1/N for a mean).
+/// only the loss (zero rows for `IGNORE`). `dloss` is the same for every row (1/counted for a
+/// mean).
 pub fn cross_entropy_backward(
     dlogits: &mut [f32],
     logits: &[f32],
@@ -49,6 +59,10 @@ pub fn cross_entropy_backward(
             for (((dl, row), &lse), &t) in
                 dl.chunks_mut(v).zip(logits.chunks(v)).zip(lse).zip(targets)
             {
+                if t == IGNORE {
+                    dl.fill(0.0);
+                    continue;
+                }
                 for (d, &x) in dl.iter_mut().zip(row) {
                     *d = exp_nonpos(x - lse) * dloss;
                 }
@@ -57,9 +71,14 @@ pub fn cross_entropy_backward(
         });
 }
 
-/// Mean of the per-token losses, summed in f64 in a fixed order.
-pub fn mean_loss(losses: &[f32]) -> f32 {
-    (losses.iter().map(|&l| l as f64).sum::<f64>() / losses.len() as f64) as f32
+/// How many targets count in the loss (all but `IGNORE`).
+pub fn counted(targets: &[u32]) -> usize {
+    targets.iter().filter(|&&t| t != IGNORE).count()
+}
+
+/// Mean of the per-token losses over the counted targets, summed in f64 in a fixed order.
+pub fn mean_loss(losses: &[f32], counted: usize) -> f32 {
+    (losses.iter().map(|&l| l as f64).sum::<f64>() / counted as f64) as f32
 }
 
 #[cfg(test)]
@@ -82,6 +101,40 @@ mod tests {
         let mut d = vec![0.0; n * v];
         cross_entropy_backward(&mut d, &logits, &s, &targets, v, 1.0 / n as f32);
         check_grad("cross-entropy dlogits", &logits, &d, mean);
+    }
+
+    #[test]
+    fn ignored_targets_cost_nothing_and_get_no_gradient() {
+        let (n, v) = (6, 9);
+        let logits = randn(n * v, 2, 2.0);
+        let targets: Vec<u32> = vec![1, IGNORE, 4, IGNORE, IGNORE, 8];
+        let kept = counted(&targets);
+        assert_eq!(kept, 3);
+        let mean = |x: &[f32]| {
+            let (mut l, mut s) = (vec![0.0; n], vec![0.0; n]);
+            cross_entropy_forward(&mut l, &mut s, x, &targets, v);
+            mean_loss(&l, kept) as f64
+        };
+        // the mean over the counted rows equals the loss of those rows alone
+        let rows = [0usize, 2, 5];
+        let sub: Vec<f32> = rows
+            .iter()
+            .flat_map(|&r| logits[r * v..(r + 1) * v].to_vec())
+            .collect();
+        let (mut l, mut s) = (vec![0.0; 3], vec![0.0; 3]);
+        cross_entropy_forward(&mut l, &mut s, &sub, &[1, 4, 8], v);
+        assert!((mean(&logits) - mean_loss(&l, 3) as f64).abs() < 1e-6);
+        let (mut l, mut s) = (vec![0.0; n], vec![0.0; n]);
+        cross_entropy_forward(&mut l, &mut s, &logits, &targets, v);
+        let mut d = vec![1.0; n * v];
+        cross_entropy_backward(&mut d, &logits, &s, &targets, v, 1.0 / kept as f32);
+        assert!(d[v..2 * v].iter().all(|&g| g == 0.0));
+        check_grad(
+            "cross-entropy dlogits with ignored targets",
+            &logits,
+            &d,
+            mean,
+        );
     }
 
     #[test]

@@ -11,7 +11,9 @@ use super::kv_cache::KvCache;
 use super::params::ParamLayout;
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
-use crate::kernels::cross_entropy::{cross_entropy_backward, cross_entropy_forward, mean_loss};
+use crate::kernels::cross_entropy::{
+    counted, cross_entropy_backward, cross_entropy_forward, mean_loss, IGNORE,
+};
 use crate::kernels::embedding::{embedding_backward, embedding_forward};
 use crate::kernels::matmul::{matmul_backward, matmul_forward};
 use crate::kernels::rmsnorm::{rmsnorm_backward, rmsnorm_forward};
@@ -256,7 +258,8 @@ impl Model {
         Ok(())
     }
 
-    /// Mean cross-entropy of the last forward's logits against `targets` (B·T).
+    /// Mean cross-entropy of the last forward's logits against `targets` (B·T), over the
+    /// targets that are not `IGNORE`.
     pub fn loss(&self, ws: &mut Workspace, targets: &[u32]) -> Result<f32> {
         let (b, t) = ws.cur;
         let n = b * t;
@@ -267,7 +270,10 @@ impl Model {
                 targets.len()
             )));
         }
-        if let Some(&bad) = targets.iter().find(|&&tok| tok as usize >= v) {
+        if let Some(&bad) = targets
+            .iter()
+            .find(|&&tok| tok != IGNORE && tok as usize >= v)
+        {
             return Err(Error::Invalid(format!(
                 "target id {bad} is outside the vocabulary ({v})"
             )));
@@ -280,7 +286,13 @@ impl Model {
             targets,
             v,
         );
-        Ok(mean_loss(&ws.losses[..n]))
+        let kept = counted(targets);
+        if kept == 0 {
+            return Err(Error::Invalid(format!(
+                "all {n} targets are ignored: nothing to learn from"
+            )));
+        }
+        Ok(mean_loss(&ws.losses[..n], kept))
     }
 
     /// Accumulates the gradient of the mean loss of the last `forward` + `loss` into `grads`
@@ -301,7 +313,7 @@ impl Model {
             &ws.ce_lse[..n],
             &ws.targets[..n],
             v,
-            1.0 / n as f32,
+            1.0 / counted(&ws.targets[..n]) as f32,
         );
         let dlnf = &mut ws.dlnf[..n * dm];
         dlnf.fill(0.0);

@@ -2,6 +2,7 @@
 //! and the metrics log.
 
 pub mod checkpoint;
+pub mod in_memory;
 pub mod metrics;
 pub mod options;
 pub mod schedule;
