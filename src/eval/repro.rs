@@ -149,24 +149,15 @@ impl ReproPlan {
         NeedleTask::synthetic(self.needles, self.queries, self.digits, self.language_seed)
     }
 
-    /// The model of one kind: h = D / 2d differential heads; standard gets 2h heads, diff_v1
-    /// h, diff_v2 2h output heads over h K/V heads (the presets' matching, SPEC.md).
+    /// The model of one kind (`matched_config`).
     pub fn model_config(&self, kind: AttentionKind) -> ModelConfig {
-        let h = self.hidden_size / (2 * self.head_dim);
-        let (heads, kv) = match kind {
-            AttentionKind::Standard => (2 * h, 2 * h),
-            AttentionKind::DiffV1 => (h, h),
-            AttentionKind::DiffV2 => (2 * h, h),
-        };
-        let mut c = ModelConfig::preset(Preset::Tiny, kind);
-        c.hidden_size = self.hidden_size;
-        c.intermediate_size = swiglu_width(self.hidden_size);
-        c.num_hidden_layers = self.num_hidden_layers;
-        c.num_attention_heads = heads;
-        c.num_key_value_heads = kv;
-        c.head_dim = self.head_dim;
-        c.max_position_embeddings = self.context;
-        c
+        matched_config(
+            kind,
+            self.hidden_size,
+            self.num_hidden_layers,
+            self.head_dim,
+            self.context,
+        )
     }
 
     /// Checks that the plan can run, naming the first problem.
@@ -267,6 +258,34 @@ impl ReproPlan {
     }
 }
 
+/// A byte-level model of `kind` with D, L, d and the context given: h = D / 2d differential
+/// heads; standard gets 2h heads, diff_v1 h, diff_v2 2h output heads over h K/V heads (the
+/// presets' matching, SPEC.md), SwiGLU width from D. Every repro experiment builds its models
+/// here, so the kinds always have matched parameters.
+pub fn matched_config(
+    kind: AttentionKind,
+    hidden_size: usize,
+    num_hidden_layers: usize,
+    head_dim: usize,
+    context: usize,
+) -> ModelConfig {
+    let h = hidden_size / (2 * head_dim);
+    let (heads, kv) = match kind {
+        AttentionKind::Standard => (2 * h, 2 * h),
+        AttentionKind::DiffV1 => (h, h),
+        AttentionKind::DiffV2 => (2 * h, h),
+    };
+    let mut c = ModelConfig::preset(Preset::Tiny, kind);
+    c.hidden_size = hidden_size;
+    c.intermediate_size = swiglu_width(hidden_size);
+    c.num_hidden_layers = num_hidden_layers;
+    c.num_attention_heads = heads;
+    c.num_key_value_heads = kv;
+    c.head_dim = head_dim;
+    c.max_position_embeddings = context;
+    c
+}
+
 /// One trained model's measurements.
 #[derive(Clone, Debug)]
 pub struct KindRun {
@@ -361,7 +380,7 @@ pub struct Measurements {
 }
 
 /// A Markdown table's header and rule: the first column left-aligned, the rest right-aligned.
-fn table_head(s: &mut String, fixed: &[&str], cols: impl Iterator<Item = String>) {
+pub(crate) fn table_head(s: &mut String, fixed: &[&str], cols: impl Iterator<Item = String>) {
     let names: Vec<String> = fixed.iter().map(|f| f.to_string()).chain(cols).collect();
     let _ = writeln!(s, "| {} |", names.join(" | "));
     let _ = writeln!(s, "|---|{}", "---:|".repeat(names.len() - 1));
