@@ -1,4 +1,5 @@
-//! Reports: loss-curve plots and heatmaps.
+//! Reports: loss-curve plots, line plots with error bars and heatmaps.
 
 pub mod heatmap;
+pub mod lines;
 pub mod plot;

@@ -12,7 +12,7 @@ const FONT: &[u8] = include_bytes!("../../assets/DejaVuSans.ttf");
 pub(crate) const FAMILY: &str = "sans-serif";
 
 /// Colour-blind-safe colours (Okabe–Ito), one per run.
-const COLORS: [RGBColor; 6] = [
+pub(crate) const COLORS: [RGBColor; 6] = [
     RGBColor(0, 114, 178),
     RGBColor(213, 94, 0),
     RGBColor(0, 158, 115),
