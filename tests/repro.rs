@@ -90,7 +90,7 @@ fn dry_run_states_the_full_plan_without_training() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "{err}");
     assert!(err.contains("full run: 3 kinds × 3 seed(s)"), "{err}");
-    assert!(err.contains("6 needles"), "{err}");
+    assert!(err.contains("2 needles"), "{err}");
     assert!(!out.exists());
 }
 

@@ -188,6 +188,14 @@ impl Episode {
         }
         y
     }
+
+    /// Targets that train on the queries and answers (every byte after the haystack):
+    /// `tokens[1..]` with the haystack's positions `IGNORE`.
+    pub fn query_targets(&self) -> Vec<u32> {
+        let mut y = self.tokens[1..].to_vec();
+        y[..self.context].fill(IGNORE);
+        y
+    }
 }
 
 fn needle_text(city: &str, number: &str) -> String {

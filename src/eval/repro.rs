@@ -38,6 +38,17 @@ const ALLOC_STREAM: u64 = 0xa110_ca71_0000_0001;
 const OUTLIER_STREAM: u64 = 0x0071_1e75_0000_0002;
 const NEEDLES_STREAM: u64 = 0x4e4e_4e4e_0000_0003;
 
+/// Which bytes of a needle episode the training loss is on (the others are `IGNORE`d).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NeedleLoss {
+    /// the answer digits of every query
+    Answers,
+    /// every byte after the haystack: the queries and their answers
+    QueriesAndAnswers,
+    /// every byte
+    Everything,
+}
+
 /// Everything a repro run does; `quick()` and `full()` are the two plans the CLI offers.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ReproPlan {
@@ -56,8 +67,8 @@ pub struct ReproPlan {
     pub needles: usize,
     /// R: needles queried per episode (the first at the cell's depth)
     pub queries: usize,
-    /// train on the answer digits only (the others are `IGNORE`d), not on every byte
-    pub answer_only: bool,
+    /// which bytes of an episode the training loss is on
+    pub loss: NeedleLoss,
     pub digits: usize,
     pub language_seed: u64,
     /// training windows are drawn uniformly from multiples of 16 in [train_min_len, context]
@@ -96,7 +107,7 @@ impl ReproPlan {
             warmup: 10,
             needles: 2,
             queries: 1,
-            answer_only: true,
+            loss: NeedleLoss::Answers,
             digits: 3,
             language_seed: 1,
             train_min_len: 128,
@@ -112,28 +123,30 @@ impl ReproPlan {
         }
     }
 
-    /// The full run: D 128, 4 layers, context 512, N = 6 needles as in the paper. Timed on the
-    /// 2-core machine (release build): about 0.2 s per training step and 30 s of measurements
-    /// per model, so 3 kinds × 3 seeds × (1500 steps + measurements) ≈ 50 minutes.
+    /// The full run: D 64, 2 layers, context 192, N = 2 needles with R = 2 queries of 2-digit
+    /// numbers, 6,000 steps. Chosen with the standard model alone (pilot runs, release build):
+    /// at 3,000 steps with D 64 and 4-digit answers it had learned nothing; at these settings
+    /// it retrieves 4–42% of the needles after 4,000 steps, with its loss still falling. About
+    /// 2 minutes per model on 2 cores, 9 models ≈ 20 minutes.
     pub fn full() -> Self {
         ReproPlan {
             quick: false,
             seeds: 3,
-            hidden_size: 128,
-            num_hidden_layers: 4,
-            head_dim: 32,
-            context: 512,
-            steps: 1500,
+            hidden_size: 64,
+            num_hidden_layers: 2,
+            head_dim: 16,
+            context: 192,
+            steps: 6000,
             batch: 8,
-            lr: 2e-3,
-            warmup: 75,
-            needles: 6,
+            lr: 3e-3,
+            warmup: 300,
+            needles: 2,
             queries: 2,
-            answer_only: true,
-            digits: 4,
+            loss: NeedleLoss::Answers,
+            digits: 2,
             language_seed: 1,
-            train_min_len: 320,
-            lengths: vec![320, 416, 512],
+            train_min_len: 160,
+            lengths: vec![160, 176, 192],
             depths: DEPTHS.to_vec(),
             episodes_per_cell: 40,
             eval_seed: 20_241_007,
@@ -141,7 +154,7 @@ impl ReproPlan {
             outlier_sequences: 4,
             lowbit_bits: vec![16, 8, 6, 4],
             lowbit_per_cell: 16,
-            needle_counts: vec![1, 2, 4, 6],
+            needle_counts: vec![1, 2, 3],
         }
     }
 
@@ -237,9 +250,15 @@ impl ReproPlan {
                 params.join(", ")
             ),
             format!(
-                "task: {} needles of {} digits, synthetic filler (language seed {}); retrieval at lengths {:?} × depths {:?}, {} episodes per cell",
+                "task: {} needles of {} digits, {} queried, loss on {}, synthetic filler (language seed {}); retrieval at lengths {:?} × depths {:?}, {} episodes per cell",
                 self.needles,
                 self.digits,
+                self.queries,
+                match self.loss {
+                    NeedleLoss::Answers => "the answers",
+                    NeedleLoss::QueriesAndAnswers => "the queries and answers",
+                    NeedleLoss::Everything => "every byte",
+                },
                 self.language_seed,
                 self.lengths,
                 self.depths.iter().map(|d| format!("{:.0}%", d * 100.0)).collect::<Vec<_>>(),
@@ -353,11 +372,12 @@ pub fn train_needle(
             let depth: f64 = rng.random();
             let e = task.episode(rng, t, depth)?;
             x[r * t..(r + 1) * t].copy_from_slice(&e.tokens[..t]);
-            if plan.answer_only {
-                y[r * t..(r + 1) * t].copy_from_slice(&e.answer_targets());
-            } else {
-                y[r * t..(r + 1) * t].copy_from_slice(&e.tokens[1..]);
-            }
+            let targets = match plan.loss {
+                NeedleLoss::Answers => e.answer_targets(),
+                NeedleLoss::QueriesAndAnswers => e.query_targets(),
+                NeedleLoss::Everything => e.tokens[1..].to_vec(),
+            };
+            y[r * t..(r + 1) * t].copy_from_slice(&targets);
         }
         Ok(t)
     };
@@ -774,12 +794,13 @@ pub fn render_report(plan: &ReproPlan, runs: &[KindRun], command: &str, wall: f6
 
     let _ = writeln!(s, "\n## Protocol\n");
     for line in [
-        format!("Task: byte-level multi-needle retrieval. A haystack of synthetic filler (Zipf-distributed pseudo-words of a seeded 200-word language) holds N = {} needles \"the magic number of CITY is NUMBER. \" ({}-digit numbers, distinct cities and numbers); the query \"what is the magic number of CITY?\" names one of them (R = 1 per episode), and the answer is its NUMBER then a newline.", plan.needles, plan.digits),
+        format!("Task: byte-level multi-needle retrieval. A haystack of synthetic filler (Zipf-distributed pseudo-words of a seeded 200-word language) holds N = {} needles \"the magic number of CITY is NUMBER. \" ({}-digit numbers, distinct cities and numbers); R = {} queries \"what is the magic number of CITY? NUMBER\" follow it, the first asking the needle at the cell's depth, the others asking other needles.", plan.needles, plan.digits, plan.queries),
         "Depth p: p of the filler bytes precede the queried needle (snapped forward to a word boundary); the other needles sit at seeded random depths. Context length = the model's input tokens for the whole episode.".into(),
-        format!("Training: every kind trains on the same episodes (they depend only on the seed), {} steps of {} episodes, each step one window length drawn from the multiples of 16 in [{}, {}] and depths uniform in [0, 1]; next-token loss on every byte (the task is not tuned per kind, and the loss is not masked to the answer). AdamW (β 0.9/0.95, weight decay 0.1 on matrices), peak lr {}, {} warm-up steps, cosine to lr/10, gradient clip 1. Initial weights from the same seed.", plan.steps, plan.batch, plan.train_min_len, plan.context, plan.lr, plan.warmup),
-        format!("Retrieval: {} fresh episodes per (depth, length) cell, the same for every model (evaluation seed {}). An episode is correct when the argmax next token is right at every answer digit under teacher forcing — exactly greedy decoding of the digits.", plan.episodes_per_cell, plan.eval_seed),
+        format!("Training: every kind trains on the same episodes (they depend only on the seed), {} steps of {} episodes, each step one window length drawn from the multiples of 16 in [{}, {}] and depths uniform in [0, 1]; {}. The task is not tuned per kind. AdamW (β 0.9/0.95, weight decay 0.1 on matrices), peak lr {}, {} warm-up steps, cosine to lr/10, gradient clip 1. Initial weights from the same seed.", plan.steps, plan.batch, plan.train_min_len, plan.context, if plan.loss == NeedleLoss::Answers { "the loss is on the answer digits of every query only (the other bytes are ignored, like PyTorch's ignore_index)" } else { "next-token loss on every byte" }, plan.lr, plan.warmup),
+        format!("Retrieval: {} fresh episodes per (depth, length) cell, the same for every model (evaluation seed {}). A cell scores the query of the needle at its depth: correct when the argmax next token is right at every answer digit under teacher forcing — exactly greedy decoding of the digits. Accuracy against N scores all R queries.", plan.episodes_per_cell, plan.eval_seed),
         format!("Attention allocation (Table 3): at length {}, {} episodes per depth. For each position that predicts an answer digit, each head and each layer, the head's map is recomputed in f64 from the saved rotated q, k: standard its softmax row; diff_v1 (A1 − λA2)/(1 − λ) (the authors' formula, seeds/003); diff_v2 the same with its per-token, per-head λ = σ(lambda_proj x). Answer mass = the map's sum over the queried needle's sentence; noise = its sum over the rest of the haystack (mass on the query itself counts as neither). Averaged over positions, heads, layers and episodes. Entries of A1 − λA2 can be negative, so a head's answer or noise mass can be negative too; the averages keep the sign.", plan.lengths.last().copied().unwrap_or(0), plan.alloc_episodes),
         format!("Activation outliers (Table 5): over {} episodes at length {}: attention logits q·kᵀ/√d of every causal pair of every query head (both maps of each pair for the diff kinds) and every block's output (hidden state); top-1 and 10th-largest |value| and the median |value|.", plan.outlier_sequences, plan.lengths.last().copied().unwrap_or(0)),
+        "How the protocol was chosen (the paper pretrains 3B models on text and tests retrieval without task training, which a 2-core CPU cannot imitate): pilot runs of the standard model alone, before any diff model was trained on the task. D 64, 2 layers, N = 3, R = 3, 4-digit numbers, context 256: with the loss on every byte, retrieval 0 at every depth after 3,000 steps; with the loss on the answer digits, 0–4% after 3,000 and 6,000 steps. N = 2, R = 2, 2-digit numbers, context 192, loss on the answers: 4–42% after 4,000 steps with the loss still falling. The full run uses that setting with 6,000 steps; it was not changed after seeing any diff model.".into(),
         "Comparisons say whether the gap between means exceeds the two seed standard deviations added; with one seed they cannot.".into(),
     ] {
         let _ = writeln!(s, "- {line}");
