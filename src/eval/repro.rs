@@ -18,6 +18,7 @@ use crate::config::{swiglu_width, AttentionKind, ModelConfig, Preset};
 use crate::error::{Error, Result};
 use crate::model::{Model, Workspace};
 use crate::report::heatmap::{plot_heatmaps, Panel};
+use crate::report::lines::{plot_lines, Axes, Line, Point};
 use crate::report::plot::thousands;
 use crate::train::in_memory::{train_short, ShortRun, Trained};
 use rand::{Rng, SeedableRng};
@@ -30,6 +31,8 @@ use std::time::Instant;
 pub const REPORT_FILE: &str = "REPRO.md";
 pub const HEATMAP_FILE: &str = "needle_heatmap.png";
 pub const RESULTS_FILE: &str = "results.json";
+pub const NEEDLES_PLOT: &str = "accuracy_vs_needles.png";
+pub const LOWBIT_PLOT: &str = "lowbit_attention.png";
 
 /// Salt of the training episodes' generator (the model's initial weights use the seed itself).
 const TRAIN_STREAM: u64 = 0x6e65_6564_6c65_7472;
@@ -326,6 +329,7 @@ pub struct KindRun {
     pub lowbit: Vec<(u32, f64)>,
     /// (N, accuracy) at the longest length
     pub by_needles: Vec<(usize, f64)>,
+    pub head_lambdas: Vec<HeadLambda>,
 }
 
 impl KindRun {
@@ -397,6 +401,8 @@ pub struct Measurements {
     pub lowbit: Vec<(u32, f64)>,
     /// (N, retrieval accuracy over all depths at the longest length)
     pub by_needles: Vec<(usize, f64)>,
+    /// diff_v2: σ(lambda_proj x) per (layer, head) over the outlier episodes' tokens
+    pub head_lambdas: Vec<HeadLambda>,
 }
 
 /// A Markdown table's header and rule: the first column left-aligned, the rest right-aligned.
@@ -518,6 +524,7 @@ pub fn measure(model: &Model, plan: &ReproPlan, task: &NeedleTask) -> Result<Mea
     model.forward(&mut ws, &inputs, k, len)?;
     let logits = Magnitudes::of(&mut attention_logits(model, &ws))?;
     let hidden = Magnitudes::of(&mut hidden_states(model, &ws)?)?;
+    let head_lambdas = head_lambda_stats(model, &ws, k * len);
     Ok(Measurements {
         cells,
         allocation: alloc,
@@ -526,7 +533,45 @@ pub fn measure(model: &Model, plan: &ReproPlan, task: &NeedleTask) -> Result<Mea
         hidden,
         lowbit,
         by_needles,
+        head_lambdas,
     })
+}
+
+/// diff_v2's per-token λ = σ(lambda_proj x) of each (layer, head) over the last forward's `n`
+/// tokens: mean, standard deviation, min and max. Empty for the other kinds.
+pub fn head_lambda_stats(model: &Model, ws: &Workspace, n: usize) -> Vec<HeadLambda> {
+    let c = &model.config;
+    if c.attention != AttentionKind::DiffV2 {
+        return Vec::new();
+    }
+    let h = c.num_attention_heads;
+    let mut out = Vec::with_capacity(c.num_hidden_layers * h);
+    for (layer, a) in ws.layers.iter().enumerate() {
+        for head in 0..h {
+            let v: Vec<f64> = (0..n).map(|i| a.lam[i * h + head] as f64).collect();
+            let (mean, sd) = mean_std(&v);
+            out.push(HeadLambda {
+                layer,
+                head,
+                mean,
+                sd: sd.unwrap_or(0.0),
+                min: v.iter().copied().fold(f64::INFINITY, f64::min),
+                max: v.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+            });
+        }
+    }
+    out
+}
+
+/// One diff_v2 head's λ statistics over tokens.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct HeadLambda {
+    pub layer: usize,
+    pub head: usize,
+    pub mean: f64,
+    pub sd: f64,
+    pub min: f64,
+    pub max: f64,
 }
 
 /// Mean and sample standard deviation (None for one value).
@@ -612,6 +657,7 @@ pub fn run_repro(
                 hidden,
                 lowbit,
                 by_needles,
+                head_lambdas,
             } = measure(&model, plan, &task)?;
             let dir = out.join("models").join(format!("{kind}-seed{seed}"));
             model.save(&dir)?;
@@ -629,6 +675,7 @@ pub fn run_repro(
                 hidden,
                 lowbit,
                 by_needles,
+                head_lambdas,
             };
             note(&format!(
                 "{kind} seed {seed}: {} steps in {:.0} s, final loss {:.3}, retrieval {:.3}, answer/noise mass {:.3}/{:.3}",
@@ -644,6 +691,7 @@ pub fn run_repro(
     }
     let wall = started.elapsed().as_secs_f64();
     write_heatmap(plan, &runs, &out.join(HEATMAP_FILE))?;
+    write_line_plots(plan, &runs, out)?;
     write_results(plan, &runs, &out.join(RESULTS_FILE))?;
     let report = render_report(plan, &runs, command, wall);
     let path = out.join(REPORT_FILE);
@@ -706,6 +754,70 @@ fn write_heatmap(plan: &ReproPlan, runs: &[KindRun], path: &Path) -> Result<()> 
     )
 }
 
+/// Accuracy against N and against the attention logits' bit width, one line per kind with
+/// ± one standard deviation over seeds.
+fn write_line_plots(plan: &ReproPlan, runs: &[KindRun], out: &Path) -> Result<()> {
+    let lines = |f: &dyn Fn(&KindRun) -> Vec<(f64, f64)>| -> Vec<Line> {
+        AttentionKind::ALL
+            .iter()
+            .map(|&k| {
+                let rs = of_kind(runs, k);
+                let xs: Vec<f64> = rs
+                    .first()
+                    .map_or(vec![], |r| f(r).iter().map(|p| p.0).collect());
+                Line {
+                    label: k.to_string(),
+                    points: xs
+                        .iter()
+                        .enumerate()
+                        .map(|(i, &x)| {
+                            let ys: Vec<f64> = rs.iter().map(|r| f(r)[i].1).collect();
+                            let (y, sd) = mean_std(&ys);
+                            Point { x, y, sd }
+                        })
+                        .collect(),
+                }
+            })
+            .collect()
+    };
+    let len = plan.lengths.last().copied().unwrap_or(0);
+    let by_n = lines(&|r| r.by_needles.iter().map(|&(n, a)| (n as f64, a)).collect());
+    plot_lines(
+        &by_n,
+        &Axes {
+            title: &format!(
+                "retrieval against the number of needles (length {len}, R = min(N, {}))",
+                plan.queries
+            ),
+            x_label: "needles N",
+            y_label: "accuracy",
+            log_x: false,
+            y_range: Some((0.0, 1.0)),
+        },
+        &out.join(NEEDLES_PLOT),
+    )?;
+    // full precision is drawn at 32 bits
+    let bits = lines(&|r| {
+        r.lowbit
+            .iter()
+            .map(|&(b, a)| (if b == 0 { 32.0 } else { b as f64 }, a))
+            .collect()
+    });
+    plot_lines(
+        &bits,
+        &Axes {
+            title: &format!(
+                "retrieval with absmax-quantised attention logits (length {len}; 32 = f32)"
+            ),
+            x_label: "bits of the attention logits",
+            y_label: "accuracy",
+            log_x: true,
+            y_range: Some((0.0, 1.0)),
+        },
+        &out.join(LOWBIT_PLOT),
+    )
+}
+
 fn write_results(plan: &ReproPlan, runs: &[KindRun], path: &Path) -> Result<()> {
     let mag = |m: &Magnitudes| json!({"top1": m.top1, "top10": m.top10, "median": m.median, "count": m.count});
     let v = json!({
@@ -727,6 +839,7 @@ fn write_results(plan: &ReproPlan, runs: &[KindRun], path: &Path) -> Result<()> 
             "hidden_states": mag(&r.hidden),
             "lowbit": r.lowbit.iter().map(|&(b, a)| json!({"bits": b, "accuracy": a})).collect::<Vec<_>>(),
             "by_needles": r.by_needles.iter().map(|&(n, a)| json!({"needles": n, "accuracy": a})).collect::<Vec<_>>(),
+            "diff_v2_head_lambda": r.head_lambdas.iter().map(|h| json!({"layer": h.layer, "head": h.head, "mean": h.mean, "sd": h.sd, "min": h.min, "max": h.max})).collect::<Vec<_>>(),
         })).collect::<Vec<_>>(),
     });
     let text = serde_json::to_string_pretty(&v).expect("json");
@@ -850,6 +963,41 @@ pub fn render_report(plan: &ReproPlan, runs: &[KindRun], command: &str, wall: f6
         }
     }
 
+    let v2 = of_kind(runs, AttentionKind::DiffV2);
+    if v2.iter().any(|r| !r.head_lambdas.is_empty()) {
+        let _ = writeln!(
+            s,
+            "\ndiff_v2's per-token λ = σ(lambda_proj x) after training, per head over the outlier episodes' tokens (mean over seeds of each statistic):\n"
+        );
+        table_head(
+            &mut s,
+            &["layer", "head"],
+            ["mean", "std over tokens", "min", "max"]
+                .iter()
+                .map(|x| x.to_string()),
+        );
+        for (i, h) in v2[0].head_lambdas.iter().enumerate() {
+            let stat = |f: &dyn Fn(&HeadLambda) -> f64| {
+                let v: Vec<f64> = v2
+                    .iter()
+                    .filter_map(|r| r.head_lambdas.get(i))
+                    .map(f)
+                    .collect();
+                mean_std(&v).0
+            };
+            let _ = writeln!(
+                s,
+                "| {} | {} | {:.3} | {:.3} | {:.3} | {:.3} |",
+                h.layer,
+                h.head,
+                stat(&|x| x.mean),
+                stat(&|x| x.sd),
+                stat(&|x| x.min),
+                stat(&|x| x.max)
+            );
+        }
+    }
+
     let _ = writeln!(s, "\n## Multi-needle retrieval (paper Section 3.4)\n");
     let _ = writeln!(
         s,
@@ -900,7 +1048,7 @@ pub fn render_report(plan: &ReproPlan, runs: &[KindRun], command: &str, wall: f6
     }
 
     let len = plan.lengths.last().copied().unwrap_or(0);
-    let _ = writeln!(s, "\nAccuracy against the number of needles N at length {len} (models trained with N = {}; {} fresh episodes per depth, all depths):\n", plan.needles, plan.lowbit_per_cell);
+    let _ = writeln!(s, "\nAccuracy against the number of needles N at length {len} (models trained with N = {}; {} fresh episodes per depth, all depths, every query scored; ![accuracy against N]({NEEDLES_PLOT})):\n", plan.needles, plan.lowbit_per_cell);
     table_head(
         &mut s,
         &["kind"],
@@ -974,7 +1122,7 @@ pub fn render_report(plan: &ReproPlan, runs: &[KindRun], command: &str, wall: f6
     let _ = writeln!(s, "\n## Low-bit attention (paper Section 3.7)\n");
     let _ = writeln!(
         s,
-        "Paper: Diff holds its accuracy down to 6 bits and at 4 bits is about 25% more accurate than the Transformer. Here: retrieval accuracy at length {len} over all depths ({} episodes per depth, the first ones of the retrieval cells), with the attention logits of every head absmax-quantised per (sequence, head) before the softmax; evaluation only, computed in f64 outside the training kernel.\n",
+        "Paper: Diff holds its accuracy down to 6 bits and at 4 bits is about 25% more accurate than the Transformer. Here: retrieval accuracy at length {len} over all depths ({} episodes per depth, the first ones of the retrieval cells), with the attention logits of every head absmax-quantised per (sequence, head) before the softmax; evaluation only, computed in f64 outside the training kernel (![low-bit plot]({LOWBIT_PLOT})).\n",
         plan.lowbit_per_cell
     );
     table_head(
