@@ -168,6 +168,9 @@ pub fn config_from_hf(json: &Value, path: &Path) -> Result<ModelConfig> {
             .get("tie_word_embeddings")
             .and_then(|v| v.as_bool())
             .unwrap_or(false),
+        // DiffLlama has the paper's λ_init schedule and per-head norm
+        lambda_init: None,
+        subln: true,
         tokenizer: None,
         extra: obj
             .iter()
