@@ -11,7 +11,7 @@ layouts are exactly the native checkpoint layout (torch Linear weights, [out, in
     model.layers.{i}.self_attn.v_proj.weight          (H_kv*d | H_kv*2d, D)
     model.layers.{i}.self_attn.o_proj.weight          (D, H*d | H*2d)
     model.layers.{i}.self_attn.lambda_q1/k1/q2/k2     (d)        diff_v1
-    model.layers.{i}.self_attn.subln.weight           (2d)       diff_v1
+    model.layers.{i}.self_attn.subln.weight           (2d)       diff_v1 (absent if subln off)
     model.layers.{i}.self_attn.lambda_proj.weight     (H, D)     diff_v2
     model.layers.{i}.post_attention_layernorm.weight  (D)
     model.layers.{i}.mlp.gate_proj/up_proj.weight     (I, D)
@@ -51,7 +51,10 @@ ATTENTIONS = ("standard", "diff_v1", "diff_v2")
 
 def make_config(attention, vocab_size, hidden_size, intermediate_size, num_hidden_layers,
                 num_attention_heads, num_key_value_heads, head_dim, max_position_embeddings,
-                rope_theta=10000.0, rms_norm_eps=1e-5, tie_word_embeddings=False):
+                rope_theta=10000.0, rms_norm_eps=1e-5, tie_word_embeddings=False,
+                lambda_init=None, subln=True):
+    """lambda_init (a constant) and subln=False are diff_v1's Table 6 ablations; like the Rust
+    side, the keys are written only when they differ from the paper."""
     cfg = {
         "model_type": "difftx",
         "attention": attention,
@@ -67,6 +70,10 @@ def make_config(attention, vocab_size, hidden_size, intermediate_size, num_hidde
         "rms_norm_eps": float(rms_norm_eps),
         "tie_word_embeddings": bool(tie_word_embeddings),
     }
+    if lambda_init is not None:
+        cfg["lambda_init"] = float(lambda_init)
+    if not subln:
+        cfg["subln"] = False
     check_config(cfg)
     return cfg
 
@@ -76,10 +83,16 @@ def check_config(cfg):
     H, Hkv, d = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
     assert H % Hkv == 0, f"num_attention_heads ({H}) must divide by num_key_value_heads ({Hkv})"
     assert d % 2 == 0, f"head_dim ({d}) must be even for RoPE"
+    if cfg["attention"] != "diff_v1":
+        assert "lambda_init" not in cfg and cfg.get("subln", True), "ablations are diff_v1 only"
+    assert 0.0 <= cfg.get("lambda_init", 0.0) < 1.0, "lambda_init must be in [0, 1)"
 
 
-def lambda_init_fn(layer):
-    """diff_v1 lambda_init = 0.8 - 0.6 * exp(-0.3 * l), l the 0-based layer index."""
+def lambda_init_fn(layer, cfg=None):
+    """diff_v1 lambda_init = 0.8 - 0.6 * exp(-0.3 * l), l the 0-based layer index, unless the
+    config sets a constant `lambda_init`."""
+    if cfg is not None and cfg.get("lambda_init") is not None:
+        return cfg["lambda_init"]
     return 0.8 - 0.6 * math.exp(-0.3 * layer)
 
 
@@ -108,7 +121,8 @@ def param_shapes(cfg):
             shapes[p + "self_attn.o_proj.weight"] = (D, H * 2 * d)
             for n in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2"):
                 shapes[p + "self_attn." + n] = (d,)
-            shapes[p + "self_attn.subln.weight"] = (2 * d,)
+            if cfg.get("subln", True):
+                shapes[p + "self_attn.subln.weight"] = (2 * d,)
         else:  # diff_v2
             shapes[p + "self_attn.q_proj.weight"] = (2 * H * d, D)
             shapes[p + "self_attn.k_proj.weight"] = (Hkv * d, D)
@@ -222,8 +236,8 @@ def attention_standard(P, p, cfg, x, cos, sin, attn_impl):
     return linear(y, P[p + "o_proj.weight"])
 
 
-def diff_v1_lambda(P, p, layer):
-    lambda_init = lambda_init_fn(layer)
+def diff_v1_lambda(P, p, cfg, layer):
+    lambda_init = lambda_init_fn(layer, cfg)
     lambda_1 = torch.exp(torch.dot(P[p + "lambda_q1"], P[p + "lambda_k1"]))
     lambda_2 = torch.exp(torch.dot(P[p + "lambda_q2"], P[p + "lambda_k2"]))
     lambda_full = lambda_1 - lambda_2 + lambda_init
@@ -245,11 +259,12 @@ def diff_v1_qkv(P, p, cfg, x, cos, sin):
 
 
 def attention_diff_v1(P, p, cfg, x, cos, sin, attn_impl, layer):
-    """x: (B, T, D) -> (B, T, D). head_i = subln((A1 - lambda A2) V) * (1 - lambda_init)."""
+    """x: (B, T, D) -> (B, T, D). head_i = subln((A1 - lambda A2) V) * (1 - lambda_init), or
+    (A1 - lambda A2) V without subln (the ablation drops the norm and its scale together)."""
     B, T, _ = x.shape
     H, d = cfg["num_attention_heads"], cfg["head_dim"]
     q1, q2, k1, k2, v = diff_v1_qkv(P, p, cfg, x, cos, sin)
-    lambda_full, lambda_init = diff_v1_lambda(P, p, layer)
+    lambda_full, lambda_init = diff_v1_lambda(P, p, cfg, layer)
     if attn_impl == "sdpa":
         # (A1 - lambda A2) V = A1 V - lambda (A2 V): two ordinary SDPA calls against the same
         # 2d-dim V (measured on CPU faster than one call over concatenated maps, or than zero-
@@ -261,7 +276,8 @@ def attention_diff_v1(P, p, cfg, x, cos, sin, attn_impl, layer):
         attn1 = causal_softmax(q1, k1)                             # (B, H, T, T)
         attn2 = causal_softmax(q2, k2)
         y = (attn1 - lambda_full * attn2) @ v                      # (B, H, T, 2d)
-    y = rmsnorm(y, P[p + "subln.weight"], cfg["rms_norm_eps"]) * (1.0 - lambda_init)
+    if cfg.get("subln", True):
+        y = rmsnorm(y, P[p + "subln.weight"], cfg["rms_norm_eps"]) * (1.0 - lambda_init)
     y = y.transpose(1, 2).reshape(B, T, H * 2 * d)
     return linear(y, P[p + "o_proj.weight"])
 
@@ -353,7 +369,8 @@ def diff_v1_attention_loops(P, p, cfg, x, layer):
     H, Hkv, d = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
     eps, theta = cfg["rms_norm_eps"], cfg["rope_theta"]
     Wq, Wk, Wv, Wo = (P[p + n + "_proj.weight"] for n in "qkvo")
-    lam_init = 0.8 - 0.6 * math.exp(-0.3 * layer)
+    lam_init = cfg["lambda_init"] if "lambda_init" in cfg else 0.8 - 0.6 * math.exp(-0.3 * layer)
+    subln = cfg.get("subln", True)
     lam = (math.exp(float(np.dot(P[p + "lambda_q1"], P[p + "lambda_k1"])))
            - math.exp(float(np.dot(P[p + "lambda_q2"], P[p + "lambda_k2"]))) + lam_init)
 
@@ -386,8 +403,9 @@ def diff_v1_attention_loops(P, p, cfg, x, layer):
                 a2 /= a2.sum()
                 row = a1 - lam * a2
                 o = row @ v[:t + 1, g * 2 * d:(g + 1) * 2 * d]
-                o = o / math.sqrt(np.mean(o * o) + eps) * P[p + "subln.weight"]
-                head[t] = o * (1.0 - lam_init)
+                if subln:
+                    o = o / math.sqrt(np.mean(o * o) + eps) * P[p + "subln.weight"] * (1.0 - lam_init)
+                head[t] = o
             heads.append(head)
         out[b] = np.concatenate(heads, axis=1) @ Wo.T
     return out
@@ -395,9 +413,10 @@ def diff_v1_attention_loops(P, p, cfg, x, layer):
 
 def self_check(verbose=True):
     torch.manual_seed(0)
-    # 1. diff_v1 attention two ways (mha and gqa, non-zero layer index for lambda_init).
-    for Hkv in (2, 1):
-        cfg = make_config("diff_v1", 17, 16, 32, 2, 2, Hkv, 4, 8)
+    # 1. diff_v1 attention two ways (mha and gqa, non-zero layer index for lambda_init; then the
+    #    two ablations).
+    for Hkv, ablation in ((2, {}), (1, {}), (2, {"lambda_init": 0.5}), (1, {"subln": False})):
+        cfg = make_config("diff_v1", 17, 16, 32, 2, 2, Hkv, 4, 8, **ablation)
         P = init_params(cfg, seed=123 + Hkv)
         x = torch.randn(2, 7, 16, dtype=torch.float64)
         cos, sin = rope_cos_sin(7, 4, cfg["rope_theta"], torch.float64)
@@ -405,9 +424,9 @@ def self_check(verbose=True):
         main = attention_diff_v1(P, p, cfg, x, cos, sin, "naive", 1)
         loops = diff_v1_attention_loops(P, p, cfg, x, 1)
         err = np.abs(main.numpy() - loops).max()
-        assert err < 1e-12, f"diff_v1 attention (H_kv={Hkv}) disagrees with the loop version: {err}"
+        assert err < 1e-12, f"diff_v1 attention (H_kv={Hkv} {ablation}) disagrees with the loop version: {err}"
         if verbose:
-            print(f"check: diff_v1 attention vs per-head loops (H_kv={Hkv}): max |diff| = {err:.2e}")
+            print(f"check: diff_v1 attention vs per-head loops (H_kv={Hkv} {ablation}): max |diff| = {err:.2e}")
 
     # 2. gradcheck of the whole model (every parameter) for each kind, tied and GQA mixed in.
     tiny = [
@@ -415,6 +434,8 @@ def self_check(verbose=True):
         make_config("diff_v1", 11, 8, 16, 2, 2, 1, 4, 8),
         make_config("diff_v1", 11, 8, 16, 2, 2, 2, 4, 8, tie_word_embeddings=True),
         make_config("diff_v2", 11, 8, 16, 2, 2, 1, 4, 8),
+        make_config("diff_v1", 11, 8, 16, 2, 2, 1, 4, 8, lambda_init=0.8),
+        make_config("diff_v1", 11, 8, 16, 2, 2, 1, 4, 8, subln=False),
     ]
     for cfg in tiny:
         P = init_params(cfg, seed=7)
@@ -428,7 +449,8 @@ def self_check(verbose=True):
             assert ok
         if verbose:
             print(f"check: gradcheck {cfg['attention']} (H_kv={cfg['num_key_value_heads']}, "
-                  f"tied={cfg['tie_word_embeddings']}) passed for naive and sdpa paths")
+                  f"tied={cfg['tie_word_embeddings']}, lambda_init={cfg.get('lambda_init')}, "
+                  f"subln={cfg.get('subln', True)}) passed for naive and sdpa paths")
 
     # 3. float32 sdpa path (the benchmark's) agrees with the float64 naive path.
     for kind, H in (("standard", 4), ("diff_v1", 2), ("diff_v2", 2)):
@@ -447,7 +469,8 @@ def self_check(verbose=True):
 # fixtures
 
 CASES = [
-    # name, attention, H, H_kv, tied
+    # name, attention, H, H_kv, tied[, diff_v1 ablation]; a case's seed is its index, so new
+    # cases go at the end and leave the others' files unchanged.
     ("standard_mha_untied", "standard", 4, 4, False),
     ("standard_gqa_tied", "standard", 4, 2, True),
     ("diff_v1_mha_untied", "diff_v1", 2, 2, False),
@@ -455,17 +478,20 @@ CASES = [
     ("diff_v1_gqa_untied", "diff_v1", 2, 1, False),
     ("diff_v2_mha_untied", "diff_v2", 2, 2, False),
     ("diff_v2_gqa_tied", "diff_v2", 2, 1, True),
+    # paper Table 6
+    ("diff_v1_lambda_init_const", "diff_v1", 2, 2, False, {"lambda_init": 0.8}),
+    ("diff_v1_no_subln", "diff_v1", 2, 1, True, {"subln": False}),
 ]
 B, T = 2, 12
 
 
-def write_case(out_dir, case_index, name, kind, H, Hkv, tied):
+def write_case(out_dir, case_index, name, kind, H, Hkv, tied, ablation=None):
     from safetensors.torch import save_file
 
     cfg = make_config(kind, vocab_size=48, hidden_size=32, intermediate_size=64,
                       num_hidden_layers=2, num_attention_heads=H, num_key_value_heads=Hkv,
                       head_dim=8, max_position_embeddings=16, rope_theta=10000.0,
-                      rms_norm_eps=1e-5, tie_word_embeddings=tied)
+                      rms_norm_eps=1e-5, tie_word_embeddings=tied, **(ablation or {}))
     seed = 1000 + case_index
     # Round the weights to float32 first: the file holds f32, and the reference is computed from
     # exactly those values (in float64).
@@ -495,7 +521,7 @@ def write_case(out_dir, case_index, name, kind, H, Hkv, tied):
     for n, gr in zip(names, grads):
         ref[f"grad.{n}"] = gr.float().contiguous()
     save_file(ref, str(d / "reference.safetensors"))
-    print(f"{name:22s} loss {loss.item():.6f}  params {num_params(cfg):6d}")
+    print(f"{name:26s} loss {loss.item():.6f}  params {num_params(cfg):6d}")
 
 
 def main():
@@ -503,12 +529,15 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=str(root / "tests" / "fixtures"))
     ap.add_argument("--skip-checks", action="store_true", help="skip the self-checks")
+    ap.add_argument("--cases", nargs="+", metavar="NAME", choices=[c[0] for c in CASES],
+                    help="write only these fixtures [default: all]")
     args = ap.parse_args()
     torch.set_num_threads(min(2, os.cpu_count() or 1))
     if not args.skip_checks:
         self_check()
     for i, case in enumerate(CASES):
-        write_case(args.out, i, *case)
+        if args.cases is None or case[0] in args.cases:
+            write_case(args.out, i, *case)
 
 
 if __name__ == "__main__":

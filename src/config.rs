@@ -71,6 +71,12 @@ pub struct ModelConfig {
     pub rope_theta: f64,
     pub rms_norm_eps: f64,
     pub tie_word_embeddings: bool,
+    /// diff_v1 ablation (paper Table 6): one constant λ_init for every layer; `None` (the key
+    /// absent or null) is the paper's schedule, see `lambda_init_at`.
+    pub lambda_init: Option<f64>,
+    /// diff_v1: the per-head RMSNorm `subln` and its (1 − λ_init) scale; `false` is the Table 6
+    /// ablation without them (and without the `self_attn.subln.weight` tensors).
+    pub subln: bool,
     /// `"byte"` for the built-in byte-level tokenizer; absent when `tokenizer.json` is used.
     pub tokenizer: Option<String>,
     /// Unknown keys, kept so that a load / save round trip preserves them.
@@ -91,6 +97,8 @@ const KNOWN_KEYS: &[&str] = &[
     "rope_theta",
     "rms_norm_eps",
     "tie_word_embeddings",
+    "lambda_init",
+    "subln",
     "tokenizer",
 ];
 
@@ -161,6 +169,8 @@ impl ModelConfig {
             rope_theta: 10000.0,
             rms_norm_eps: 1e-5,
             tie_word_embeddings: false,
+            lambda_init: None,
+            subln: true,
             tokenizer: Some("byte".into()),
             extra: Map::new(),
         }
@@ -206,6 +216,20 @@ impl ModelConfig {
                     .as_bool()
                     .ok_or_else(|| err("key `tie_word_embeddings` must be true or false".into()))?,
             },
+            lambda_init: match obj.get("lambda_init") {
+                None | Some(Value::Null) => None,
+                Some(v) => Some(v.as_f64().ok_or_else(|| {
+                    err(format!(
+                        "key `lambda_init` must be a number or null, got {v}"
+                    ))
+                })?),
+            },
+            subln: match obj.get("subln") {
+                None => true,
+                Some(v) => v
+                    .as_bool()
+                    .ok_or_else(|| err(format!("key `subln` must be true or false, got {v}")))?,
+            },
             tokenizer: match obj.get("tokenizer") {
                 None | Some(Value::Null) => None,
                 Some(v) => Some(
@@ -250,6 +274,13 @@ impl ModelConfig {
         put("rope_theta", self.rope_theta.into());
         put("rms_norm_eps", self.rms_norm_eps.into());
         put("tie_word_embeddings", self.tie_word_embeddings.into());
+        // Written only when they differ from the paper, so other configs stay byte-identical.
+        if let Some(l) = self.lambda_init {
+            put("lambda_init", l.into());
+        }
+        if !self.subln {
+            put("subln", false.into());
+        }
         if let Some(t) = &self.tokenizer {
             put("tokenizer", t.clone().into());
         }
@@ -300,6 +331,25 @@ impl ModelConfig {
         if self.vocab_size > u32::MAX as usize {
             return Err(format!("vocab_size ({}) is too large", self.vocab_size));
         }
+        let diff_v1_only = |key: &str, what: &str| {
+            format!(
+                "key `{key}` applies to diff_v1 only ({} has no {what})",
+                self.attention
+            )
+        };
+        if let Some(l) = self.lambda_init {
+            if self.attention != AttentionKind::DiffV1 {
+                return Err(diff_v1_only("lambda_init", "λ_init"));
+            }
+            // λ_init = 1 would zero the (1 − λ_init)·subln output, above 1 flip its sign; the
+            // paper's values (schedule 0.2 → 0.8, constants 0.8 and 0.5) lie well inside.
+            if !(0.0..1.0).contains(&l) {
+                return Err(format!("lambda_init ({l}) must be in [0, 1)"));
+            }
+        }
+        if !self.subln && self.attention != AttentionKind::DiffV1 {
+            return Err(diff_v1_only("subln", "per-head norm"));
+        }
         Ok(())
     }
 
@@ -336,15 +386,21 @@ impl ModelConfig {
         }
     }
 
-    /// lambda_init = 0.8 - 0.6 exp(-0.3 l), l the 0-based layer index (diff_v1).
-    pub fn lambda_init(layer: usize) -> f32 {
-        (0.8 - 0.6 * (-0.3 * layer as f64).exp()) as f32
+    /// diff_v1's λ_init of one layer: the config's constant `lambda_init` if set, else the
+    /// paper's schedule.
+    pub fn lambda_init_at(&self, layer: usize) -> f32 {
+        lambda_init_at(self.lambda_init, layer)
     }
 
     /// Total number of parameters (every tensor in the checkpoint).
     pub fn num_params(&self) -> usize {
         crate::model::params::ParamLayout::new(self).total
     }
+}
+
+/// λ_init of layer l (0-based): `constant` if given, else 0.8 − 0.6·exp(−0.3·l) (paper Eq. 2).
+pub fn lambda_init_at(constant: Option<f64>, layer: usize) -> f32 {
+    constant.unwrap_or_else(|| 0.8 - 0.6 * (-0.3 * layer as f64).exp()) as f32
 }
 
 fn get_str<'a>(obj: &'a Map<String, Value>, key: &str) -> std::result::Result<&'a str, String> {
@@ -423,6 +479,122 @@ mod tests {
             e,
             "config.json: num_attention_heads (6) must divide by num_key_value_heads (4)"
         );
+    }
+
+    /// The config of a tiny diff_v1 as `from_json_str` reads it (and errors name `c.json`).
+    fn parse(j: &Value) -> std::result::Result<ModelConfig, String> {
+        ModelConfig::from_json_str(&j.to_string(), Path::new("c.json")).map_err(|e| e.to_string())
+    }
+
+    fn tiny_v1_with(key: &str, v: Value) -> Value {
+        let mut j = ModelConfig::preset(Preset::Tiny, AttentionKind::DiffV1).to_json();
+        j.as_object_mut().unwrap().insert(key.into(), v);
+        j
+    }
+
+    #[test]
+    fn default_config_serialises_exactly_as_before_the_ablation_keys() {
+        let c = ModelConfig::preset(Preset::Tiny, AttentionKind::DiffV1);
+        assert_eq!(
+            serde_json::to_string(&c.to_json()).unwrap(),
+            r#"{"attention":"diff_v1","head_dim":32,"hidden_size":128,"intermediate_size":384,"max_position_embeddings":128,"model_type":"difftx","num_attention_heads":2,"num_hidden_layers":2,"num_key_value_heads":2,"rms_norm_eps":0.00001,"rope_theta":10000.0,"tie_word_embeddings":false,"tokenizer":"byte","vocab_size":256}"#
+        );
+        assert_eq!((c.lambda_init, c.subln), (None, true));
+        // λ_init follows the paper's schedule: 0.2 at layer 0, → 0.8 with depth.
+        assert_eq!(c.lambda_init_at(0), 0.2);
+        assert!((c.lambda_init_at(3) - (0.8 - 0.6 * (-0.9f64).exp()) as f32).abs() < 1e-7);
+    }
+
+    #[test]
+    fn ablation_keys_round_trip_and_are_written_only_when_set() {
+        let mut c = ModelConfig::preset(Preset::Tiny, AttentionKind::DiffV1);
+        c.lambda_init = Some(0.8);
+        c.subln = false;
+        let j = c.to_json();
+        assert_eq!(j["lambda_init"], 0.8);
+        assert_eq!(j["subln"], false);
+        let back = parse(&j).unwrap();
+        assert_eq!(back, c);
+        assert!(back.extra.is_empty(), "{:?}", back.extra);
+        assert_eq!((back.lambda_init_at(0), back.lambda_init_at(5)), (0.8, 0.8));
+        // null is the schedule, as if the key were absent; true is the default
+        let c = parse(&tiny_v1_with("lambda_init", Value::Null)).unwrap();
+        assert_eq!(c.lambda_init, None);
+        let c = parse(&tiny_v1_with("subln", true.into())).unwrap();
+        assert!(c.subln);
+        assert!(c.to_json().get("subln").is_none() && c.to_json().get("lambda_init").is_none());
+    }
+
+    #[test]
+    fn bad_ablation_values_are_errors_naming_the_key() {
+        let cases: [(&str, Value, &str); 6] = [
+            (
+                "lambda_init",
+                "0.8".into(),
+                "c.json: key `lambda_init` must be a number or null, got \"0.8\"",
+            ),
+            (
+                "lambda_init",
+                1.0.into(),
+                "c.json: lambda_init (1) must be in [0, 1)",
+            ),
+            (
+                "lambda_init",
+                (-0.1).into(),
+                "c.json: lambda_init (-0.1) must be in [0, 1)",
+            ),
+            (
+                "subln",
+                "no".into(),
+                "c.json: key `subln` must be true or false, got \"no\"",
+            ),
+            (
+                "subln",
+                0.into(),
+                "c.json: key `subln` must be true or false, got 0",
+            ),
+            ("lambda_init", 0.0.into(), ""),
+        ];
+        for (key, v, want) in cases {
+            match parse(&tiny_v1_with(key, v.clone())) {
+                Ok(c) => assert!(want.is_empty() && c.lambda_init == Some(0.0), "{key} = {v}"),
+                Err(e) => assert_eq!(e, want, "{key} = {v}"),
+            }
+        }
+        for kind in [AttentionKind::Standard, AttentionKind::DiffV2] {
+            let mut c = ModelConfig::preset(Preset::Tiny, kind);
+            c.lambda_init = Some(0.5);
+            assert_eq!(
+                c.validate().unwrap_err(),
+                format!("key `lambda_init` applies to diff_v1 only ({kind} has no λ_init)")
+            );
+            c.lambda_init = None;
+            c.subln = false;
+            assert_eq!(
+                c.validate().unwrap_err(),
+                format!("key `subln` applies to diff_v1 only ({kind} has no per-head norm)")
+            );
+        }
+    }
+
+    #[test]
+    fn without_subln_a_diff_v1_layer_has_2d_fewer_parameters() {
+        let c = ModelConfig::preset(Preset::Bench, AttentionKind::DiffV1);
+        let no_subln = ModelConfig {
+            subln: false,
+            ..c.clone()
+        };
+        // bench: L = 4 layers of d = 32
+        assert_eq!(no_subln.num_params(), 3_345_408 - 4 * 2 * 32);
+        let layout = crate::model::params::ParamLayout::new(&no_subln);
+        assert!(layout.layers.iter().all(|p| p.subln.is_none()));
+        assert!(layout.specs.iter().all(|s| !s.name.contains("subln")));
+        // a constant λ_init changes no tensor
+        let constant = ModelConfig {
+            lambda_init: Some(0.5),
+            ..c.clone()
+        };
+        assert_eq!(constant.num_params(), c.num_params());
     }
 
     #[test]

@@ -248,6 +248,13 @@ struct InitArgs {
     attention: AttentionKind,
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// diff_v1 ablation (paper Table 6): one constant λ_init for every layer, in [0, 1)
+    /// [default: the schedule 0.8 − 0.6·exp(−0.3·l) of layer l].
+    #[arg(long, value_name = "X")]
+    lambda_init: Option<f64>,
+    /// diff_v1 ablation (paper Table 6): no per-head RMSNorm (subln) and no (1 − λ_init) scale.
+    #[arg(long)]
+    no_subln: bool,
     /// Output model directory.
     #[arg(long)]
     out: PathBuf,
@@ -635,21 +642,40 @@ fn demo(a: DemoArgs) -> Result<()> {
 }
 
 /// Parameter counts of the three kinds at these settings (a kind whose settings do not
-/// resolve is left out).
+/// resolve is left out; the diff_v1 ablations apply to diff_v1 only).
 fn matched_counts(opts: &difftx::train::TrainOptions, vocab: usize) -> String {
     AttentionKind::ALL
         .iter()
         .filter_map(|k| {
-            let o = difftx::train::TrainOptions {
+            let mut o = difftx::train::TrainOptions {
                 attention: Some(k.as_str().into()),
                 ..opts.clone()
             };
+            if *k != AttentionKind::DiffV1 {
+                (o.lambda_init, o.no_subln) = (None, None);
+            }
             o.resolve(vocab)
                 .ok()
                 .map(|r| format!("{k} {}", thousands(r.model.num_params())))
         })
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+/// The paper's Table 6 ablations a diff_v1 config turns on, as " (…)", or "".
+fn ablations(m: &ModelConfig) -> String {
+    let on: Vec<String> = [
+        m.lambda_init.map(|l| format!("constant λ_init {l}")),
+        (!m.subln).then(|| "no subln".to_string()),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    if on.is_empty() {
+        String::new()
+    } else {
+        format!(" ({})", on.join(", "))
+    }
 }
 
 fn train(a: TrainArgs) -> Result<()> {
@@ -705,9 +731,10 @@ fn train(a: TrainArgs) -> Result<()> {
     }
     let m = &run.model;
     eprintln!(
-        "{name}: {} {} — {} parameters (matched at these settings: {}); D {} L {} heads {}/{} d {} context {}, vocab {}",
+        "{name}: {} {}{} — {} parameters (matched at these settings: {}); D {} L {} heads {}/{} d {} context {}, vocab {}",
         run.preset.as_str(),
         m.attention,
+        ablations(m),
         thousands(m.num_params()),
         matched_counts(&opts, tok.vocab_size()),
         m.hidden_size,
@@ -909,14 +936,19 @@ fn export(a: ExportArgs) -> Result<()> {
 }
 
 fn init(a: InitArgs) -> Result<()> {
-    let config = ModelConfig::preset(a.preset, a.attention);
+    let config = ModelConfig {
+        lambda_init: a.lambda_init,
+        subln: !a.no_subln,
+        ..ModelConfig::preset(a.preset, a.attention)
+    };
     let model = Model::init(config, a.seed)?;
     model.save(&a.out)?;
     eprintln!(
-        "wrote {} ({} {}, {} parameters)",
+        "wrote {} ({} {}{}, {} parameters)",
         a.out.display(),
         a.preset.as_str(),
         a.attention,
+        ablations(&model.config),
         model.num_params()
     );
     Ok(())

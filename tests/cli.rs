@@ -268,6 +268,116 @@ fn a_saved_model_loads_back_bit_identical() {
     assert_eq!(a.config, fresh.config);
 }
 
+#[test]
+fn diff_v1_ablations_save_load_and_refuse_hugging_face_export() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = text_file(tmp.path(), "a.txt", &TEXT.repeat(5));
+    let m = tmp.path().join("ablation");
+    let (ms, hf) = (m.to_str().unwrap(), tmp.path().join("hf"));
+    let out = difftx(&["init", "--no-subln", "--lambda-init", "0.8", "--out", ms]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(m.join("config.json")).unwrap()).unwrap();
+    assert_eq!(
+        (cfg["lambda_init"].as_f64(), cfg["subln"].as_bool()),
+        (Some(0.8), Some(false))
+    );
+    // The checkpoint simply has no subln tensors, and loads back bit for bit.
+    let loaded = difftx::Model::load(&m).unwrap();
+    let fresh = difftx::Model::init(loaded.config.clone(), 0).unwrap();
+    assert_eq!(
+        (loaded.config.lambda_init, loaded.config.subln),
+        (Some(0.8), false)
+    );
+    assert_eq!(loaded.params, fresh.params);
+    let bytes = std::fs::read(m.join("model.safetensors")).unwrap();
+    let names = SafeTensors::deserialize(&bytes).unwrap().names().len();
+    assert_eq!(names, loaded.layout.specs.len());
+    assert!(loaded
+        .layout
+        .specs
+        .iter()
+        .all(|s| !s.name.contains("subln")));
+    assert!(eval(&m, &data).status.success());
+    // DiffLlama has neither setting: export names the first and writes nothing.
+    let export = |m: &Path| {
+        difftx(&[
+            "export",
+            "--model",
+            m.to_str().unwrap(),
+            "--out",
+            hf.to_str().unwrap(),
+        ])
+    };
+    fails_with(&export(&m), &["lambda_init (0.8)", "DiffLlama"]);
+    let mut only_subln = cfg.clone();
+    only_subln.as_object_mut().unwrap().remove("lambda_init");
+    std::fs::write(m.join("config.json"), only_subln.to_string()).unwrap();
+    fails_with(&export(&m), &["subln off", "DiffLlama"]);
+    assert!(!hf.exists());
+    // config.json and the tensors must agree about subln, both ways.
+    let mut with_subln = only_subln.clone();
+    with_subln.as_object_mut().unwrap().remove("subln");
+    std::fs::write(m.join("config.json"), with_subln.to_string()).unwrap();
+    fails_with(
+        &eval(&m, &data),
+        &["missing tensor `model.layers.0.self_attn.subln.weight`"],
+    );
+    let paper = init_model(tmp.path(), "diff_v1");
+    let c = paper.join("config.json");
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&c).unwrap()).unwrap();
+    v["subln"] = false.into();
+    std::fs::write(&c, v.to_string()).unwrap();
+    fails_with(
+        &eval(&paper, &data),
+        &[
+            "model.safetensors",
+            "unexpected tensor `model.layers.0.self_attn.subln.weight`",
+        ],
+    );
+    // Bad values and kinds without these settings are one-line errors naming the key.
+    let bad = tmp.path().join("bad");
+    let bad = bad.to_str().unwrap();
+    fails_with(
+        &difftx(&["init", "--lambda-init", "1.5", "--out", bad]),
+        &["lambda_init (1.5) must be in [0, 1)"],
+    );
+    fails_with(
+        &difftx(&[
+            "init",
+            "--attention",
+            "standard",
+            "--no-subln",
+            "--out",
+            bad,
+        ]),
+        &["key `subln` applies to diff_v1 only (standard"],
+    );
+    fails_with(
+        &difftx(&[
+            "init",
+            "--attention",
+            "diff_v2",
+            "--lambda-init",
+            "0.5",
+            "--out",
+            bad,
+        ]),
+        &["key `lambda_init` applies to diff_v1 only (diff_v2"],
+    );
+    let help = difftx(&["train", "--help"]);
+    let help = String::from_utf8_lossy(&help.stdout);
+    assert!(
+        help.contains("--lambda-init <X>") && help.contains("--no-subln"),
+        "{help}"
+    );
+}
+
 /// A word-level Hugging Face tokenizer.json over a tiny vocabulary.
 fn word_tokenizer(words: &[&str]) -> String {
     let vocab: serde_json::Map<String, serde_json::Value> = words

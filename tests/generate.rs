@@ -1,5 +1,5 @@
 //! Generation with the KV cache against recomputing the whole prefix at every step, for every
-//! attention kind; batches against single prompts; prompt-length errors.
+//! attention kind and diff_v1's Table 6 ablations; batches against single prompts; prompt-length errors.
 
 use difftx::infer::{generate, GenerateOptions, Sampling};
 use difftx::model::KvCache;
@@ -10,8 +10,12 @@ use rand_chacha::ChaCha8Rng;
 /// A tiny model with weights large enough that its logits are far from uniform.
 fn model(kind: AttentionKind, kv: usize) -> Model {
     let mut c = ModelConfig::preset(Preset::Tiny, kind);
-    c.max_position_embeddings = 80;
     c.num_key_value_heads = kv;
+    model_of(c)
+}
+
+fn model_of(mut c: ModelConfig) -> Model {
+    c.max_position_embeddings = 80;
     let mut m = Model::init(c, 5).unwrap();
     let mut rng = ChaCha8Rng::seed_from_u64(11);
     for spec in m.layout.specs.clone() {
@@ -49,42 +53,63 @@ fn greedy_recompute(m: &Model, prompt: &[u32], n: usize) -> (Vec<u32>, Vec<Vec<f
     (toks[prompt.len()..].to_vec(), logits)
 }
 
+/// Greedy generation with the KV cache gives the tokens, and step by step the logits, of
+/// recomputing the whole prefix.
+fn assert_cached_equals_recompute(m: &Model, label: &str) {
+    let prompt: Vec<u32> = b"The cat sat on".iter().map(|&b| b as u32).collect();
+    let (want, want_logits) = greedy_recompute(m, &prompt, 40);
+    let got = generate(m, std::slice::from_ref(&prompt), &opts(40), |_, _| {}).unwrap();
+    assert_eq!(got.tokens[0], want, "{label}");
+    // The cached logits themselves, step by step.
+    let v = m.config.vocab_size;
+    let mut ws = Workspace::new(m, 1, prompt.len());
+    let mut cache = [KvCache::new(m, 80)];
+    m.forward_cached(&mut ws, &mut cache, &prompt, prompt.len(), false)
+        .unwrap();
+    for (step, wl) in want_logits.iter().enumerate() {
+        let err = ws.logits[..v]
+            .iter()
+            .zip(wl)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f32::max);
+        let scale = wl.iter().map(|x| x.abs()).fold(0.0, f32::max);
+        assert!(
+            err <= 1e-5 * scale.max(1.0),
+            "{label} step {step}: max diff {err}"
+        );
+        m.forward_cached(&mut ws, &mut cache, &[want[step]], 1, false)
+            .unwrap();
+    }
+    // The structure is not degenerate: the continuation uses several distinct tokens.
+    let mut distinct = want.clone();
+    distinct.sort();
+    distinct.dedup();
+    assert!(distinct.len() > 3, "{label}: {want:?}");
+}
+
 #[test]
 fn cached_greedy_generation_equals_full_recompute_for_every_kind() {
     for kind in AttentionKind::ALL {
         for kv in [2, 1] {
-            let m = model(kind, kv);
-            let prompt: Vec<u32> = b"The cat sat on".iter().map(|&b| b as u32).collect();
-            let (want, want_logits) = greedy_recompute(&m, &prompt, 40);
-            let got = generate(&m, std::slice::from_ref(&prompt), &opts(40), |_, _| {}).unwrap();
-            assert_eq!(got.tokens[0], want, "{kind} kv={kv}");
-            // The cached logits themselves, step by step.
-            let v = m.config.vocab_size;
-            let mut ws = Workspace::new(&m, 1, prompt.len());
-            let mut cache = [KvCache::new(&m, 80)];
-            m.forward_cached(&mut ws, &mut cache, &prompt, prompt.len(), false)
-                .unwrap();
-            for (step, wl) in want_logits.iter().enumerate() {
-                let err = ws.logits[..v]
-                    .iter()
-                    .zip(wl)
-                    .map(|(a, b)| (a - b).abs())
-                    .fold(0.0, f32::max);
-                let scale = wl.iter().map(|x| x.abs()).fold(0.0, f32::max);
-                assert!(
-                    err <= 1e-5 * scale.max(1.0),
-                    "{kind} kv={kv} step {step}: max diff {err}"
-                );
-                m.forward_cached(&mut ws, &mut cache, &[want[step]], 1, false)
-                    .unwrap();
-            }
-            // The structure is not degenerate: the continuation uses several distinct tokens.
-            let mut distinct = want.clone();
-            distinct.sort();
-            distinct.dedup();
-            assert!(distinct.len() > 3, "{kind}: {want:?}");
+            assert_cached_equals_recompute(&model(kind, kv), &format!("{kind} kv={kv}"));
         }
     }
+}
+
+#[test]
+fn cached_greedy_generation_equals_full_recompute_for_the_diff_v1_ablations() {
+    let v1 = ModelConfig::preset(Preset::Tiny, AttentionKind::DiffV1);
+    let constant = ModelConfig {
+        lambda_init: Some(0.8),
+        ..v1.clone()
+    };
+    assert_cached_equals_recompute(&model_of(constant), "diff_v1 lambda_init 0.8");
+    let no_subln = ModelConfig {
+        subln: false,
+        num_key_value_heads: 1,
+        ..v1
+    };
+    assert_cached_equals_recompute(&model_of(no_subln), "diff_v1 without subln");
 }
 
 #[test]

@@ -1,5 +1,5 @@
 //! Whole-model gradient checks: for every attention kind, with MHA and GQA, tied and untied
-//! embeddings, the analytic gradient of the mean loss w.r.t. every tensor against central
+//! embeddings (and diff_v1's Table 6 ablations), the analytic gradient of the mean loss w.r.t. every tensor against central
 //! finite differences along directions in that tensor's parameter space.
 
 use difftx::{AttentionKind, Model, ModelConfig, Preset, Workspace};
@@ -31,11 +31,13 @@ fn loss_of(model: &Model, ws: &mut Workspace, x: &[u32], y: &[u32], b: usize, t:
 
 fn check(config: ModelConfig) {
     let label = format!(
-        "{} H={} Hkv={} tied={}",
+        "{} H={} Hkv={} tied={} lambda_init={:?} subln={}",
         config.attention,
         config.num_attention_heads,
         config.num_key_value_heads,
-        config.tie_word_embeddings
+        config.tie_word_embeddings,
+        config.lambda_init,
+        config.subln
     );
     let mut model = Model::init(config.clone(), 3).unwrap();
     // Larger weights than the 0.02 init so that every path carries signal.
@@ -104,6 +106,19 @@ fn standard_gradients_match_finite_differences() {
 fn diff_v1_gradients_match_finite_differences() {
     check(small(AttentionKind::DiffV1, 2, false));
     check(small(AttentionKind::DiffV1, 1, true));
+}
+
+#[test]
+fn diff_v1_ablation_gradients_match_finite_differences() {
+    // paper Table 6: one constant λ_init, and no subln (nor its (1 − λ_init) scale)
+    check(ModelConfig {
+        lambda_init: Some(0.8),
+        ..small(AttentionKind::DiffV1, 2, false)
+    });
+    check(ModelConfig {
+        subln: false,
+        ..small(AttentionKind::DiffV1, 1, true)
+    });
 }
 
 #[test]

@@ -186,3 +186,28 @@ fn diff_v2_export_is_refused_with_a_reason() {
         "{e}"
     );
 }
+
+#[test]
+fn diff_v1_ablation_export_is_refused_naming_the_setting() {
+    let tmp = tempfile::tempdir().unwrap();
+    let v1 = difftx::ModelConfig::preset(difftx::Preset::Tiny, AttentionKind::DiffV1);
+    let cases = [
+        (
+            difftx::ModelConfig {
+                lambda_init: Some(0.5),
+                ..v1.clone()
+            },
+            "constant lambda_init (0.5)",
+        ),
+        (difftx::ModelConfig { subln: false, ..v1 }, "subln off"),
+    ];
+    for (c, want) in cases {
+        let m = Model::init(c, 0).unwrap();
+        let out = tmp.path().join("x");
+        let e = difftx::interop::hf::export(&m, tmp.path(), &out)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(want) && e.contains("DiffLlama"), "{e}");
+        assert!(!out.exists(), "{want}: export wrote {}", out.display());
+    }
+}

@@ -16,6 +16,9 @@ const CASES: &[&str] = &[
     "diff_v1_gqa_untied",
     "diff_v2_mha_untied",
     "diff_v2_gqa_tied",
+    // paper Table 6: lambda_init 0.8 for every layer; no subln and no (1 − λ_init) scale
+    "diff_v1_lambda_init_const",
+    "diff_v1_no_subln",
 ];
 
 fn tensor(st: &SafeTensors, name: &str) -> (Vec<f32>, Vec<usize>) {

@@ -168,6 +168,9 @@ pub fn config_from_hf(json: &Value, path: &Path) -> Result<ModelConfig> {
             .get("tie_word_embeddings")
             .and_then(|v| v.as_bool())
             .unwrap_or(false),
+        // DiffLlama has the paper's λ_init schedule and per-head norm
+        lambda_init: None,
+        subln: true,
         tokenizer: None,
         extra: obj
             .iter()
@@ -399,6 +402,18 @@ pub fn export(model: &Model, model_dir: &Path, out: &Path) -> Result<()> {
             ))
         }
     };
+    // DiffLlama hard-codes the paper's λ_init schedule and per-head norm with its (1 − λ_init)
+    // scale, so neither Table 6 ablation has a Hugging Face equivalent.
+    if let Some(l) = c.lambda_init {
+        return Err(Error::Invalid(format!(
+            "a diff_v1 model with a constant lambda_init ({l}) cannot be exported: DiffLlama always uses the schedule 0.8 − 0.6·exp(−0.3·l)"
+        )));
+    }
+    if !c.subln {
+        return Err(Error::Invalid(
+            "a diff_v1 model with subln off cannot be exported: DiffLlama always applies the per-head norm and its (1 − λ_init) scale".into(),
+        ));
+    }
     std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
     let mut cfg = Map::new();
     for (k, v) in &c.extra {

@@ -3,7 +3,8 @@
 //!
 //! - `standard`: the kernel's output is the attention output.
 //! - `diff_v1`:  head_i = (1 − λ_init) · subln(attn1_i − λ · attn2_i), one λ per layer,
-//!   λ = exp(λ_q1·λ_k1) − exp(λ_q2·λ_k2) + λ_init.
+//!   λ = exp(λ_q1·λ_k1) − exp(λ_q2·λ_k2) + λ_init (the Table 6 ablations: a constant λ_init,
+//!   and head_i = attn1_i − λ · attn2_i without subln).
 //! - `diff_v2`:  out_i = attn_{2i} − σ(lambda_proj x)_i · attn_{2i+1}, a λ per token and head.
 //!
 //! Because (A1 − λA2)V = A1V − λ(A2V), the combination happens after the kernel; its backward

@@ -8,7 +8,7 @@
 use super::attention::{self as attn, Lambda};
 use super::kv_cache::KvCache;
 use super::params::LayerParams;
-use crate::config::{AttentionKind, ModelConfig};
+use crate::config::{lambda_init_at, AttentionKind, ModelConfig};
 use crate::kernels::attention::{attention_backward, attention_forward, AttnShape};
 use crate::kernels::matmul::{matmul_backward, matmul_forward};
 use crate::kernels::rmsnorm::{rmsnorm_backward, rmsnorm_forward};
@@ -30,6 +30,10 @@ pub struct Dims {
     /// width of the o_proj input
     pub out: usize,
     pub eps: f32,
+    /// diff_v1: the config's constant λ_init, or `None` for the paper's schedule
+    pub lambda_init: Option<f64>,
+    /// diff_v1 with its per-head RMSNorm (false for the other kinds and for the ablation)
+    pub subln: bool,
 }
 
 impl Dims {
@@ -42,6 +46,8 @@ impl Dims {
             shape: attn::shape(c),
             out: c.attn_out_dim(),
             eps: c.rms_norm_eps as f32,
+            lambda_init: c.lambda_init,
+            subln: c.attention == AttentionKind::DiffV1 && c.subln,
         }
     }
     fn q_width(&self) -> usize {
@@ -74,7 +80,7 @@ pub struct LayerActs {
     pub lam: Vec<f32>,
     /// diff kinds: attn1 − λ·attn2, (N, H, DV)
     pub comb: Vec<f32>,
-    /// diff_v1: (1 − λ_init) · subln(comb), and subln's rstd (N·H)
+    /// diff_v1 with subln: (1 − λ_init) · subln(comb), and subln's rstd (N·H)
     pub y: Vec<f32>,
     pub sub_rstd: Vec<f32>,
     /// diff_v1: λ and its two exponentials, for the backward
@@ -106,16 +112,8 @@ impl LayerActs {
                 0
             }),
             comb: z(if diff { n * d.out } else { 0 }),
-            y: z(if d.kind == AttentionKind::DiffV1 {
-                n * d.out
-            } else {
-                0
-            }),
-            sub_rstd: z(if d.kind == AttentionKind::DiffV1 {
-                n * d.h
-            } else {
-                0
-            }),
+            y: z(if d.subln { n * d.out } else { 0 }),
+            sub_rstd: z(if d.subln { n * d.h } else { 0 }),
             lambda_parts: (0.0, 0.0, 0.0),
             x_mid: z(n * d.c),
             ln2: z(n * d.c),
@@ -127,12 +125,12 @@ impl LayerActs {
     }
 
     /// The o_proj input for n tokens.
-    fn attn_out(&self, kind: AttentionKind, n: usize, d: &Dims) -> &[f32] {
+    fn attn_out(&self, n: usize, d: &Dims) -> &[f32] {
         let len = n * d.out;
-        match kind {
+        match d.kind {
             AttentionKind::Standard => &self.o[..len],
-            AttentionKind::DiffV1 => &self.y[..len],
-            AttentionKind::DiffV2 => &self.comb[..len],
+            AttentionKind::DiffV1 if d.subln => &self.y[..len],
+            AttentionKind::DiffV1 | AttentionKind::DiffV2 => &self.comb[..len],
         }
     }
 }
@@ -259,17 +257,20 @@ pub fn block_forward(
     match d.kind {
         AttentionKind::Standard => {}
         AttentionKind::DiffV1 => {
-            let lambda_init = ModelConfig::lambda_init(layer);
+            let lambda_init = lambda_init_at(d.lambda_init, layer);
             let ls = p.lambdas.as_ref().expect("diff_v1 layer has lambdas");
             let lambdas = [0, 1, 2, 3].map(|i| &w[ls[i].clone()]);
             a.lambda_parts = attn::lambda_full(lambdas, lambda_init);
             let comb = &mut a.comb[..n * d.out];
             attn::diff_combine_forward(comb, o, Lambda::Layer(a.lambda_parts.0), d.h, s.dv);
             // subln: RMSNorm over each head's 2d outputs, then the fixed (1 − λ_init) scale.
-            let y = &mut a.y[..n * d.out];
-            let subln = &w[p.subln.clone().expect("diff_v1 layer has subln")];
-            rmsnorm_forward(y, &mut a.sub_rstd[..n * d.h], comb, subln, s.dv, d.eps);
-            y.iter_mut().for_each(|y| *y *= 1.0 - lambda_init);
+            // Ablated (d.subln false), both go: the paper ties the scale to the norm.
+            if d.subln {
+                let y = &mut a.y[..n * d.out];
+                let subln = &w[p.subln.clone().expect("diff_v1 layer has subln")];
+                rmsnorm_forward(y, &mut a.sub_rstd[..n * d.h], comb, subln, s.dv, d.eps);
+                y.iter_mut().for_each(|y| *y *= 1.0 - lambda_init);
+            }
         }
         AttentionKind::DiffV2 => {
             let lam = &mut a.lam[..n * d.h];
@@ -289,15 +290,7 @@ pub fn block_forward(
         }
     }
     // x_mid = x_in + o_proj(attn)
-    matmul_forward(
-        x,
-        a.attn_out(d.kind, n, d),
-        &w[p.o_proj.clone()],
-        n,
-        d.out,
-        c,
-        true,
-    );
+    matmul_forward(x, a.attn_out(n, d), &w[p.o_proj.clone()], n, d.out, c, true);
     a.x_mid[..n * c].copy_from_slice(x);
     let ln2 = &mut a.ln2[..n * c];
     rmsnorm_forward(
@@ -396,7 +389,7 @@ pub fn block_backward(
         Some(dattn),
         &mut g[p.o_proj.clone()],
         dx,
-        a.attn_out(d.kind, n, d),
+        a.attn_out(n, d),
         &w[p.o_proj.clone()],
         n,
         d.out,
@@ -407,20 +400,26 @@ pub fn block_backward(
     let d_o: &[f32] = match d.kind {
         AttentionKind::Standard => dattn,
         AttentionKind::DiffV1 => {
-            let lambda_init = ModelConfig::lambda_init(layer);
-            // in the forward pass this was `y = (1 − λ_init) · subln(comb)`
-            dattn.iter_mut().for_each(|v| *v *= 1.0 - lambda_init);
-            let dcomb = zeroed(&mut sc.dcomb, n * d.out);
-            let sub = p.subln.clone().expect("diff_v1 layer has subln");
-            rmsnorm_backward(
-                dcomb,
-                &mut g[sub.clone()],
-                dattn,
-                &a.comb[..n * d.out],
-                &w[sub],
-                &a.sub_rstd[..n * d.h],
-                s.dv,
-            );
+            let dcomb: &[f32] = if d.subln {
+                let lambda_init = lambda_init_at(d.lambda_init, layer);
+                // in the forward pass this was `y = (1 − λ_init) · subln(comb)`
+                dattn.iter_mut().for_each(|v| *v *= 1.0 - lambda_init);
+                let dcomb = zeroed(&mut sc.dcomb, n * d.out);
+                let sub = p.subln.clone().expect("diff_v1 layer has subln");
+                rmsnorm_backward(
+                    dcomb,
+                    &mut g[sub.clone()],
+                    dattn,
+                    &a.comb[..n * d.out],
+                    &w[sub],
+                    &a.sub_rstd[..n * d.h],
+                    s.dv,
+                );
+                dcomb
+            } else {
+                // without subln the o_proj input was comb itself
+                dattn
+            };
             let (lambda, e1, e2) = a.lambda_parts;
             let dlam = &mut sc.dlam[..n * d.h];
             attn::diff_combine_backward(

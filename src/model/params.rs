@@ -34,7 +34,7 @@ pub struct LayerParams {
     pub o_proj: Range<usize>,
     /// diff_v1: lambda_q1, lambda_k1, lambda_q2, lambda_k2 (each of length d)
     pub lambdas: Option<[Range<usize>; 4]>,
-    /// diff_v1: the per-head RMSNorm weight over 2d
+    /// diff_v1: the per-head RMSNorm weight over 2d (absent when the config turns subln off)
     pub subln: Option<Range<usize>>,
     /// diff_v2: D -> H per-token lambda logits
     pub lambda_proj: Option<Range<usize>>,
@@ -111,7 +111,9 @@ impl ParamLayout {
                         ["lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2"]
                             .map(|n| b.add(p(&format!("self_attn.{n}")), &[d], false)),
                     );
-                    subln = Some(b.add(p("self_attn.subln.weight"), &[2 * d], false));
+                    subln = c
+                        .subln
+                        .then(|| b.add(p("self_attn.subln.weight"), &[2 * d], false));
                 }
                 AttentionKind::DiffV2 => {
                     lambda_proj = Some(b.add(

@@ -74,6 +74,14 @@ pub struct TrainOptions {
     /// Share the input embedding with lm_head (true or false) [default: false].
     #[arg(long, value_name = "BOOL")]
     pub tie_word_embeddings: Option<bool>,
+    /// diff_v1 ablation (paper Table 6): one constant λ_init for every layer, in [0, 1); the
+    /// paper tries 0.8 and 0.5 [default: the schedule 0.8 − 0.6·exp(−0.3·l) of layer l].
+    #[arg(long, value_name = "X")]
+    pub lambda_init: Option<f64>,
+    /// diff_v1 ablation (paper Table 6): no per-head RMSNorm (subln) and no (1 − λ_init)
+    /// scale, each head outputs attn1 − λ·attn2 (TOML: no_subln = true).
+    #[arg(long, num_args = 0, default_missing_value = "true")]
+    pub no_subln: Option<bool>,
 
     // ---- optimisation ----
     /// Optimizer steps (updates) in the whole run [default: 1000].
@@ -259,6 +267,12 @@ impl TrainOptions {
             rms_norm_eps,
             tie_word_embeddings
         );
+        if self.lambda_init.is_some() {
+            m.lambda_init = self.lambda_init;
+        }
+        if let Some(no) = self.no_subln {
+            m.subln = !no;
+        }
         m.validate().map_err(bad)?;
 
         let steps = self.steps.unwrap_or(1000);
@@ -366,6 +380,8 @@ impl RunConfig {
             rope_theta: Some(m.rope_theta),
             rms_norm_eps: Some(m.rms_norm_eps),
             tie_word_embeddings: Some(m.tie_word_embeddings),
+            lambda_init: m.lambda_init,
+            no_subln: Some(!m.subln),
             steps: Some(t.steps),
             batch: Some(t.batch),
             grad_accum: Some(t.grad_accum),
@@ -495,6 +511,42 @@ mod tests {
         // 100 / 4 heads = 25: divisible, but RoPE needs an even head dim
         let e = std_width(100).resolve(256).unwrap_err().to_string();
         assert!(e.contains("head_dim (25) must be even"), "{e}");
+    }
+
+    #[test]
+    fn ablation_settings_come_from_toml_or_flags_and_survive_a_resume() {
+        let toml: TrainOptions =
+            toml::from_str("lambda_init = 0.8\nno_subln = true\nsteps = 10\n").unwrap();
+        let run = toml.resolve(256).unwrap();
+        assert_eq!((run.model.lambda_init, run.model.subln), (Some(0.8), false));
+        // a flag overrides the file; an absent flag leaves it alone
+        let flags = TrainOptions {
+            lambda_init: Some(0.5),
+            ..Default::default()
+        };
+        let run = toml.overlaid(&flags).resolve(256).unwrap();
+        assert_eq!((run.model.lambda_init, run.model.subln), (Some(0.5), false));
+        let back = RunConfig::from_json(&run.to_json(), Path::new("x")).unwrap();
+        assert_eq!(back, run);
+        let again = run
+            .to_options()
+            .overlaid(&TrainOptions::default())
+            .resolve(256)
+            .unwrap();
+        assert_eq!(again, run);
+        let mut paper = run.clone();
+        (paper.model.lambda_init, paper.model.subln) = (None, true);
+        assert_eq!(
+            run.first_difference(&paper).map(|d| d.0),
+            Some("lambda_init".to_string())
+        );
+        let std = TrainOptions {
+            attention: Some("standard".into()),
+            no_subln: Some(true),
+            ..Default::default()
+        };
+        let e = std.resolve(256).unwrap_err().to_string();
+        assert!(e.contains("`subln`") && e.contains("standard"), "{e}");
     }
 
     #[test]

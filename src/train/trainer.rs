@@ -17,7 +17,7 @@ use super::metrics::{read_metrics, MetricsLog, METRICS_FILE};
 use super::options::RunConfig;
 use super::schedule::lr_at;
 use super::step::Optimizer;
-use crate::config::{AttentionKind, ModelConfig};
+use crate::config::AttentionKind;
 use crate::data::{Dataset, TokenSlice, WindowSampler};
 use crate::error::{Error, Result};
 use crate::kernels::adamw::AdamWParams;
@@ -146,7 +146,7 @@ pub(crate) fn layer_lambdas(model: &Model, ws: &Workspace, n: usize, out: &mut [
                     &w[r[2].clone()],
                     &w[r[3].clone()],
                 ];
-                out[l] = lambda_full(v, ModelConfig::lambda_init(l)).0;
+                out[l] = lambda_full(v, c.lambda_init_at(l)).0;
             }
         }
         AttentionKind::DiffV2 => {
