@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# The full `difftx repro` run behind docs/REPRO.md: installs what it needs (Debian's `fortunes`
+# corpus for the language-modelling part), builds difftx and runs the full plan into
+# runs/repro (about 50 minutes on 2 cores), then copies the report and its plots to docs/.
+#   scripts/repro.sh            # full run
+#   OUT=/tmp/r scripts/repro.sh --quick   # any extra arguments go to `difftx repro`
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [ ! -d /usr/share/games/fortunes ]; then
+  echo "installing Debian's fortunes corpus (apt-get install fortunes)" >&2
+  SUDO=$([ "$(id -u)" -eq 0 ] && echo "" || echo sudo)
+  $SUDO apt-get update -qq && $SUDO apt-get install -y -qq fortunes >/dev/null
+fi
+cargo build --release --locked
+OUT=${OUT:-runs/repro}
+target/release/difftx --threads 2 repro --corpus /usr/share/games/fortunes --out "$OUT" "$@"
+if [ "$#" -eq 0 ]; then
+  mkdir -p docs/repro
+  cp "$OUT"/*.png docs/repro/
+  sed 's|](\([a-z_]*\.png\))|](repro/\1)|g' "$OUT/REPRO.md" > docs/REPRO.md
+  echo "docs/REPRO.md and docs/repro/*.png updated" >&2
+fi
