@@ -297,9 +297,11 @@ impl LmPlan {
     /// 819,200 training bytes per model (about a third of an epoch), the same for every size
     /// and kind. lr 6e-3 was the best of 1e-3 … 1.6e-2 for `standard` at the middle size in a
     /// 300-step pilot (no diff kind was tuned); with it the loss still falls at every size step.
-    /// Cost, from single-thread CPU times on the 2-core machine: 3 kinds × 3 sizes + 2 variants
-    /// ≈ 480 core-seconds per seed (diff_v1 +15%, diff_v2 +40% over standard), so 3 seeds ≈
-    /// 24 core-minutes, about 14–16 minutes on both cores.
+    /// Cost, timed single-threaded on the 2-core machine (standard 59k / 26k / 12k bytes per
+    /// second at the three sizes; diff_v1 +6% and diff_v2 +36% time at D 96): 3 kinds × 3
+    /// sizes and 2 variants ≈ 460 core-seconds per seed, so 3 seeds ≈ 23 core-minutes: about 15
+    /// minutes on both cores (a 2-thread spot check gave 1.55× one thread; the machine was
+    /// never quiet enough to time the whole plan).
     pub fn full() -> Self {
         LmPlan {
             quick: false,
