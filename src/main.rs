@@ -85,9 +85,14 @@ struct ReproArgs {
     /// Seeds per kind [default: 3, or 1 with --quick].
     #[arg(long)]
     seeds: Option<usize>,
-    /// Training steps per model, overriding the plan's (to time or shorten a run).
+    /// Training steps of each needle model, overriding the plan's (to time or shorten a run).
     #[arg(long)]
     steps: Option<u64>,
+    /// Text for the language-modelling and ablation part: a text file or a folder of fortune
+    /// files [default: /usr/share/games/fortunes (Debian's `fortunes`; scripts/repro.sh
+    /// installs it), or the built-in demo text with --quick].
+    #[arg(long)]
+    corpus: Option<PathBuf>,
     /// Output folder: REPRO.md, needle_heatmap.png, results.json, models/.
     #[arg(long)]
     out: PathBuf,
@@ -427,7 +432,8 @@ fn eval(a: EvalArgs) -> Result<()> {
 }
 
 fn repro(a: ReproArgs) -> Result<()> {
-    use difftx::eval::repro::{run_repro, ReproPlan};
+    use difftx::eval::lm_scaling::FORTUNES_DIR;
+    use difftx::eval::repro::{run_repro, Corpus, ReproPlan};
     let mut plan = if a.quick {
         ReproPlan::quick()
     } else {
@@ -444,6 +450,18 @@ fn repro(a: ReproArgs) -> Result<()> {
     for line in plan.describe() {
         eprintln!("repro: {line}");
     }
+    let corpus = match (&a.corpus, a.quick) {
+        (Some(p), _) => Corpus::load(p)?,
+        (None, true) => Corpus {
+            text: difftx::demo::DEMO_TEXT.as_bytes().to_vec(),
+            line: format!(
+                "the built-in demo text (data/demo.txt, {} bytes; the last 10% is validation)",
+                difftx::demo::DEMO_TEXT.len()
+            ),
+        },
+        (None, false) => Corpus::load(std::path::Path::new(FORTUNES_DIR))?,
+    };
+    eprintln!("repro: corpus: {}", corpus.line);
     if a.dry_run {
         return Ok(());
     }
@@ -460,7 +478,9 @@ fn repro(a: ReproArgs) -> Result<()> {
         })
         .collect::<Vec<_>>()
         .join(" ");
-    let report = run_repro(&plan, &a.out, &command, |line| eprintln!("repro: {line}"))?;
+    let report = run_repro(&plan, &corpus, &a.out, &command, |line| {
+        eprintln!("repro: {line}")
+    })?;
     eprintln!("repro: wrote {}", report.display());
     Ok(())
 }
