@@ -306,6 +306,15 @@ impl ReproPlan {
         ]
         .into_iter()
         .chain(self.lm.describe())
+        .chain(std::iter::once(format!(
+            "ablations at the middle language-model size, {} seed(s) each: {}",
+            self.seeds,
+            self.ablations()
+                .iter()
+                .map(|v| v.label.as_str())
+                .collect::<Vec<_>>()
+                .join("; ")
+        )))
         .collect()
     }
 }
@@ -683,6 +692,11 @@ pub fn run_repro(
 ) -> Result<PathBuf> {
     plan.validate()?;
     let started = Instant::now();
+    // every progress line says how long the run has taken so far
+    let mut note = move |line: &str| {
+        let t = started.elapsed().as_secs();
+        note(&format!("[{:02}:{:02}] {line}", t / 60, t % 60))
+    };
     std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
     let task = plan.task();
     let mut runs: Vec<KindRun> = Vec::new();
