@@ -529,7 +529,7 @@ pub fn fmt_ms(v: &[f64], digits: usize) -> String {
 }
 
 /// How a diff kind compares with standard on one measurement, in words.
-fn compare(
+pub(crate) fn compare(
     what: &str,
     diff: AttentionKind,
     d: &[f64],
