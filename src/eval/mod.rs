@@ -1,6 +1,7 @@
 //! Evaluations of trained models.
 
 pub mod attention_stats;
+pub mod icl;
 pub mod lm_scaling;
 pub mod loss;
 pub mod lowbit;

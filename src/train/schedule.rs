@@ -6,7 +6,7 @@ pub fn lr_at(step: u64, steps: u64, peak: f32, min: f32, warmup: u64) -> f32 {
     if step < warmup {
         return peak * (step + 1) as f32 / warmup as f32;
     }
-    let span = (steps - warmup).saturating_sub(1).max(1);
+    let span = steps.saturating_sub(warmup).saturating_sub(1).max(1);
     let p = ((step - warmup) as f64 / span as f64).min(1.0);
     let cos = 0.5 * (1.0 + (std::f64::consts::PI * p).cos());
     (min as f64 + (peak - min) as f64 * cos) as f32
