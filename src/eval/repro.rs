@@ -13,6 +13,7 @@
 //! ```
 
 use super::attention_stats::{allocation, attention_logits, hidden_states, Allocation, Magnitudes};
+use super::icl::{icl_json, icl_section, plot_icl, run_icl, IclPlan, IclRun};
 use super::lm_scaling::{
     corpus_line, lm_json, lm_section, plot_scaling, run_lm, LmPlan, LmRun, PaperSays, Variant,
     SCALING_PLOT,
@@ -37,6 +38,7 @@ pub const HEATMAP_FILE: &str = "needle_heatmap.png";
 pub const RESULTS_FILE: &str = "results.json";
 pub const NEEDLES_PLOT: &str = "accuracy_vs_needles.png";
 pub const LOWBIT_PLOT: &str = "lowbit_attention.png";
+pub const ICL_PLOT: &str = "icl_accuracy_vs_shots.png";
 
 /// Salt of the training episodes' generator (the model's initial weights use the seed itself).
 const TRAIN_STREAM: u64 = 0x6e65_6564_6c65_7472;
@@ -97,6 +99,8 @@ pub struct ReproPlan {
     pub needle_counts: Vec<usize>,
     /// language modelling on a text corpus at three sizes, and the ablations
     pub lm: LmPlan,
+    /// many-shot in-context classification
+    pub icl: IclPlan,
 }
 
 impl ReproPlan {
@@ -130,6 +134,7 @@ impl ReproPlan {
             lowbit_per_cell: 8,
             needle_counts: vec![1, 2],
             lm: LmPlan::quick(),
+            icl: IclPlan::quick(),
         }
     }
 
@@ -166,6 +171,7 @@ impl ReproPlan {
             lowbit_per_cell: 16,
             needle_counts: vec![1, 2, 3],
             lm: LmPlan::full(),
+            icl: IclPlan::full(),
         }
     }
 
@@ -233,6 +239,7 @@ impl ReproPlan {
         for k in AttentionKind::ALL {
             self.model_config(k).validate().map_err(Error::Invalid)?;
         }
+        self.icl.validate()?;
         self.lm.validate(&self.ablations())
     }
 
@@ -305,6 +312,7 @@ impl ReproPlan {
             ),
         ]
         .into_iter()
+        .chain(self.icl.describe())
         .chain(self.lm.describe())
         .chain(std::iter::once(format!(
             "ablations at the middle language-model size, {} seed(s) each: {}",
@@ -750,6 +758,7 @@ pub fn run_repro(
             runs.push(r);
         }
     }
+    let icl = run_icl(&plan.icl, plan.seeds, &mut note)?;
     let lm = run_lm(
         &plan.lm,
         &corpus.text,
@@ -761,8 +770,13 @@ pub fn run_repro(
     write_heatmap(plan, &runs, &out.join(HEATMAP_FILE))?;
     write_line_plots(plan, &runs, out)?;
     plot_scaling(&plan.lm, &lm, &out.join(SCALING_PLOT))?;
-    write_results(plan, &runs, &lm, &out.join(RESULTS_FILE))?;
+    plot_icl(&plan.icl, &icl, &out.join(ICL_PLOT))?;
+    write_results(plan, &runs, &icl, &lm, &out.join(RESULTS_FILE))?;
     let mut report = render_report(plan, &runs, command, wall);
+    report.push('\n');
+    report.push_str(&icl_section(&plan.icl, &icl));
+    report.push_str(&format!("\n![accuracy against shots]({ICL_PLOT})\n"));
+    report.push('\n');
     report.push_str(&lm_section(&plan.lm, &corpus.line, &lm));
     let path = out.join(REPORT_FILE);
     std::fs::write(&path, report).map_err(|e| Error::io(&path, e))?;
@@ -888,11 +902,18 @@ fn write_line_plots(plan: &ReproPlan, runs: &[KindRun], out: &Path) -> Result<()
     )
 }
 
-fn write_results(plan: &ReproPlan, runs: &[KindRun], lm: &[LmRun], path: &Path) -> Result<()> {
+fn write_results(
+    plan: &ReproPlan,
+    runs: &[KindRun],
+    icl: &[IclRun],
+    lm: &[LmRun],
+    path: &Path,
+) -> Result<()> {
     let mag = |m: &Magnitudes| json!({"top1": m.top1, "top10": m.top10, "median": m.median, "count": m.count});
     let v = json!({
         "plan": plan.describe(),
         "language_modelling": lm_json(lm),
+        "in_context_learning": icl_json(icl),
         "runs": runs.iter().map(|r| json!({
             "kind": r.kind.as_str(),
             "seed": r.seed,
@@ -1215,7 +1236,7 @@ pub fn render_report(plan: &ReproPlan, runs: &[KindRun], command: &str, wall: f6
         let _ = writeln!(s, "{row}");
     }
 
-    let _ = writeln!(s, "\n## What this run says about the claims\n");
+    let _ = writeln!(s, "\n## What the retrieval models say about the claims\n");
     let st = AttentionKind::Standard;
     for d in [AttentionKind::DiffV1, AttentionKind::DiffV2] {
         type Check<'a> = (&'a str, &'a dyn Fn(&KindRun) -> f64, bool);
