@@ -43,12 +43,42 @@ fn quick_repro_writes_a_report_with_a_row_for_every_kind() {
             .join("config.json")
             .exists());
     }
-    let png = std::fs::read(out.join("needle_heatmap.png")).unwrap();
-    assert_eq!(&png[1..4], b"PNG");
+    for section in [
+        "## Multi-needle retrieval",
+        "## In-context learning",
+        "## Language modelling and scaling",
+        "## Ablation",
+    ] {
+        assert!(md.contains(section), "{section} missing\n{md}");
+    }
+    // the ablation rows name both Table 6 variants
+    assert!(md.contains("| diff_v1 without subln |"), "{md}");
+    assert!(md.contains("| diff_v1, λ_init 0.8 constant |"), "{md}");
+    for png in [
+        "needle_heatmap.png",
+        "accuracy_vs_needles.png",
+        "lowbit_attention.png",
+        "icl_accuracy_vs_shots.png",
+        "lm_scaling.png",
+    ] {
+        let bytes = std::fs::read(out.join(png)).unwrap();
+        assert_eq!(&bytes[1..4], b"PNG", "{png}");
+        assert!(
+            md.contains(&format!("]({png})")),
+            "{png} is not linked\n{md}"
+        );
+    }
     let results: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("results.json")).unwrap()).unwrap();
     let runs = results["runs"].as_array().unwrap();
     assert_eq!(runs.len(), 3);
+    // 3 kinds (1 seed) for in-context learning; 3 kinds × 3 sizes + 2 ablations for the LM part
+    let icl = &results["in_context_learning"];
+    assert_eq!(icl["runs"].as_array().unwrap().len(), 3, "{icl}");
+    assert!(icl["reference_reader_by_shots"].as_array().unwrap().len() >= 2);
+    let lm = &results["language_modelling"];
+    let lm_runs = lm.as_array().or_else(|| lm["runs"].as_array()).unwrap();
+    assert_eq!(lm_runs.len(), 11, "{lm}");
     for r in runs {
         // 2 lengths × 5 depths
         assert_eq!(r["retrieval"].as_array().unwrap().len(), 10);

@@ -756,12 +756,26 @@ pub fn lm_section(plan: &LmPlan, corpus: &str, runs: &[LmRun]) -> String {
             .filter_map(|r| r.as_ref().ok().copied())
             .collect();
         let undefined = per_seed.len() - ok.len();
-        let seed_cell = if ok.is_empty() {
-            "undefined".to_string()
-        } else if undefined > 0 {
-            format!("{} ({undefined} seed(s) undefined)", fmt_ms(&ok, 3))
-        } else {
-            fmt_ms(&ok, 3)
+        // A seed whose fit is nearly flat can put the equal-loss point at an absurd size; such
+        // readings are counted as beyond the sizes run, not averaged.
+        let inside = |r: &f64| {
+            let n = r * n_ref.unwrap_or(f64::NAN);
+            n >= lo && n <= hi
+        };
+        let beyond = ok.iter().filter(|r| !inside(r)).count();
+        let ok: Vec<f64> = ok.into_iter().filter(inside).collect();
+        let mut notes = Vec::new();
+        if undefined > 0 {
+            notes.push(format!("{undefined} seed(s) undefined"));
+        }
+        if beyond > 0 {
+            notes.push(format!("{beyond} seed(s) beyond the sizes run"));
+        }
+        let undefined = undefined + beyond;
+        let seed_cell = match (ok.is_empty(), notes.is_empty()) {
+            (true, _) => format!("none within the sizes run ({})", notes.join(", ")),
+            (false, true) => fmt_ms(&ok, 3),
+            (false, false) => format!("{} ({})", fmt_ms(&ok, 3), notes.join(", ")),
         };
         let cell = match &mean_fit {
             Ok(r) => {
@@ -938,7 +952,9 @@ fn ratio_words(
             }
         }
         _ if undefined > 0 => {
-            format!("{undefined} seed(s) give no ratio, so the spread is unknown")
+            format!(
+                "{undefined} seed(s) give no ratio within the sizes run, so the spread is unknown"
+            )
         }
         _ => "one seed only, so the spread is unknown".into(),
     };
@@ -1231,6 +1247,25 @@ mod tests {
             runs.push(r);
         }
         (plan, runs)
+    }
+
+    #[test]
+    fn a_seed_whose_equal_loss_point_lies_far_beyond_the_sizes_is_not_averaged() {
+        let (plan, mut runs) = fake_runs(false);
+        // seed 2's diff_v1 loss barely falls with size and sits above standard: its fit meets
+        // the standard loss only at an absurd size
+        for r in runs.iter_mut() {
+            if r.kind == AttentionKind::DiffV1 && r.variant.is_none() && r.seed == 2 {
+                r.val_loss = 2.9 - 0.0001 * (r.params as f64).ln();
+            }
+        }
+        let md = lm_section(&plan, "demo", &runs);
+        assert!(
+            md.contains("| diff_v1 |") && md.contains("(1 seed(s) beyond the sizes run)"),
+            "{md}"
+        );
+        assert!(md.contains("give no ratio within the sizes run"), "{md}");
+        assert!(!md.contains("e+"), "{md}");
     }
 
     #[test]

@@ -913,7 +913,13 @@ fn write_results(
     let v = json!({
         "plan": plan.describe(),
         "language_modelling": lm_json(lm),
-        "in_context_learning": icl_json(icl),
+        "in_context_learning": {
+            "plan": plan.icl.describe(),
+            "reference_reader_by_shots": super::icl::icl_reference(&plan.icl)
+                .ok()
+                .map(|r| r.by_shots.iter().map(|&(n, a)| json!({"shots": n, "accuracy": a})).collect::<Vec<_>>()),
+            "runs": icl_json(icl),
+        },
         "runs": runs.iter().map(|r| json!({
             "kind": r.kind.as_str(),
             "seed": r.seed,
