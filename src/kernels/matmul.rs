@@ -173,6 +173,11 @@ const GEMV_ROWS: usize = 4;
 /// Weight rows per rayon task in `gemv`.
 const GEMV_CHUNK: usize = 64;
 
+/// A GEMV reads every weight once and is bound by memory bandwidth, which one core cannot
+/// saturate: it splits across threads from a quarter of `PARALLEL_THRESHOLD` (diff_v2's K/V
+/// projections at the bench preset, 128 × 256, ran on one thread and cost decode 15%).
+const GEMV_PARALLEL_THRESHOLD: usize = PARALLEL_THRESHOLD / 4;
+
 /// out (N, OC) (+)= inp (N, C) · wᵀ for N ≤ GEMV_ROWS, parallel over output features.
 fn gemv(out: &mut [f32], inp: &[f32], w: &[f32], n: usize, c: usize, oc: usize, accumulate: bool) {
     assert!(out.len() >= n * oc && inp.len() >= n * c && w.len() >= oc * c);
@@ -189,7 +194,7 @@ fn gemv(out: &mut [f32], inp: &[f32], w: &[f32], n: usize, c: usize, oc: usize, 
             }
         }
     };
-    if tasks > 1 && oc * c >= PARALLEL_THRESHOLD {
+    if tasks > 1 && oc * c >= GEMV_PARALLEL_THRESHOLD {
         (0..tasks).into_par_iter().for_each(run);
     } else {
         (0..tasks).for_each(run);
