@@ -407,17 +407,7 @@ pub fn predict(model: &Model, ws: &mut Workspace, episodes: &[IclEpisode]) -> Re
         return Ok(Vec::new());
     };
     let t = first.len();
-    let mut inputs = Vec::with_capacity(episodes.len() * t);
-    for e in episodes {
-        if e.len() != t {
-            return Err(Error::Invalid(format!(
-                "prompt of {} tokens in a batch of prompts of {t}",
-                e.len()
-            )));
-        }
-        inputs.extend_from_slice(&e.tokens[..t]);
-    }
-    model.forward(ws, &inputs, episodes.len(), t)?;
+    super::forward_prompts(model, ws, episodes.iter().map(|e| &e.tokens[..e.len()]), t)?;
     Ok(episodes
         .iter()
         .enumerate()

@@ -365,17 +365,11 @@ pub fn answers_correct(
             "needle retrieval needs the byte-level vocabulary (256), the model has {v}"
         )));
     }
-    let mut inputs = Vec::with_capacity(episodes.len() * t);
-    for e in episodes {
-        if e.tokens.len() != t + 1 {
-            return Err(Error::Invalid(format!(
-                "episode of {} tokens in a batch of windows of {t}",
-                e.tokens.len() - 1
-            )));
-        }
-        inputs.extend_from_slice(&e.tokens[..t]);
-    }
-    model.forward(ws, &inputs, episodes.len(), t)?;
+    // the model reads every token but the last
+    let inputs = episodes
+        .iter()
+        .map(|e| &e.tokens[..e.tokens.len().saturating_sub(1)]);
+    super::forward_prompts(model, ws, inputs, t)?;
     Ok(episodes
         .iter()
         .enumerate()
