@@ -34,7 +34,18 @@ pub struct TrainBench {
     pub state_bytes: u64,
     /// the activation and gradient workspace
     pub workspace_bytes: u64,
+    /// "f32", or "bf16" when `--bf16` routed the matrix products to AMX
+    pub precision: &'static str,
     pub losses: Vec<f32>,
+}
+
+/// Matrix-product precision in effect, for reports.
+pub fn precision() -> &'static str {
+    if crate::kernels::matmul::bf16() {
+        "bf16"
+    } else {
+        "f32"
+    }
 }
 
 /// Model FLOPs of one training step over B×T tokens: 6 per matmul weight per token (forward
@@ -142,6 +153,7 @@ pub fn bench_train(
         peak_rss_bytes: peak_rss_bytes(),
         state_bytes: 4 * 4 * model.num_params() as u64,
         workspace_bytes: ws.bytes() as u64,
+        precision: precision(),
         losses,
     })
 }
@@ -165,7 +177,11 @@ pub fn bench_matmul(m: usize, n: usize, k: usize, reps: usize) -> Vec<MatmulBenc
     let a: Vec<f32> = (0..m * k).map(|i| (i % 7) as f32 * 0.1).collect();
     let b: Vec<f32> = (0..k * n).map(|i| (i % 5) as f32 * 0.1).collect();
     let mut c = vec![0f32; m * n];
-    let backends = [Backend::Auto, Backend::GemmCrate];
+    let mut backends = vec![Backend::F32, Backend::GemmCrate];
+    #[cfg(target_arch = "x86_64")]
+    if crate::kernels::bf16_amx::available() {
+        backends.push(Backend::Bf16);
+    }
     let mut times = vec![Vec::new(); backends.len()];
     for rep in 0..=reps {
         for (bi, &be) in backends.iter().enumerate() {
@@ -194,8 +210,9 @@ pub fn bench_matmul(m: usize, n: usize, k: usize, reps: usize) -> Vec<MatmulBenc
             let med = t[t.len() / 2];
             MatmulBench {
                 backend: match be {
-                    Backend::Auto => "difftx".into(),
+                    Backend::Auto | Backend::F32 => "difftx".into(),
                     Backend::GemmCrate => "gemm-crate".into(),
+                    Backend::Bf16 => "difftx-bf16".into(),
                 },
                 m,
                 n,
@@ -399,4 +416,127 @@ pub fn memory_read_gbs() -> f64 {
     rates.remove(0); // the first pass also faults the pages in
     rates.sort_by(|a, b| a.total_cmp(b));
     rates[rates.len() / 2]
+}
+
+/// One run of `bench_bf16`: per-step training losses, median step time, validation loss.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct PrecisionRun {
+    pub precision: &'static str,
+    pub losses: Vec<f32>,
+    pub step_ms: f64,
+    /// mean next-byte loss over the validation windows, scored with f32 products
+    pub val_loss: f64,
+}
+
+/// The bf16 check of issue 6's target 6: the same short run (same seed, same windows) with f32
+/// and with bf16 matrix products, and how far apart the loss curves end up.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Bf16Bench {
+    pub attention: String,
+    pub params: usize,
+    pub steps: u64,
+    pub batch: usize,
+    pub seq: usize,
+    pub threads: usize,
+    pub f32: PrecisionRun,
+    pub bf16: PrecisionRun,
+    /// largest |bf16 − f32| / f32 over the means of consecutive `WINDOW`-step windows
+    pub max_window_rel_diff: f64,
+    /// the same for the last window
+    pub final_rel_diff: f64,
+    pub val_rel_diff: f64,
+    /// f32 step time / bf16 step time
+    pub speedup: f64,
+}
+
+/// Steps per window when loss curves are compared: single steps differ by batch noise that
+/// the two runs share, windows show the drift.
+pub const WINDOW: usize = 10;
+
+fn window_means(losses: &[f32]) -> Vec<f64> {
+    losses
+        .chunks(WINDOW)
+        .map(|w| w.iter().map(|&x| x as f64).sum::<f64>() / w.len() as f64)
+        .collect()
+}
+
+/// Trains `config` for `run.steps` steps on seeded random windows of `text` (training part),
+/// once with f32 products and once with bf16 on AMX, and compares the curves. Leaves the
+/// process's precision at f32. `on_step(precision, step)` reports progress.
+pub fn bench_bf16(
+    config: &ModelConfig,
+    run: &crate::train::in_memory::ShortRun,
+    text: &[u8],
+    mut on_step: impl FnMut(&str, u64),
+) -> Result<Bf16Bench> {
+    use crate::error::Error;
+    use crate::eval::lm_scaling::{fill_windows, split, val_starts, window_loss};
+    use crate::kernels::matmul::set_bf16;
+    let (train, val) = split(text);
+    let (b, t) = (run.batch, run.context);
+    if train.len() < t + 1 || val.len() < t + 1 {
+        return Err(Error::Invalid(format!(
+            "a text of {} bytes is too short for windows of {t} bytes (its last 10% is for validation)",
+            text.len()
+        )));
+    }
+    let starts = val_starts(val.len(), t, 64);
+    let mut runs = Vec::new();
+    let mut params = 0;
+    for bf16 in [false, true] {
+        if set_bf16(bf16) != bf16 {
+            set_bf16(false);
+            return Err(Error::Invalid(
+                "bf16 needs AMX bf16 tiles, which this CPU or kernel lacks".into(),
+            ));
+        }
+        let tag = precision();
+        let mut last = Instant::now();
+        let mut times = Vec::with_capacity(run.steps as usize);
+        let fill = |rng: &mut ChaCha8Rng, x: &mut [u32], y: &mut [u32]| -> Result<usize> {
+            fill_windows(rng, train, x, y, b, t);
+            Ok(t)
+        };
+        let trained = crate::train::in_memory::train_short(
+            config.clone(),
+            run,
+            0,
+            0x6266_3136,
+            fill,
+            |step, _| {
+                times.push(last.elapsed().as_secs_f64() * 1e3);
+                last = Instant::now();
+                on_step(tag, step);
+            },
+        );
+        set_bf16(false);
+        let trained = trained?;
+        params = trained.model.num_params();
+        times.sort_by(|a, b| a.total_cmp(b));
+        runs.push(PrecisionRun {
+            precision: tag,
+            step_ms: times.get(times.len() / 2).copied().unwrap_or(f64::NAN),
+            val_loss: window_loss(&trained.model, val, &starts, t, b)?,
+            losses: trained.losses,
+        });
+    }
+    let bf16 = runs.pop().expect("two runs");
+    let f32 = runs.pop().expect("two runs");
+    let (wf, wb) = (window_means(&f32.losses), window_means(&bf16.losses));
+    let rel = |x: f64, r: f64| (x - r).abs() / r.abs();
+    let diffs: Vec<f64> = wb.iter().zip(&wf).map(|(&x, &r)| rel(x, r)).collect();
+    Ok(Bf16Bench {
+        attention: config.attention.to_string(),
+        params,
+        steps: run.steps,
+        batch: b,
+        seq: t,
+        threads: rayon::current_num_threads(),
+        max_window_rel_diff: diffs.iter().copied().fold(0.0, f64::max),
+        final_rel_diff: diffs.last().copied().unwrap_or(f64::NAN),
+        val_rel_diff: rel(bf16.val_loss, f32.val_loss),
+        speedup: f32.step_ms / bf16.step_ms,
+        f32,
+        bf16,
+    })
 }

@@ -18,6 +18,11 @@ struct Cli {
     /// Worker threads (default: all cores). Results are bit-identical for a given thread count.
     #[arg(long, global = true)]
     threads: Option<usize>,
+    /// Matrix products (linear layers and LM head, forward and backward) with bf16 operands on
+    /// the CPU's AMX tile unit, accumulated in f32; weights, gradients and AdamW state stay f32.
+    /// Off by default. Needs an AMX CPU (Intel Sapphire Rapids or later) and Linux ≥ 5.16.
+    #[arg(long, global = true)]
+    bf16: bool,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -277,6 +282,33 @@ enum BenchCmd {
     Attention(BenchAttentionArgs),
     /// Peak memory of a training step against what the buffers add up to.
     Memory(BenchMemoryArgs),
+    /// The same short training run with f32 and with bf16 (AMX) matrix products: step times,
+    /// how far apart the loss curves end up, and both curves in a PNG.
+    Bf16(BenchBf16Args),
+}
+
+#[derive(Args)]
+struct BenchBf16Args {
+    #[command(flatten)]
+    shape: BenchShape,
+    /// Training steps of each run.
+    #[arg(long, default_value_t = 300)]
+    steps: u64,
+    /// Peak learning rate (warm-up, then cosine to a tenth).
+    #[arg(long, default_value_t = 1e-3)]
+    lr: f32,
+    #[arg(long, default_value_t = 30)]
+    warmup: u64,
+    /// Text to train on, byte-level: a file, or a folder of fortune files. Default: Debian's
+    /// fortunes (/usr/share/games/fortunes) where installed, else the built-in demo text.
+    #[arg(long)]
+    corpus: Option<PathBuf>,
+    /// Write both loss curves (means over 10 steps) to this PNG.
+    #[arg(long)]
+    plot: Option<PathBuf>,
+    /// Print one JSON object on stdout (both curves included).
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args)]
@@ -974,6 +1006,111 @@ fn init(a: InitArgs) -> Result<()> {
     Ok(())
 }
 
+fn bench_bf16(a: BenchBf16Args) -> Result<()> {
+    use difftx::eval::lm_scaling::{load_fortunes, FORTUNES_DIR};
+    use difftx::report::lines::{plot_lines, Axes, Line, Point};
+    let config = a.shape.config()?;
+    if a.steps == 0 {
+        bail!("--steps must be positive");
+    }
+    let (text, source) = match &a.corpus {
+        Some(p) => (load_fortunes(p)?, p.display().to_string()),
+        None if std::path::Path::new(FORTUNES_DIR).is_dir() => (
+            load_fortunes(std::path::Path::new(FORTUNES_DIR))?,
+            FORTUNES_DIR.to_string(),
+        ),
+        None => (
+            difftx::demo::DEMO_TEXT.as_bytes().to_vec(),
+            "the built-in demo text".to_string(),
+        ),
+    };
+    let run = difftx::train::in_memory::ShortRun {
+        steps: a.steps,
+        batch: a.shape.batch,
+        context: config.max_position_embeddings,
+        lr: a.lr,
+        warmup: a.warmup.min(a.steps),
+    };
+    eprintln!(
+        "bench bf16: {} {}, {} steps × {} × {} bytes of {source} ({} bytes), f32 then bf16",
+        a.shape.preset.as_str(),
+        config.attention,
+        run.steps,
+        run.batch,
+        run.context,
+        thousands(text.len())
+    );
+    let pb = progress(2 * a.steps, "steps");
+    let r = difftx::bench::bench_bf16(&config, &run, &text, |tag, _| {
+        pb.set_message(tag.to_string());
+        pb.inc(1)
+    })?;
+    pb.finish_and_clear();
+    if let Some(path) = &a.plot {
+        let line = |p: &difftx::bench::PrecisionRun| Line {
+            label: format!("{} products (val {:.4})", p.precision, p.val_loss),
+            points: p
+                .losses
+                .chunks(difftx::bench::WINDOW)
+                .enumerate()
+                .map(|(i, w)| Point {
+                    x: ((i * difftx::bench::WINDOW) + w.len()) as f64,
+                    y: w.iter().map(|&x| x as f64).sum::<f64>() / w.len() as f64,
+                    sd: None,
+                })
+                .collect(),
+        };
+        let title = format!(
+            "{} {}: training loss, f32 vs bf16 matrix products (max gap {:.2}%)",
+            a.shape.preset.as_str(),
+            r.attention,
+            100.0 * r.max_window_rel_diff
+        );
+        plot_lines(
+            &[line(&r.f32), line(&r.bf16)],
+            &Axes {
+                title: &title,
+                x_label: "step",
+                y_label: "training loss (nats/byte, 10-step means)",
+                log_x: false,
+                y_range: None,
+            },
+            path,
+        )?;
+        eprintln!("bench bf16: wrote {}", path.display());
+    }
+    if a.json {
+        println!("{}", serde_json::to_string(&r)?);
+    } else {
+        let tail = |p: &difftx::bench::PrecisionRun| {
+            let w = &p.losses[p.losses.len().saturating_sub(difftx::bench::WINDOW)..];
+            w.iter().sum::<f32>() / w.len() as f32
+        };
+        println!(
+            "{} ({} params), batch {} × {} tokens, {} threads",
+            r.attention, r.params, r.batch, r.seq, r.threads
+        );
+        for p in [&r.f32, &r.bf16] {
+            println!(
+                "{:>4}: step {:.1} ms median  |  final training loss {:.4}  |  val loss {:.4}",
+                p.precision,
+                p.step_ms,
+                tail(p),
+                p.val_loss
+            );
+        }
+        println!(
+            "bf16 vs f32: {:.2}× faster per step; loss curves (10-step means) differ by at most {:.2}%, {:.2}% at the end; val loss by {:.2}% ({} 1%)",
+            r.speedup,
+            100.0 * r.max_window_rel_diff,
+            100.0 * r.final_rel_diff,
+            100.0 * r.val_rel_diff,
+            if r.max_window_rel_diff <= 0.01 && r.val_rel_diff <= 0.01 { "within" } else { "NOT within" }
+        );
+    }
+    Ok(())
+}
+
 fn bench_train(a: BenchTrainArgs) -> Result<()> {
     let config = a.shape.config()?;
     if a.steps == 0 {
@@ -988,13 +1125,14 @@ fn bench_train(a: BenchTrainArgs) -> Result<()> {
     } else {
         let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
         println!(
-            "{} {} ({} params), batch {} × {} tokens, {} threads",
+            "{} {} ({} params), batch {} × {} tokens, {} threads, {} matrix products",
             a.shape.preset.as_str(),
             r.attention,
             r.params,
             r.batch,
             r.seq,
-            r.threads
+            r.threads,
+            r.precision
         );
         println!(
             "step {:.1} ms median (min {:.1}, max {:.1}) over {} steps  |  {:.0} tokens/s  |  {:.1} GFLOP/s ({:.2} GFLOP/step)",
@@ -1042,6 +1180,9 @@ fn run(cli: Cli) -> Result<()> {
             .num_threads(n)
             .build_global()?;
     }
+    if cli.bf16 && !difftx::kernels::matmul::set_bf16(true) {
+        bail!("--bf16 needs AMX bf16 tiles (an Intel Sapphire Rapids or later CPU, Linux ≥ 5.16); this machine has none, so leave it off");
+    }
     match cli.cmd {
         Cmd::Demo(a) => demo(a),
         Cmd::Train(a) => train(*a),
@@ -1054,6 +1195,7 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Init(a) => init(a),
         Cmd::Export(a) => export(a),
         Cmd::Bench(BenchCmd::Train(a)) => bench_train(a),
+        Cmd::Bench(BenchCmd::Bf16(a)) => bench_bf16(a),
         Cmd::Bench(BenchCmd::Memory(a)) => {
             let config = a.shape.config()?;
             let r = difftx::bench::bench_train(&config, a.shape.batch, 0, 1, |_, _| {})?;

@@ -1,8 +1,10 @@
 //! Linear layers. Every matrix product in difftx goes through `sgemm`: our own AVX-512 kernel
-//! (kernels/sgemm_avx512.rs) where the CPU has it, else the `gemm` crate.
+//! (kernels/sgemm_avx512.rs) where the CPU has it, else the `gemm` crate; with `set_bf16(true)`
+//! and an AMX CPU, bf16 operands on the tile unit (kernels/bf16_amx.rs).
 
 use gemm::Parallelism;
 use rayon::prelude::*;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Products smaller than this many multiply-adds run on one thread.
 const PARALLEL_THRESHOLD: usize = 1 << 16;
@@ -45,10 +47,39 @@ fn extent(rows: usize, cols: usize, rs: usize, cs: usize) -> usize {
 /// Which implementation runs a product.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Backend {
-    /// difftx's AVX-512 kernel where the CPU has AVX-512F, else the `gemm` crate
+    /// bf16 on AMX if `set_bf16(true)` took effect; else difftx's AVX-512 kernel where the CPU
+    /// has AVX-512F, else the `gemm` crate
     Auto,
     /// always the `gemm` crate (for comparison)
     GemmCrate,
+    /// f32 on difftx's AVX-512 kernel (or the `gemm` crate), whatever `set_bf16` says
+    F32,
+    /// bf16 on AMX where available (else as `F32`), whatever `set_bf16` says
+    Bf16,
+}
+
+static BF16: AtomicBool = AtomicBool::new(false);
+
+/// Routes every `sgemm` (the linear layers and the LM head, forward and backward) through bf16
+/// operands on AMX, or back to f32. Returns whether bf16 is now in effect: false on a CPU or
+/// kernel without AMX bf16 tiles, where products stay f32.
+pub fn set_bf16(on: bool) -> bool {
+    let on = on && bf16_available();
+    BF16.store(on, Ordering::Relaxed);
+    on
+}
+
+/// Whether this CPU and kernel can run the bf16 path (AMX bf16 tiles).
+pub fn bf16_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return super::bf16_amx::available();
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// Whether products run in bf16 (see `set_bf16`).
+pub fn bf16() -> bool {
+    BF16.load(Ordering::Relaxed)
 }
 
 /// dst (m, n), row-major with row stride `dst_rs`: dst = a (m, k) · b (k, n), or dst += a · b.
@@ -105,7 +136,14 @@ pub fn sgemm_with(
         rayon::current_num_threads()
     };
     #[cfg(target_arch = "x86_64")]
-    if backend == Backend::Auto && super::sgemm_avx512::available() {
+    if (backend == Backend::Bf16 || backend == Backend::Auto && bf16())
+        && super::bf16_amx::available()
+    {
+        super::bf16_amx::gemm(m, n, k, dst, dst_rs, accumulate, a, b, threads);
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if backend != Backend::GemmCrate && super::sgemm_avx512::available() {
         super::sgemm_avx512::sgemm(m, n, k, dst, dst_rs, accumulate, a, b, threads);
         return;
     }

@@ -3,6 +3,8 @@
 
 pub mod adamw;
 pub mod attention;
+#[cfg(target_arch = "x86_64")]
+pub mod bf16_amx;
 pub mod cross_entropy;
 pub mod embedding;
 pub mod matmul;
@@ -27,9 +29,9 @@ pub fn on_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
 /// Runs `f` with the buffer kept in a thread-local `slot`, taken out for the duration: while a
 /// rayon worker waits inside `f` it may run another job that wants the same slot, which then
 /// starts from an empty buffer instead of finding it borrowed. The larger buffer goes back.
-pub(crate) fn with_thread_buffer<R>(
-    slot: &'static std::thread::LocalKey<std::cell::Cell<Vec<f32>>>,
-    f: impl FnOnce(&mut Vec<f32>) -> R,
+pub(crate) fn with_thread_buffer<T, R>(
+    slot: &'static std::thread::LocalKey<std::cell::Cell<Vec<T>>>,
+    f: impl FnOnce(&mut Vec<T>) -> R,
 ) -> R {
     let mut buf = slot.with(|s| s.take());
     let r = f(&mut buf);

@@ -1,0 +1,450 @@
+//! bf16 matrix multiply on Intel AMX, the opt-in `--bf16` path: both operands are rounded to
+//! bf16 (round to nearest even) while they are packed, the tile unit multiplies them
+//! (TDPBF16PS) and accumulates in f32, so weights, gradients and results all stay f32.
+//!
+//! A tile holds 16 rows of 64 bytes: 16 × 32 bf16 of A, 16 pairs of depth × 16 columns of B
+//! (the "VNNI" layout: the two depths of a pair side by side), or 16 × 16 f32 of C. Both
+//! operands are packed whole, into tiles ordered by depth, and each task computes a 32 × 32
+//! block of C in four tile registers over the whole depth.
+
+use super::matmul::Mat;
+use super::with_thread_buffer;
+use rayon::prelude::*;
+use std::arch::asm;
+use std::arch::x86_64::*;
+use std::cell::Cell;
+use std::sync::OnceLock;
+
+/// Rows of a tile, and f32 columns of a C tile.
+const TR: usize = 16;
+/// bf16 depth of one A or B tile (64 bytes a row).
+const TK: usize = 32;
+/// bf16 values in one packed tile (1 KiB).
+const TILE: usize = TR * TK;
+/// C block of one task: 2 × 2 tiles.
+const BLOCK: usize = 2 * TR;
+
+thread_local! {
+    /// Packed A and B of the call made from this thread.
+    static PACK_A: Cell<Vec<u16>> = const { Cell::new(Vec::new()) };
+    static PACK_B: Cell<Vec<u16>> = const { Cell::new(Vec::new()) };
+}
+
+/// Whether this CPU and kernel run AMX bf16 tiles; the first call asks Linux for the
+/// tile-data state, which each process must request before its first tile instruction.
+pub fn available() -> bool {
+    static OK: OnceLock<bool> = OnceLock::new();
+    *OK.get_or_init(|| {
+        is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("avx512bw")
+            && is_x86_feature_detected!("avx512bf16")
+            && amx_in_cpuid()
+            && request_tile_data()
+    })
+}
+
+fn amx_in_cpuid() -> bool {
+    // CPUID leaf 7: EDX bit 22 is AMX-BF16, bit 24 AMX-TILE.
+    let r = __cpuid_count(7, 0);
+    r.edx & (1 << 22) != 0 && r.edx & (1 << 24) != 0
+}
+
+#[cfg(target_os = "linux")]
+fn request_tile_data() -> bool {
+    const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
+    const XFEATURE_XTILEDATA: libc::c_long = 18;
+    // SAFETY: arch_prctl with these arguments only changes this process's permissions.
+    unsafe {
+        libc::syscall(
+            libc::SYS_arch_prctl,
+            ARCH_REQ_XCOMP_PERM,
+            XFEATURE_XTILEDATA,
+        ) == 0
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn request_tile_data() -> bool {
+    false
+}
+
+/// The 64-byte tile configuration (palette 1): all eight tiles 16 rows × 64 bytes.
+#[repr(C, align(64))]
+struct TileConfig {
+    palette: u8,
+    start_row: u8,
+    reserved: [u8; 14],
+    colsb: [u16; 16],
+    rows: [u8; 16],
+}
+
+const CONFIG: TileConfig = TileConfig {
+    palette: 1,
+    start_row: 0,
+    reserved: [0; 14],
+    colsb: [64, 64, 64, 64, 64, 64, 64, 64, 0, 0, 0, 0, 0, 0, 0, 0],
+    rows: [16, 16, 16, 16, 16, 16, 16, 16, 0, 0, 0, 0, 0, 0, 0, 0],
+};
+
+/// 16 f32 lanes masked to the first `n`.
+fn lanes(n: usize) -> __mmask16 {
+    if n >= 16 {
+        0xffff
+    } else {
+        ((1u32 << n) - 1) as u16
+    }
+}
+
+/// Packs the logical matrix x (r, p) for r < rows, p < depth into tiles of 16 rows × 32
+/// depths, tile (rt, kt) at `(rt * kts + kt) * TILE`, zero-padded. Each tile is a 16 × 16
+/// array of u32 pairs (x(r, 2q), x(r, 2q + 1)) rounded to bf16: indexed [r][q] for A
+/// (`vnni` false), and [q][r] for B, where x is Bᵀ and r runs over B's columns.
+///
+/// # Safety
+/// Needs AVX-512F/BW/BF16; x must hold every element below (rows, depth).
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+unsafe fn pack_tile_row(dst: &mut [u16], x: Mat, r0: usize, rows: usize, depth: usize, vnni: bool) {
+    let kts = depth.div_ceil(TK);
+    let h = TR.min(rows - r0);
+    // Lane j of a line goes to u32 j (a row of the tile) or u32 16·j (a column).
+    let column: __m512i = _mm512_setr_epi32(
+        0, 16, 32, 48, 64, 80, 96, 112, 128, 144, 160, 176, 192, 208, 224, 240,
+    );
+    // u32 j of the result = (lo[j], hi[j]) from [lo ×16, hi ×16] bf16.
+    let interleave: __m512i = _mm512_set_epi16(
+        31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21, 5, 20, 4,
+        19, 3, 18, 2, 17, 1, 16, 0,
+    );
+    for kt in 0..kts {
+        let tile = &mut dst[kt * TILE..(kt + 1) * TILE];
+        let p0 = kt * TK;
+        let d = TK.min(depth - p0);
+        let out = tile.as_mut_ptr() as *mut i32;
+        // A line is 16 u32 pairs, stored as tile row `i` (`row`) or tile column `i`.
+        let store = |i: usize, line: __m512i, row: bool| {
+            if row {
+                _mm512_storeu_si512(out.add(16 * i) as *mut _, line);
+            } else {
+                _mm512_i32scatter_epi32::<4>(out.add(i), column, line);
+            }
+        };
+        if x.cs == 1 {
+            // Contiguous along the depth: one line per r, its 32 depths in order.
+            for r in 0..TR {
+                let line = if r < h {
+                    let src = x.data.as_ptr().add((r0 + r) * x.rs + p0);
+                    let lo = _mm512_maskz_loadu_ps(lanes(d), src);
+                    let hi =
+                        _mm512_maskz_loadu_ps(lanes(d.saturating_sub(16)), src.wrapping_add(16));
+                    _mm512_castsi512_ps(std::mem::transmute::<__m512bh, __m512i>(
+                        _mm512_cvtne2ps_pbh(hi, lo),
+                    ))
+                } else {
+                    _mm512_setzero_ps()
+                };
+                store(r, _mm512_castps_si512(line), !vnni);
+            }
+        } else if x.rs == 1 {
+            // Contiguous along r: one line per depth pair q, 16 r's of depths 2q and 2q + 1.
+            let m = lanes(h);
+            for q in 0..TR {
+                let (p, line) = (p0 + 2 * q, _mm512_setzero_si512());
+                let line = if 2 * q < d {
+                    let src = x.data.as_ptr().add(r0 + p * x.cs);
+                    let lo = _mm512_maskz_loadu_ps(m, src);
+                    let hi = if 2 * q + 1 < d {
+                        _mm512_maskz_loadu_ps(m, src.add(x.cs))
+                    } else {
+                        _mm512_setzero_ps()
+                    };
+                    let both: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(hi, lo));
+                    _mm512_permutexvar_epi16(interleave, both)
+                } else {
+                    line
+                };
+                store(q, line, vnni);
+            }
+        } else {
+            for r in 0..TR {
+                for k in 0..TK {
+                    let v = if r < h && k < d {
+                        bf16_bits(x.data[(r0 + r) * x.rs + (p0 + k) * x.cs])
+                    } else {
+                        0
+                    };
+                    let (q, half) = (k / 2, k % 2);
+                    let u = if vnni { q * TR + r } else { r * TR + q };
+                    tile[2 * u + half] = v;
+                }
+            }
+        }
+    }
+}
+
+/// f32 → bf16 bits, round to nearest even (what VCVTNE2PS2BF16 does).
+fn bf16_bits(v: f32) -> u16 {
+    half::bf16::from_f32(v).to_bits()
+}
+
+/// Packs x (rows, depth) into ceil(rows / 32) · 2 tile rows (see `pack_tile_row`).
+fn pack(buf: &mut Vec<u16>, x: Mat, rows: usize, depth: usize, vnni: bool, threads: usize) {
+    let (rts, kts) = (rows.div_ceil(BLOCK) * 2, depth.div_ceil(TK));
+    let len = rts * kts * TILE;
+    if buf.len() < len {
+        buf.resize(len, 0);
+    }
+    let run = |(rt, dst): (usize, &mut [u16])| {
+        if rt * TR < rows {
+            // SAFETY: `available()` was checked by the caller; the caller bounds-checked x.
+            unsafe { pack_tile_row(dst, x, rt * TR, rows, depth, vnni) }
+        } else {
+            dst.fill(0);
+        }
+    };
+    if threads > 1 && rts > 1 {
+        buf[..len]
+            .par_chunks_mut(kts * TILE)
+            .enumerate()
+            .for_each(run);
+    } else {
+        buf[..len].chunks_mut(kts * TILE).enumerate().for_each(run);
+    }
+}
+
+#[derive(Clone, Copy)]
+struct DstPtr(*mut f32);
+unsafe impl Send for DstPtr {}
+unsafe impl Sync for DstPtr {}
+impl DstPtr {
+    fn at(&self, off: usize) -> *mut f32 {
+        self.0.wrapping_add(off)
+    }
+}
+
+/// C[r0.., c0..] (+)= the 32 × 32 block from tile rows `a` (2 × kts tiles) and `b`, clipped to
+/// (h, w) valid rows and columns.
+///
+/// # Safety
+/// AMX tiles configured with `CONFIG` on this thread; c valid for h rows of w columns at ldc.
+#[target_feature(enable = "avx512f")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn block(
+    a: &[u16],
+    b: &[u16],
+    kts: usize,
+    c: *mut f32,
+    ldc: usize,
+    h: usize,
+    w: usize,
+    accumulate: bool,
+) {
+    let stride = ldc * 4;
+    let full = |ti: usize, tj: usize| h >= (ti + 1) * TR && w >= (tj + 1) * TR;
+    let at = |ti: usize, tj: usize| c.wrapping_add(ti * TR * ldc + tj * TR);
+    macro_rules! init {
+        ($t:literal, $ti:literal, $tj:literal) => {
+            if accumulate && full($ti, $tj) {
+                asm!(concat!("tileloadd tmm", $t, ", [{p} + {s}]"), p = in(reg) at($ti, $tj), s = in(reg) stride);
+            } else {
+                asm!(concat!("tilezero tmm", $t));
+            }
+        };
+    }
+    init!("0", 0, 0);
+    init!("1", 0, 1);
+    init!("2", 1, 0);
+    init!("3", 1, 1);
+    let (a0, a1) = (a.as_ptr(), a.as_ptr().add(kts * TILE));
+    let (b0, b1) = (b.as_ptr(), b.as_ptr().add(kts * TILE));
+    for kt in 0..kts {
+        let o = kt * TILE;
+        asm!(
+            "tileloadd tmm4, [{a0} + {s}]",
+            "tileloadd tmm5, [{a1} + {s}]",
+            "tileloadd tmm6, [{b0} + {s}]",
+            "tileloadd tmm7, [{b1} + {s}]",
+            "tdpbf16ps tmm0, tmm4, tmm6",
+            "tdpbf16ps tmm1, tmm4, tmm7",
+            "tdpbf16ps tmm2, tmm5, tmm6",
+            "tdpbf16ps tmm3, tmm5, tmm7",
+            a0 = in(reg) a0.add(o),
+            a1 = in(reg) a1.add(o),
+            b0 = in(reg) b0.add(o),
+            b1 = in(reg) b1.add(o),
+            s = in(reg) 64usize,
+        );
+    }
+    let mut edge = [0f32; TR * TR];
+    macro_rules! store {
+        ($t:literal, $ti:literal, $tj:literal) => {
+            if full($ti, $tj) {
+                asm!(concat!("tilestored [{p} + {s}], tmm", $t), p = in(reg) at($ti, $tj), s = in(reg) stride);
+            } else if h > $ti * TR && w > $tj * TR {
+                asm!(concat!("tilestored [{p} + {s}], tmm", $t), p = in(reg) edge.as_mut_ptr(), s = in(reg) 64usize);
+                let (hh, ww) = (TR.min(h - $ti * TR), TR.min(w - $tj * TR));
+                for r in 0..hh {
+                    let row = at($ti, $tj).add(r * ldc);
+                    for j in 0..ww {
+                        let v = edge[r * TR + j];
+                        *row.add(j) = if accumulate { *row.add(j) + v } else { v };
+                    }
+                }
+            }
+        };
+    }
+    store!("0", 0, 0);
+    store!("1", 0, 1);
+    store!("2", 1, 0);
+    store!("3", 1, 1);
+}
+
+/// dst (m, n) row stride dst_rs = (or +=) a (m, k) · b (k, n) with bf16 operands. The caller
+/// checked the bounds and `available()`.
+#[allow(clippy::too_many_arguments)]
+pub fn gemm(
+    m: usize,
+    n: usize,
+    k: usize,
+    dst: &mut [f32],
+    dst_rs: usize,
+    accumulate: bool,
+    a: Mat,
+    b: Mat,
+    threads: usize,
+) {
+    let kts = k.div_ceil(TK);
+    let bt = Mat {
+        data: b.data,
+        rs: b.cs,
+        cs: b.rs,
+    };
+    let dst_ptr = DstPtr(dst.as_mut_ptr());
+    with_thread_buffer(&PACK_A, |pa| {
+        with_thread_buffer(&PACK_B, |pb| {
+            pack(pa, a, m, k, false, threads);
+            pack(pb, bt, n, k, true, threads);
+            let (pa, pb) = (&*pa, &*pb);
+            let panel = 2 * kts * TILE;
+            let row_block = |bi: usize| {
+                let i0 = bi * BLOCK;
+                // SAFETY: AMX is available (checked by the caller) and configured here for
+                // this thread; each task writes only its own rows i0..i0+32 of dst, which the
+                // caller bounds-checked.
+                unsafe {
+                    asm!("ldtilecfg [{}]", in(reg) &CONFIG as *const TileConfig);
+                    for bj in 0..n.div_ceil(BLOCK) {
+                        let j0 = bj * BLOCK;
+                        block(
+                            &pa[bi * panel..(bi + 1) * panel],
+                            &pb[bj * panel..(bj + 1) * panel],
+                            kts,
+                            dst_ptr.at(i0 * dst_rs + j0),
+                            dst_rs,
+                            m - i0,
+                            n - j0,
+                            accumulate,
+                        );
+                    }
+                    asm!("tilerelease");
+                }
+            };
+            let blocks = m.div_ceil(BLOCK);
+            if threads > 1 && blocks > 1 {
+                (0..blocks).into_par_iter().for_each(row_block);
+            } else {
+                (0..blocks).for_each(row_block);
+            }
+        })
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn round(v: f32) -> f64 {
+        half::bf16::from_f32(v).to_f64()
+    }
+
+    /// Against the exact product of the bf16-rounded operands: every layout, ragged edges in
+    /// all three dimensions, accumulating, threaded and not.
+    #[test]
+    fn amx_product_equals_the_product_of_rounded_operands() {
+        if !available() {
+            eprintln!("skipped: this CPU or kernel has no AMX bf16");
+            return;
+        }
+        for (m, n, k) in [
+            (1, 1, 1),
+            (13, 31, 7),
+            (40, 17, 65),
+            (64, 96, 64),
+            (70, 33, 300),
+        ] {
+            let a: Vec<f32> = (0..m * k)
+                .map(|i| ((i * 37 % 101) as f32 - 50.3) / 7.0)
+                .collect();
+            let b: Vec<f32> = (0..k * n)
+                .map(|i| ((i * 53 % 89) as f32 - 44.1) / 9.0)
+                .collect();
+            let at: Vec<f32> = (0..k * m).map(|idx| a[(idx % m) * k + idx / m]).collect();
+            let bt: Vec<f32> = (0..n * k).map(|idx| b[(idx % k) * n + idx / k]).collect();
+            // a strided layout (neither stride 1) takes the scalar packing path
+            let (ldx, mut a2) = (k + 2, vec![0f32; m * (k + 2) * 2]);
+            for i in 0..m {
+                for p in 0..k {
+                    a2[i * 2 * ldx + 2 * p] = a[i * k + p];
+                }
+            }
+            let lhs = [
+                Mat::rows(&a, k),
+                Mat::t(&at, m),
+                Mat {
+                    data: &a2,
+                    rs: 2 * ldx,
+                    cs: 2,
+                },
+            ];
+            let rhs = [Mat::rows(&b, n), Mat::t(&bt, k)];
+            for threads in [1, 2] {
+                for (li, l) in lhs.iter().enumerate() {
+                    for (ri, r) in rhs.iter().enumerate() {
+                        let ld = n + 3;
+                        let mut out = vec![0.5f32; m * ld];
+                        gemm(m, n, k, &mut out, ld, li == 0, *l, *r, threads);
+                        for i in 0..m {
+                            for j in 0..ld {
+                                let exact: f64 = if j < n {
+                                    (0..k)
+                                        .map(|p| round(a[i * k + p]) * round(b[p * n + j]))
+                                        .sum()
+                                } else {
+                                    0.0
+                                };
+                                let want = if j >= n || li == 0 {
+                                    0.5 + exact
+                                } else {
+                                    exact
+                                };
+                                let got = out[i * ld + j] as f64;
+                                let scale: f64 = (0..k.max(1))
+                                    .map(|p| {
+                                        if j < n {
+                                            (a[i * k + p] * b[p * n + j]).abs() as f64
+                                        } else {
+                                            0.0
+                                        }
+                                    })
+                                    .sum();
+                                assert!(
+                                    (got - want).abs() <= 1e-5 * (1.0 + scale),
+                                    "{m}x{n}x{k} lhs{li} rhs{ri} t{threads} ({i},{j}): {got} vs {want}"
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,60 @@
+//! The opt-in bf16 path (`--bf16`: matrix products with bf16 operands on AMX, f32 elsewhere).
+//! It switches a process-wide setting, so these tests live in their own binary. On a machine
+//! without AMX they check the refusal instead.
+
+use difftx::bench::bench_bf16;
+use difftx::kernels::matmul::bf16_available as amx;
+use difftx::train::in_memory::ShortRun;
+use difftx::{AttentionKind, ModelConfig, Preset};
+use std::process::Command;
+
+/// A short run in bf16 follows the f32 curve within 1% (issue 6, target 6), and is not the
+/// f32 run under another name: the losses differ.
+#[test]
+fn bf16_training_follows_the_f32_loss_curve() {
+    if !amx() {
+        eprintln!("skipped: no AMX bf16 on this machine");
+        return;
+    }
+    let config = ModelConfig::preset(Preset::Tiny, AttentionKind::DiffV1);
+    let run = ShortRun {
+        steps: 60,
+        batch: 4,
+        context: 64,
+        lr: 3e-3,
+        warmup: 6,
+    };
+    let r = bench_bf16(&config, &run, difftx::demo::DEMO_TEXT.as_bytes(), |_, _| {}).unwrap();
+    assert_eq!(r.f32.losses.len(), 60);
+    assert_ne!(r.f32.losses, r.bf16.losses, "bf16 changed nothing");
+    assert!(r.f32.losses[59] < r.f32.losses[0] - 1.0, "did not learn");
+    assert!(
+        r.max_window_rel_diff < 0.01 && r.val_rel_diff < 0.01,
+        "window gap {} val gap {}",
+        r.max_window_rel_diff,
+        r.val_rel_diff
+    );
+    assert!(!difftx::kernels::matmul::bf16(), "left bf16 on");
+}
+
+#[test]
+fn the_bf16_flag_runs_or_says_why_not() {
+    let out = Command::new(env!("CARGO_BIN_EXE_difftx"))
+        .args([
+            "--bf16", "bench", "train", "--preset", "tiny", "--steps", "1", "--warmup", "0",
+        ])
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    if amx() {
+        assert!(out.status.success(), "{stderr}");
+        assert!(stdout.contains("bf16 matrix products"), "{stdout}");
+    } else {
+        assert_eq!(out.status.code(), Some(1));
+        assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+        assert!(stderr.contains("--bf16 needs AMX"), "{stderr}");
+    }
+}
