@@ -3,7 +3,8 @@
 # then the median of each side and their ratio.
 #
 #   bench/compare.sh train  [ROUNDS] [KIND...]  training step, `bench` preset: difftx vs PyTorch eager
-#                                               (COMPILE=1 adds torch.compile; PRESET=medium BATCH=2 for the larger model)
+#                                               (COMPILE=1 adds torch.compile; PRESET=medium BATCH=2 for the larger model;
+#                                               BF16=1: bf16 matmuls on both sides, difftx --bf16 vs torch.autocast)
 #   bench/compare.sh decode [ROUNDS] [KIND...]  prefill and batch-1 decode: difftx vs HF transformers eager
 #                                               on the same weights (exported with `difftx export`)
 # Needs: pip install torch safetensors numpy transformers. THREADS (default 2) for both sides.
@@ -14,6 +15,7 @@ rounds=${1:-3}; shift || true
 kinds=("$@"); [ ${#kinds[@]} -gt 0 ] || kinds=(diff_v1 standard)
 threads=${THREADS:-2}
 preset=${PRESET:-bench}
+bf16=(); [ "${BF16:-0}" = 1 ] && bf16=(--bf16)
 cargo build --release --quiet
 bin=target/release/difftx
 field() { python3 -c "import json,sys; print(json.loads(sys.argv[1])[sys.argv[2]])" "$1" "$2"; }
@@ -35,12 +37,12 @@ for kind in "${kinds[@]}"; do
     if [ -n "${SEQ:-}" ]; then seq_args=(--seq "$SEQ"); fi
     d_all=""; p_all=""; c_all=""
     for r in $(seq "$rounds"); do
-      d=$($bin --threads "$threads" bench train --preset "$preset" --batch "${BATCH:-8}" --attention "$kind" "${seq_args[@]}" --warmup 2 --steps 8 --json)
-      p=$(python3 bench/pytorch_reference.py --preset "$preset" --batch "${BATCH:-8}" ${SEQ:+--seq "$SEQ"} --attention "$kind" --threads "$threads" --warmup 2 --steps 8 --json 2>/dev/null)
+      d=$($bin --threads "$threads" "${bf16[@]}" bench train --preset "$preset" --batch "${BATCH:-8}" --attention "$kind" "${seq_args[@]}" --warmup 2 --steps 8 --json)
+      p=$(python3 bench/pytorch_reference.py --preset "$preset" --batch "${BATCH:-8}" ${SEQ:+--seq "$SEQ"} --attention "$kind" --threads "$threads" "${bf16[@]}" --warmup 2 --steps 8 --json 2>/dev/null)
       d_all+=" $(field "$d" step_ms)"; p_all+=" $(field "$p" step_ms)"
       line="$kind round $r: difftx $(field "$d" step_ms) ms (peak RSS $(( $(field "$d" peak_rss_bytes) / 1048576 )) MiB), pytorch eager $(field "$p" step_ms) ms"
       if [ "${COMPILE:-0}" = 1 ]; then
-        c=$(python3 bench/pytorch_reference.py --preset "$preset" --batch "${BATCH:-8}" ${SEQ:+--seq "$SEQ"} --attention "$kind" --threads "$threads" --warmup 3 --steps 8 --compile --json 2>/dev/null)
+        c=$(python3 bench/pytorch_reference.py --preset "$preset" --batch "${BATCH:-8}" ${SEQ:+--seq "$SEQ"} --attention "$kind" --threads "$threads" "${bf16[@]}" --warmup 3 --steps 8 --compile --json 2>/dev/null)
         c_all+=" $(field "$c" step_ms)"; line+=", torch.compile $(field "$c" step_ms) ms"
       fi
       echo "$line"

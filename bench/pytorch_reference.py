@@ -43,6 +43,9 @@ def main():
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--compile", action="store_true", help="torch.compile the model")
+    ap.add_argument("--bf16", action="store_true",
+                    help="mixed precision as difftx --bf16: forward and loss under torch.autocast "
+                         "(bf16 matmuls, oneDNN/AMX), f32 weights, gradients and AdamW")
     ap.add_argument("--heads", type=int, default=None,
                     help="override num_attention_heads (default: the preset's, see HEADS)")
     ap.add_argument("--kv-heads", type=int, default=None,
@@ -86,8 +89,9 @@ def main():
 
     def step():
         tokens = torch.randint(0, V, (B, T + 1), generator=g)
-        logits = fwd(tokens[:, :-1])
-        loss = F.cross_entropy(logits.reshape(-1, V), tokens[:, 1:].reshape(-1))
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
+            logits = fwd(tokens[:, :-1])
+            loss = F.cross_entropy(logits.reshape(-1, V).float(), tokens[:, 1:].reshape(-1))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -114,6 +118,7 @@ def main():
         "tokens_per_second": round(B * T / med, 1),
         "threads": args.threads,
         "compile": bool(args.compile),
+        "bf16": bool(args.bf16),
         "steps": args.steps,
     }
     if args.json:
@@ -121,7 +126,7 @@ def main():
     else:
         print(f"pytorch {torch.__version__} {args.attention}: params {n_params:,}  "
               f"median step {result['step_ms']:.1f} ms  {result['tokens_per_second']:.0f} tokens/s  "
-              f"(H {H}, H_kv {Hkv}, threads {args.threads}, compile {bool(args.compile)}, B {B}, T {T}, "
+              f"(H {H}, H_kv {Hkv}, threads {args.threads}, compile {bool(args.compile)}, bf16 {bool(args.bf16)}, B {B}, T {T}, "
               f"{args.steps} steps after {args.warmup} warm-up)")
 
 

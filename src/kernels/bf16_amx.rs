@@ -23,6 +23,11 @@ const TK: usize = 32;
 const TILE: usize = TR * TK;
 /// C block of one task: 2 × 2 tiles.
 const BLOCK: usize = 2 * TR;
+/// Depth tiles per pass over a row of blocks: the two A tile rows (32 KiB) stay in L1 while
+/// every block of the row streams its B tiles from L2.
+const KC_TILES: usize = 16;
+/// Tile rows per packing task: 128 rows of x, or where x runs along r, 512-byte row pieces.
+const PACK_ROWS: usize = 8;
 
 thread_local! {
     /// Packed A and B of the call made from this thread.
@@ -96,61 +101,87 @@ fn lanes(n: usize) -> __mmask16 {
 }
 
 /// Packs the logical matrix x (r, p) for r < rows, p < depth into tiles of 16 rows × 32
-/// depths, tile (rt, kt) at `(rt * kts + kt) * TILE`, zero-padded. Each tile is a 16 × 16
-/// array of u32 pairs (x(r, 2q), x(r, 2q + 1)) rounded to bf16: indexed [r][q] for A
-/// (`vnni` false), and [q][r] for B, where x is Bᵀ and r runs over B's columns.
+/// depths, tile (rt, kt) at `(rt * kts + kt) * TILE`, zero-padded; this call the tile rows
+/// from `rt0` that `dst` holds. Each tile is a 16 × 16 array of u32 pairs (x(r, 2q),
+/// x(r, 2q + 1)) rounded to bf16: indexed [r][q] for A (`vnni` false), and [q][r] for B,
+/// where x is Bᵀ and r runs over B's columns. The depth is the outer loop, so that where x is
+/// contiguous along r its rows are read in order.
 ///
 /// # Safety
 /// Needs AVX-512F/BW/BF16; x must hold every element below (rows, depth).
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-unsafe fn pack_tile_row(dst: &mut [u16], x: Mat, r0: usize, rows: usize, depth: usize, vnni: bool) {
+unsafe fn pack_tile_rows(
+    dst: &mut [u16],
+    x: Mat,
+    rt0: usize,
+    rows: usize,
+    depth: usize,
+    vnni: bool,
+) {
     let kts = depth.div_ceil(TK);
-    let h = TR.min(rows - r0);
-    // Lane j of a line goes to u32 j (a row of the tile) or u32 16·j (a column).
-    let column: __m512i = _mm512_setr_epi32(
-        0, 16, 32, 48, 64, 80, 96, 112, 128, 144, 160, 176, 192, 208, 224, 240,
-    );
+    for kt in 0..kts {
+        for (i, tile_row) in dst.chunks_exact_mut(kts * TILE).enumerate() {
+            let r0 = (rt0 + i) * TR;
+            let tile = &mut tile_row[kt * TILE..(kt + 1) * TILE];
+            if r0 < rows {
+                pack_tile(
+                    tile,
+                    x,
+                    r0,
+                    TR.min(rows - r0),
+                    kt * TK,
+                    TK.min(depth - kt * TK),
+                    vnni,
+                );
+            } else {
+                tile.fill(0);
+            }
+        }
+    }
+}
+
+/// One tile of `pack_tile_rows`: rows r0..r0 + h and depths p0..p0 + d of x, zero-padded.
+///
+/// # Safety
+/// As for `pack_tile_rows`.
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+unsafe fn pack_tile(
+    tile: &mut [u16],
+    x: Mat,
+    r0: usize,
+    h: usize,
+    p0: usize,
+    d: usize,
+    vnni: bool,
+) {
     // u32 j of the result = (lo[j], hi[j]) from [lo ×16, hi ×16] bf16.
     let interleave: __m512i = _mm512_set_epi16(
         31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21, 5, 20, 4,
         19, 3, 18, 2, 17, 1, 16, 0,
     );
-    for kt in 0..kts {
-        let tile = &mut dst[kt * TILE..(kt + 1) * TILE];
-        let p0 = kt * TK;
-        let d = TK.min(depth - p0);
-        let out = tile.as_mut_ptr() as *mut i32;
-        // A line is 16 u32 pairs, stored as tile row `i` (`row`) or tile column `i`.
-        let store = |i: usize, line: __m512i, row: bool| {
-            if row {
-                _mm512_storeu_si512(out.add(16 * i) as *mut _, line);
-            } else {
-                _mm512_i32scatter_epi32::<4>(out.add(i), column, line);
-            }
-        };
-        if x.cs == 1 {
-            // Contiguous along the depth: one line per r, its 32 depths in order.
-            for r in 0..TR {
-                let line = if r < h {
+    let mut lines = [_mm512_setzero_si512(); TR];
+    {
+        // Sixteen lines of 16 u32 pairs: tile rows as they are, or its columns (transposed).
+        let by_row = if x.cs == 1 {
+            // Contiguous along the depth: line r holds its 32 depths in order.
+            for (r, line) in lines.iter_mut().enumerate() {
+                *line = if r < h {
                     let src = x.data.as_ptr().add((r0 + r) * x.rs + p0);
                     let lo = _mm512_maskz_loadu_ps(lanes(d), src);
                     let hi =
                         _mm512_maskz_loadu_ps(lanes(d.saturating_sub(16)), src.wrapping_add(16));
-                    _mm512_castsi512_ps(std::mem::transmute::<__m512bh, __m512i>(
-                        _mm512_cvtne2ps_pbh(hi, lo),
-                    ))
+                    std::mem::transmute::<__m512bh, __m512i>(_mm512_cvtne2ps_pbh(hi, lo))
                 } else {
-                    _mm512_setzero_ps()
+                    _mm512_setzero_si512()
                 };
-                store(r, _mm512_castps_si512(line), !vnni);
             }
+            !vnni
         } else if x.rs == 1 {
-            // Contiguous along r: one line per depth pair q, 16 r's of depths 2q and 2q + 1.
+            // Contiguous along r: line q holds the 16 r's of depths 2q and 2q + 1.
             let m = lanes(h);
-            for q in 0..TR {
-                let (p, line) = (p0 + 2 * q, _mm512_setzero_si512());
-                let line = if 2 * q < d {
-                    let src = x.data.as_ptr().add(r0 + p * x.cs);
+            for (q, line) in lines.iter_mut().enumerate() {
+                *line = if 2 * q < d {
+                    let src = x.data.as_ptr().add(r0 + (p0 + 2 * q) * x.cs);
                     let lo = _mm512_maskz_loadu_ps(m, src);
                     let hi = if 2 * q + 1 < d {
                         _mm512_maskz_loadu_ps(m, src.add(x.cs))
@@ -160,10 +191,10 @@ unsafe fn pack_tile_row(dst: &mut [u16], x: Mat, r0: usize, rows: usize, depth: 
                     let both: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(hi, lo));
                     _mm512_permutexvar_epi16(interleave, both)
                 } else {
-                    line
+                    _mm512_setzero_si512()
                 };
-                store(q, line, vnni);
             }
+            vnni
         } else {
             for r in 0..TR {
                 for k in 0..TK {
@@ -177,7 +208,44 @@ unsafe fn pack_tile_row(dst: &mut [u16], x: Mat, r0: usize, rows: usize, depth: 
                     tile[2 * u + half] = v;
                 }
             }
+            return;
+        };
+        if !by_row {
+            transpose16(&mut lines);
         }
+        for (i, line) in lines.iter().enumerate() {
+            _mm512_storeu_si512(tile.as_mut_ptr().add(2 * TR * i) as *mut _, *line);
+        }
+    }
+}
+
+/// Transposes a 16 × 16 matrix of u32 held as 16 rows: pairs of rows interleaved by 32 and
+/// then 64 bits leave 4 × 4 blocks transposed inside each 128-bit lane, and two lane shuffles
+/// put the blocks in place.
+#[target_feature(enable = "avx512f")]
+fn transpose16(r: &mut [__m512i; 16]) {
+    let mut a = [_mm512_setzero_si512(); 16];
+    for i in 0..8 {
+        a[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+        a[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+    }
+    // b[4i + c], lane L: rows 4i..4i+4 of column 4L + c.
+    let mut b = [_mm512_setzero_si512(); 16];
+    for i in 0..4 {
+        b[4 * i] = _mm512_unpacklo_epi64(a[4 * i], a[4 * i + 2]);
+        b[4 * i + 1] = _mm512_unpackhi_epi64(a[4 * i], a[4 * i + 2]);
+        b[4 * i + 2] = _mm512_unpacklo_epi64(a[4 * i + 1], a[4 * i + 3]);
+        b[4 * i + 3] = _mm512_unpackhi_epi64(a[4 * i + 1], a[4 * i + 3]);
+    }
+    for c in 0..4 {
+        let e0 = _mm512_shuffle_i32x4::<0x44>(b[c], b[4 + c]);
+        let e1 = _mm512_shuffle_i32x4::<0xee>(b[c], b[4 + c]);
+        let e2 = _mm512_shuffle_i32x4::<0x44>(b[8 + c], b[12 + c]);
+        let e3 = _mm512_shuffle_i32x4::<0xee>(b[8 + c], b[12 + c]);
+        r[c] = _mm512_shuffle_i32x4::<0x88>(e0, e2);
+        r[4 + c] = _mm512_shuffle_i32x4::<0xdd>(e0, e2);
+        r[8 + c] = _mm512_shuffle_i32x4::<0x88>(e1, e3);
+        r[12 + c] = _mm512_shuffle_i32x4::<0xdd>(e1, e3);
     }
 }
 
@@ -193,21 +261,17 @@ fn pack(buf: &mut Vec<u16>, x: Mat, rows: usize, depth: usize, vnni: bool, threa
     if buf.len() < len {
         buf.resize(len, 0);
     }
-    let run = |(rt, dst): (usize, &mut [u16])| {
-        if rt * TR < rows {
-            // SAFETY: `available()` was checked by the caller; the caller bounds-checked x.
-            unsafe { pack_tile_row(dst, x, rt * TR, rows, depth, vnni) }
-        } else {
-            dst.fill(0);
-        }
+    // SAFETY: `available()` was checked by the caller; the caller bounds-checked x.
+    let run = |(i, dst): (usize, &mut [u16])| unsafe {
+        pack_tile_rows(dst, x, i * PACK_ROWS, rows, depth, vnni)
     };
-    if threads > 1 && rts > 1 {
+    if threads > 1 && rts > PACK_ROWS {
         buf[..len]
-            .par_chunks_mut(kts * TILE)
+            .par_chunks_mut(PACK_ROWS * kts * TILE)
             .enumerate()
             .for_each(run);
     } else {
-        buf[..len].chunks_mut(kts * TILE).enumerate().for_each(run);
+        run((0, &mut buf[..len]));
     }
 }
 
@@ -221,16 +285,16 @@ impl DstPtr {
     }
 }
 
-/// C[r0.., c0..] (+)= the 32 × 32 block from tile rows `a` (2 × kts tiles) and `b`, clipped to
-/// (h, w) valid rows and columns.
+/// C (+)= the 32 × 32 block from the `kts` consecutive tiles at a[0], a[1] (two tile rows of
+/// A) and b[0], b[1] (two tile columns of B), clipped to (h, w) valid rows and columns.
 ///
 /// # Safety
 /// AMX tiles configured with `CONFIG` on this thread; c valid for h rows of w columns at ldc.
 #[target_feature(enable = "avx512f")]
 #[allow(clippy::too_many_arguments)]
 unsafe fn block(
-    a: &[u16],
-    b: &[u16],
+    a: [*const u16; 2],
+    b: [*const u16; 2],
     kts: usize,
     c: *mut f32,
     ldc: usize,
@@ -254,8 +318,7 @@ unsafe fn block(
     init!("1", 0, 1);
     init!("2", 1, 0);
     init!("3", 1, 1);
-    let (a0, a1) = (a.as_ptr(), a.as_ptr().add(kts * TILE));
-    let (b0, b1) = (b.as_ptr(), b.as_ptr().add(kts * TILE));
+    let ([a0, a1], [b0, b1]) = (a, b);
     for kt in 0..kts {
         let o = kt * TILE;
         asm!(
@@ -324,26 +387,31 @@ pub fn gemm(
             pack(pa, a, m, k, false, threads);
             pack(pb, bt, n, k, true, threads);
             let (pa, pb) = (&*pa, &*pb);
-            let panel = 2 * kts * TILE;
+            let row = kts * TILE;
             let row_block = |bi: usize| {
                 let i0 = bi * BLOCK;
+                let a = &pa[2 * bi * row..(2 * bi + 2) * row];
                 // SAFETY: AMX is available (checked by the caller) and configured here for
-                // this thread; each task writes only its own rows i0..i0+32 of dst, which the
-                // caller bounds-checked.
+                // this thread; the tile pointers stay inside the packed rows (kc + kn ≤ kts);
+                // each task writes only its own rows i0..i0+32 of dst, which the caller
+                // bounds-checked.
                 unsafe {
                     asm!("ldtilecfg [{}]", in(reg) &CONFIG as *const TileConfig);
-                    for bj in 0..n.div_ceil(BLOCK) {
-                        let j0 = bj * BLOCK;
-                        block(
-                            &pa[bi * panel..(bi + 1) * panel],
-                            &pb[bj * panel..(bj + 1) * panel],
-                            kts,
-                            dst_ptr.at(i0 * dst_rs + j0),
-                            dst_rs,
-                            m - i0,
-                            n - j0,
-                            accumulate,
-                        );
+                    for kc in (0..kts).step_by(KC_TILES) {
+                        let kn = KC_TILES.min(kts - kc);
+                        for bj in 0..n.div_ceil(BLOCK) {
+                            let (j0, b) = (bj * BLOCK, &pb[2 * bj * row..(2 * bj + 2) * row]);
+                            block(
+                                [a.as_ptr().add(kc * TILE), a.as_ptr().add(row + kc * TILE)],
+                                [b.as_ptr().add(kc * TILE), b.as_ptr().add(row + kc * TILE)],
+                                kn,
+                                dst_ptr.at(i0 * dst_rs + j0),
+                                dst_rs,
+                                m - i0,
+                                n - j0,
+                                accumulate || kc > 0,
+                            );
+                        }
                     }
                     asm!("tilerelease");
                 }
