@@ -48,12 +48,11 @@ pub fn precision() -> &'static str {
     }
 }
 
-/// Model FLOPs of one training step over B×T tokens: 6 per matmul weight per token (forward
-/// 2, backward 4) plus the attention products, forward 2·P·(DK + DV) per query head with
-/// P = T(T+1)/2 causal pairs, and twice that for the backward.
-pub fn train_flops(c: &ModelConfig, b: usize, t: usize) -> f64 {
+/// Weights of the matrix products (every 2-D tensor but an input embedding that a separate
+/// lm_head leaves to lookups).
+pub fn matmul_params(c: &ModelConfig) -> usize {
     let layout = crate::model::params::ParamLayout::new(c);
-    let matmul_params: usize = layout
+    layout
         .specs
         .iter()
         .filter(|s| {
@@ -61,7 +60,14 @@ pub fn train_flops(c: &ModelConfig, b: usize, t: usize) -> f64 {
                 && !(s.name == "model.embed_tokens.weight" && layout.lm_head.is_some())
         })
         .map(|s| s.numel())
-        .sum();
+        .sum()
+}
+
+/// Model FLOPs of one training step over B×T tokens: 6 per matmul weight per token (forward
+/// 2, backward 4) plus the attention products, forward 2·P·(DK + DV) per query head with
+/// P = T(T+1)/2 causal pairs, and twice that for the backward.
+pub fn train_flops(c: &ModelConfig, b: usize, t: usize) -> f64 {
+    let matmul_params = matmul_params(c);
     let n = (b * t) as f64;
     let pairs = (t * (t + 1) / 2) as f64;
     let attn_fwd = 2.0
@@ -242,6 +248,8 @@ pub struct DecodeBench {
     pub decode_tokens_per_s: f64,
     /// parameter bytes plus the KV cache at the end of decoding: what each step must read
     pub weight_bytes: u64,
+    /// "bf16" when decoding read bf16 weights (`--bf16`)
+    pub precision: &'static str,
     pub kv_cache_bytes: u64,
 }
 
@@ -294,7 +302,13 @@ pub fn bench_decode(
         prefill_tokens_per_s: prompt_len as f64 / p,
         decode_s_median: d,
         decode_tokens_per_s: new_tokens as f64 / d,
-        weight_bytes: 4 * model.num_params() as u64,
+        // with --bf16 the matrix products of decoding read 2 bytes a weight
+        weight_bytes: if crate::kernels::matmul::bf16() {
+            (4 * model.num_params() - 2 * matmul_params(c)) as u64
+        } else {
+            4 * model.num_params() as u64
+        },
+        precision: precision(),
         kv_cache_bytes: 4 * (kv_per_token * (prompt_len + new_tokens)) as u64,
     })
 }

@@ -20,7 +20,8 @@ struct Cli {
     threads: Option<usize>,
     /// Matrix products (linear layers and LM head, forward and backward) with bf16 operands on
     /// the CPU's AMX tile unit, accumulated in f32; weights, gradients and AdamW state stay f32.
-    /// Off by default. Needs an AMX CPU (Intel Sapphire Rapids or later) and Linux ≥ 5.16.
+    /// Decoding reads a bf16 copy of the weights (half the memory traffic). Off by default.
+    /// Needs an AMX CPU (Intel Sapphire Rapids or later) and Linux ≥ 5.16.
     #[arg(long, global = true)]
     bf16: bool,
     #[command(subcommand)]
@@ -1255,10 +1256,11 @@ fn run(cli: Cli) -> Result<()> {
             } else {
                 let bw_bytes = r.weight_bytes + r.kv_cache_bytes;
                 println!(
-                    "{} ({} params), {} threads: prefill {} tokens {:.0} tokens/s; decode {} tokens at batch 1 {:.1} tokens/s ({:.2} ms/token; reads ≥ {:.1} MiB/token)",
+                    "{} ({} params), {} threads, {} weights: prefill {} tokens {:.0} tokens/s; decode {} tokens at batch 1 {:.1} tokens/s ({:.2} ms/token; reads ≥ {:.1} MiB/token)",
                     r.attention,
                     r.params,
                     r.threads,
+                    r.precision,
                     r.prompt_len,
                     r.prefill_tokens_per_s,
                     r.new_tokens,

@@ -58,3 +58,48 @@ fn the_bf16_flag_runs_or_says_why_not() {
         assert!(stderr.contains("--bf16 needs AMX"), "{stderr}");
     }
 }
+
+/// Decoding with `keep_bf16_weights` reads the bf16 copy (the logits move by about bf16's
+/// rounding, not more) on any CPU.
+#[test]
+fn bf16_decode_weights_move_logits_by_rounding_only() {
+    use difftx::model::{KvCache, Model, Workspace};
+    for kind in [
+        AttentionKind::Standard,
+        AttentionKind::DiffV1,
+        AttentionKind::DiffV2,
+    ] {
+        let config = ModelConfig::preset(Preset::Tiny, kind);
+        let model = Model::init(config, 3).unwrap();
+        let v = model.config.vocab_size;
+        let prompt = [5u32, 9, 14, 2, 7, 7, 30, 1];
+        let logits = |bf16: bool| {
+            let mut ws = Workspace::new(&model, 1, 16);
+            if bf16 {
+                ws.keep_bf16_weights(&model);
+            }
+            let mut cache = [KvCache::new(&model, 16)];
+            model
+                .forward_cached(&mut ws, &mut cache, &prompt, prompt.len(), false)
+                .unwrap();
+            let prefill = ws.logits[..v].to_vec();
+            model
+                .forward_cached(&mut ws, &mut cache, &[11], 1, false)
+                .unwrap();
+            (prefill, ws.logits[..v].to_vec())
+        };
+        let ((p32, d32), (p16, d16)) = (logits(false), logits(true));
+        for (what, a, b) in [("prefill", p32, p16), ("decode", d32, d16)] {
+            assert_ne!(a, b, "{kind} {what}: the bf16 copy was not read");
+            let scale = a.iter().fold(0f32, |m, x| m.max(x.abs()));
+            let err = a
+                .iter()
+                .zip(&b)
+                .fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+            assert!(
+                err < 0.01 * scale,
+                "{kind} {what}: max |Δlogit| {err} vs max |logit| {scale}"
+            );
+        }
+    }
+}

@@ -85,6 +85,10 @@ pub fn generate(
     }
     let longest = used.iter().map(|p| p.len()).max().unwrap_or(1);
     let mut ws = Workspace::new(model, b, longest);
+    if crate::kernels::matmul::bf16() {
+        // `--bf16`: decoding reads half the bytes (see `Workspace::keep_bf16_weights`)
+        ws.keep_bf16_weights(model);
+    }
     let mut caches: Vec<KvCache> = (0..b).map(|_| KvCache::new(model, ctx)).collect();
     let mut rng = ChaCha8Rng::seed_from_u64(opts.seed);
     let mut scratch = Vec::with_capacity(model.config.vocab_size);

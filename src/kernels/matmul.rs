@@ -179,18 +179,36 @@ pub fn sgemm_with(
     }
 }
 
-/// inp is (N, C), w is (OC, C) as in torch `Linear`; out (N, OC) = inp · wᵀ (or += with `accumulate`).
-pub fn matmul_forward(
+/// A linear layer's weight (OC, C) as in torch `Linear`, and optionally its bf16 copy, which
+/// decoding reads instead (half the bytes from memory; see `Workspace::keep_bf16_weights`).
+#[derive(Clone, Copy)]
+pub struct Weight<'a> {
+    pub f32: &'a [f32],
+    pub bf16: Option<&'a [u16]>,
+}
+
+impl<'a> From<&'a [f32]> for Weight<'a> {
+    fn from(f32: &'a [f32]) -> Self {
+        Weight { f32, bf16: None }
+    }
+}
+
+/// inp is (N, C), w is (OC, C); out (N, OC) = inp · wᵀ (or += with `accumulate`).
+pub fn matmul_forward<'a>(
     out: &mut [f32],
     inp: &[f32],
-    w: &[f32],
+    w: impl Into<Weight<'a>>,
     n: usize,
     c: usize,
     oc: usize,
     accumulate: bool,
 ) {
+    let w = w.into();
     if n <= GEMV_ROWS {
-        return gemv(out, inp, w, n, c, oc, accumulate);
+        return match w.bf16 {
+            Some(wb) => gemv(out, inp, wb, n, c, oc, accumulate, super::dot_bf16),
+            None => gemv(out, inp, w.f32, n, c, oc, accumulate, super::dot),
+        };
     }
     sgemm(
         n,
@@ -200,7 +218,7 @@ pub fn matmul_forward(
         oc,
         accumulate,
         Mat::rows(inp, c),
-        Mat::t(w, c),
+        Mat::t(w.f32, c),
     );
 }
 
@@ -216,8 +234,19 @@ const GEMV_CHUNK: usize = 64;
 /// projections at the bench preset, 128 × 256, ran on one thread and cost decode 15%).
 const GEMV_PARALLEL_THRESHOLD: usize = PARALLEL_THRESHOLD / 4;
 
-/// out (N, OC) (+)= inp (N, C) · wᵀ for N ≤ GEMV_ROWS, parallel over output features.
-fn gemv(out: &mut [f32], inp: &[f32], w: &[f32], n: usize, c: usize, oc: usize, accumulate: bool) {
+/// out (N, OC) (+)= inp (N, C) · wᵀ for N ≤ GEMV_ROWS, parallel over output features; `dot`
+/// reads a weight row of either element type.
+#[allow(clippy::too_many_arguments)]
+fn gemv<T: Sync>(
+    out: &mut [f32],
+    inp: &[f32],
+    w: &[T],
+    n: usize,
+    c: usize,
+    oc: usize,
+    accumulate: bool,
+    dot: impl Fn(&[f32], &[T]) -> f32 + Sync,
+) {
     assert!(out.len() >= n * oc && inp.len() >= n * c && w.len() >= oc * c);
     let dst = super::SharedMut::new(out);
     let tasks = oc.div_ceil(GEMV_CHUNK);
@@ -225,7 +254,7 @@ fn gemv(out: &mut [f32], inp: &[f32], w: &[f32], n: usize, c: usize, oc: usize, 
         for o in ti * GEMV_CHUNK..((ti + 1) * GEMV_CHUNK).min(oc) {
             let row = &w[o * c..(o + 1) * c];
             for r in 0..n {
-                let v = super::dot(&inp[r * c..(r + 1) * c], row);
+                let v = dot(&inp[r * c..(r + 1) * c], row);
                 // SAFETY: output feature o belongs to task ti alone.
                 let y = unsafe { dst.slice(r * oc + o, 1) };
                 y[0] = if accumulate { y[0] + v } else { v };
@@ -334,7 +363,7 @@ mod tests {
         let inp: Vec<f32> = (0..n * c).map(|i| ((i * 7) % 13) as f32 - 6.0).collect();
         let w: Vec<f32> = (0..oc * c).map(|i| ((i * 5) % 11) as f32 - 5.0).collect();
         let mut out = vec![1.0; n * oc];
-        matmul_forward(&mut out, &inp, &w, n, c, oc, true);
+        matmul_forward(&mut out, &inp, &w[..], n, c, oc, true);
         for i in 0..n {
             for o in 0..oc {
                 let r: f32 = (0..c).map(|j| inp[i * c + j] * w[o * c + j]).sum();

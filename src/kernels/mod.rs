@@ -65,32 +65,52 @@ pub(crate) const ROW_CHUNK: usize = 32;
 /// accumulator register is a chain too) hold it back.
 #[inline]
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    dot_with(a, b, |y: f32| y)
+}
+
+/// Σ a·b with b in bf16 (the weights a bf16 decode reads): widened exactly to f32 on the fly,
+/// summed as `dot` sums.
+#[inline]
+pub fn dot_bf16(a: &[f32], b: &[u16]) -> f32 {
+    dot_with(a, b, bf16_to_f32)
+}
+
+/// A bf16 value (its 16 bits) as the f32 it stands for: the upper half of the f32's bits.
+#[inline(always)]
+pub fn bf16_to_f32(b: u16) -> f32 {
+    f32::from_bits((b as u32) << 16)
+}
+
+/// `dot` over b's elements widened by `f`: the loop shape of the sum is the same for every
+/// element type, so it lives once.
+#[inline(always)]
+fn dot_with<T: Copy>(a: &[f32], b: &[T], f: impl Fn(T) -> f32) -> f32 {
     debug_assert_eq!(a.len(), b.len());
     let (mut s0, mut s1, mut s2, mut s3) = ([0f32; 16], [0f32; 16], [0f32; 16], [0f32; 16]);
     let (a64, b64) = (a.chunks_exact(64), b.chunks_exact(64));
     let (ar, br) = (a64.remainder(), b64.remainder());
     for (x, y) in a64.zip(b64) {
-        let (x, y): (&[f32; 64], &[f32; 64]) = (x.try_into().unwrap(), y.try_into().unwrap());
+        let (x, y): (&[f32; 64], &[T; 64]) = (x.try_into().unwrap(), y.try_into().unwrap());
         for i in 0..16 {
-            s0[i] = x[i].mul_add(y[i], s0[i]);
-            s1[i] = x[16 + i].mul_add(y[16 + i], s1[i]);
-            s2[i] = x[32 + i].mul_add(y[32 + i], s2[i]);
-            s3[i] = x[48 + i].mul_add(y[48 + i], s3[i]);
+            s0[i] = x[i].mul_add(f(y[i]), s0[i]);
+            s1[i] = x[16 + i].mul_add(f(y[16 + i]), s1[i]);
+            s2[i] = x[32 + i].mul_add(f(y[32 + i]), s2[i]);
+            s3[i] = x[48 + i].mul_add(f(y[48 + i]), s3[i]);
         }
     }
     let (a16, b16) = (ar.chunks_exact(16), br.chunks_exact(16));
     let (ar, br) = (a16.remainder(), b16.remainder());
     for (x, y) in a16.zip(b16) {
         for i in 0..16 {
-            s0[i] = x[i].mul_add(y[i], s0[i]);
+            s0[i] = x[i].mul_add(f(y[i]), s0[i]);
         }
     }
     let mut s = 0.0;
     for i in 0..16 {
         s += (s0[i] + s1[i]) + (s2[i] + s3[i]);
     }
-    for (x, y) in ar.iter().zip(br) {
-        s += x * y;
+    for (x, &y) in ar.iter().zip(br) {
+        s += x * f(y);
     }
     s
 }

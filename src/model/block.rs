@@ -10,7 +10,7 @@ use super::kv_cache::KvCache;
 use super::params::LayerParams;
 use crate::config::{lambda_init_at, AttentionKind, ModelConfig};
 use crate::kernels::attention::{attention_backward, attention_forward, AttnShape};
-use crate::kernels::matmul::{matmul_backward, matmul_forward};
+use crate::kernels::matmul::{matmul_backward, matmul_forward, Weight};
 use crate::kernels::rmsnorm::{rmsnorm_backward, rmsnorm_forward};
 use crate::kernels::rope::{rope_backward, rope_forward, RopeTable};
 use crate::kernels::sigmoid;
@@ -185,7 +185,7 @@ fn zeroed(v: &mut [f32], n: usize) -> &mut [f32] {
 pub fn block_forward(
     x: &mut [f32],
     a: &mut LayerActs,
-    w: &[f32],
+    (w, wb): (&[f32], Option<&[u16]>),
     p: &LayerParams,
     d: &Dims,
     layer: usize,
@@ -198,6 +198,11 @@ pub fn block_forward(
     let n = b * t;
     let c = d.c;
     let s = &d.shape;
+    // A linear layer's weight, with its bf16 copy where decoding reads one.
+    let weight = |r: std::ops::Range<usize>| Weight {
+        f32: &w[r.clone()],
+        bf16: wb.map(|wb| &wb[r]),
+    };
     a.x_in[..n * c].copy_from_slice(x);
     rmsnorm_forward(
         &mut a.ln1[..n * c],
@@ -213,9 +218,9 @@ pub fn block_forward(
         &mut a.k[..n * d.k_width()],
         &mut a.v[..n * d.v_width()],
     );
-    matmul_forward(q, ln1, &w[p.q_proj.clone()], n, c, d.q_width(), false);
-    matmul_forward(k, ln1, &w[p.k_proj.clone()], n, c, d.k_width(), false);
-    matmul_forward(v, ln1, &w[p.v_proj.clone()], n, c, d.v_width(), false);
+    matmul_forward(q, ln1, weight(p.q_proj.clone()), n, c, d.q_width(), false);
+    matmul_forward(k, ln1, weight(p.k_proj.clone()), n, c, d.k_width(), false);
+    matmul_forward(v, ln1, weight(p.v_proj.clone()), n, c, d.v_width(), false);
     let o = &mut a.o[..n * d.o_width()];
     let lse = &mut a.lse[..b * s.nq * t];
     match cache {
@@ -274,10 +279,11 @@ pub fn block_forward(
         }
         AttentionKind::DiffV2 => {
             let lam = &mut a.lam[..n * d.h];
-            let wl = &w[p
-                .lambda_proj
-                .clone()
-                .expect("diff_v2 layer has lambda_proj")];
+            let wl = weight(
+                p.lambda_proj
+                    .clone()
+                    .expect("diff_v2 layer has lambda_proj"),
+            );
             matmul_forward(lam, ln1, wl, n, c, d.h, false);
             lam.iter_mut().for_each(|z| *z = sigmoid(*z));
             attn::diff_combine_forward(
@@ -290,7 +296,15 @@ pub fn block_forward(
         }
     }
     // x_mid = x_in + o_proj(attn)
-    matmul_forward(x, a.attn_out(n, d), &w[p.o_proj.clone()], n, d.out, c, true);
+    matmul_forward(
+        x,
+        a.attn_out(n, d),
+        weight(p.o_proj.clone()),
+        n,
+        d.out,
+        c,
+        true,
+    );
     a.x_mid[..n * c].copy_from_slice(x);
     let ln2 = &mut a.ln2[..n * c];
     rmsnorm_forward(
@@ -306,10 +320,10 @@ pub fn block_forward(
         &mut a.up[..n * d.f],
         &mut a.hid[..n * d.f],
     );
-    matmul_forward(gate, ln2, &w[p.gate_proj.clone()], n, c, d.f, false);
-    matmul_forward(up, ln2, &w[p.up_proj.clone()], n, c, d.f, false);
+    matmul_forward(gate, ln2, weight(p.gate_proj.clone()), n, c, d.f, false);
+    matmul_forward(up, ln2, weight(p.up_proj.clone()), n, c, d.f, false);
     swiglu_forward(hid, gate, up);
-    matmul_forward(x, hid, &w[p.down_proj.clone()], n, d.f, c, true);
+    matmul_forward(x, hid, weight(p.down_proj.clone()), n, d.f, c, true);
 }
 
 /// dx: (B, T, D) in place: the gradient w.r.t. the block's output on entry, w.r.t. its input on

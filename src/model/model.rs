@@ -15,7 +15,7 @@ use crate::kernels::cross_entropy::{
     counted, cross_entropy_backward, cross_entropy_forward, mean_loss, IGNORE,
 };
 use crate::kernels::embedding::{embedding_backward, embedding_forward};
-use crate::kernels::matmul::{matmul_backward, matmul_forward};
+use crate::kernels::matmul::{matmul_backward, matmul_forward, Weight};
 use crate::kernels::rmsnorm::{rmsnorm_backward, rmsnorm_forward};
 use crate::kernels::rope::RopeTable;
 use rand::{Rng, SeedableRng};
@@ -59,6 +59,9 @@ pub struct Workspace {
     dlogits: Vec<f32>,
     /// (b, t) of the last forward
     cur: (usize, usize),
+    /// bf16 copy of the model's parameters that decoding's matrix-vector products read
+    /// (`keep_bf16_weights`); empty when decoding reads the f32 weights
+    bf16: Vec<u16>,
 }
 
 /// Standard normal samples by Box–Muller from a seeded generator.
@@ -207,6 +210,8 @@ impl Model {
         }
         let (n, dm, v) = (b * t, c.hidden_size, c.vocab_size);
         let w = &self.params;
+        // Only a cached forward (decoding) reads the bf16 copy; it was taken from this model.
+        let wb = (caches.is_some() && ws.bf16.len() == w.len()).then_some(&ws.bf16[..]);
         let bits = ws.logit_bits;
         ws.cur = (b, t);
         ws.tokens[..n].copy_from_slice(tokens);
@@ -219,7 +224,19 @@ impl Model {
         embedding_forward(x, tokens, &w[self.layout.embed_tokens.clone()], dm);
         for (l, (acts, p)) in ws.layers.iter_mut().zip(&self.layout.layers).enumerate() {
             let cache = caches.as_deref_mut().map(|cs| (cs, &ws.positions[..b]));
-            block_forward(x, acts, w, p, &self.dims, l, &self.rope, b, t, cache, bits);
+            block_forward(
+                x,
+                acts,
+                (w, wb),
+                p,
+                &self.dims,
+                l,
+                &self.rope,
+                b,
+                t,
+                cache,
+                bits,
+            );
             if ws.keep_hidden {
                 ws.hidden[l][..n * dm].copy_from_slice(x);
             }
@@ -246,10 +263,14 @@ impl Model {
             dm,
             self.dims.eps,
         );
+        let head = self.layout.lm_head_range();
         matmul_forward(
             &mut ws.logits[..rows * v],
             lnf,
-            &w[self.layout.lm_head_range()],
+            Weight {
+                f32: &w[head.clone()],
+                bf16: wb.map(|wb| &wb[head]),
+            },
             rows,
             dm,
             v,
@@ -406,7 +427,28 @@ impl Workspace {
             dlnf: z(n * c.hidden_size),
             dlogits: z(n * c.vocab_size),
             cur: (0, 0),
+            bf16: Vec::new(),
         }
+    }
+
+    /// Keeps a bf16 copy (round to nearest even) of `model`'s weights as they are now, which
+    /// cached forwards of up to four tokens a sequence (decoding) then read instead of the f32
+    /// weights: half the bytes, the bound of a batch-1 decode. Longer forwards (prefill,
+    /// training) still read the f32 weights. The copy does not follow later changes to
+    /// `model.params`: take it again after training, or `drop_bf16_weights`.
+    pub fn keep_bf16_weights(&mut self, model: &Model) {
+        self.bf16.clear();
+        self.bf16.extend(
+            model
+                .params
+                .iter()
+                .map(|&v| half::bf16::from_f32(v).to_bits()),
+        );
+    }
+
+    /// Decoding reads the f32 weights again.
+    pub fn drop_bf16_weights(&mut self) {
+        self.bf16 = Vec::new();
     }
 
     /// (B, T) of the last forward pass: the layout of `layers[l].q`, `k`, `v`, `lam` and `hidden`.
@@ -468,7 +510,7 @@ impl Workspace {
             + self.logits.len() * 2
             + self.losses.len() * 2
             + self.dx.len() * 2;
-        4 * (acts + scratch + top + self.tokens.len() * 2)
+        4 * (acts + scratch + top + self.tokens.len() * 2) + 2 * self.bf16.len()
     }
 }
 
