@@ -6,7 +6,8 @@
 #                                               (COMPILE=1 adds torch.compile; PRESET=medium BATCH=2 for the larger model;
 #                                               BF16=1: bf16 matmuls on both sides, difftx --bf16 vs torch.autocast)
 #   bench/compare.sh decode [ROUNDS] [KIND...]  prefill and batch-1 decode: difftx vs HF transformers eager
-#                                               on the same weights (exported with `difftx export`)
+#                                               on the same weights (exported with `difftx export`);
+#                                               BF16=1: difftx --bf16 vs transformers in bfloat16
 # Needs: pip install torch safetensors numpy transformers. THREADS (default 2) for both sides.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -57,8 +58,8 @@ for kind in "${kinds[@]}"; do
     "$bin" export --model "$tmp/$kind" --format hf --out "$tmp/${kind}_hf" 2>/dev/null
     dd=""; hd=""; dp=""; hp=""
     for r in $(seq "$rounds"); do
-      d=$($bin --threads "$threads" bench decode --model "$tmp/$kind" --prompt-len 128 --new-tokens 128 --reps 3 --json)
-      h=$(python3 bench/hf_decode.py "$tmp/${kind}_hf" --threads "$threads" --prompt-len 128 --new-tokens 128 --reps 3 2>/dev/null | tail -1)
+      d=$($bin --threads "$threads" "${bf16[@]}" bench decode --model "$tmp/$kind" --prompt-len 128 --new-tokens 128 --reps 3 --json)
+      h=$(python3 bench/hf_decode.py "$tmp/${kind}_hf" --threads "$threads" "${bf16[@]}" --prompt-len 128 --new-tokens 128 --reps 3 2>/dev/null | tail -1)
       dd+=" $(field "$d" decode_tokens_per_s)"; hd+=" $(field "$h" decode_tokens_per_s)"
       dp+=" $(field "$d" prefill_tokens_per_s)"; hp+=" $(field "$h" prefill_tokens_per_s)"
       echo "$kind round $r: decode difftx $(field "$d" decode_tokens_per_s) tok/s, transformers $(field "$h" decode_tokens_per_s) tok/s; prefill difftx $(field "$d" prefill_tokens_per_s), transformers $(field "$h" prefill_tokens_per_s)"

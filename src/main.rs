@@ -799,13 +799,14 @@ fn train(a: TrainArgs) -> Result<()> {
         m.vocab_size
     );
     eprintln!(
-        "{name}: {} steps × {} tokens ({} windows × {} accumulated × {}), {} threads",
+        "{name}: {} steps × {} tokens ({} windows × {} accumulated × {}), {} threads, {} matrix products",
         run.train.steps,
         run.train.tokens_per_step(m.max_position_embeddings),
         run.train.batch,
         run.train.grad_accum,
         m.max_position_embeddings,
-        rayon::current_num_threads()
+        rayon::current_num_threads(),
+        difftx::bench::precision()
     );
     let mut progress = Progress::new(&name);
     let o = difftx::train::train(
