@@ -176,12 +176,22 @@ pub struct MatmulBench {
     pub gflops: f64,
 }
 
-/// Times dst = a (m, k) · b (k, n) with row-major operands, `reps` times after one warm-up,
-/// on each backend in turn (alternating), and returns the median for each.
-pub fn bench_matmul(m: usize, n: usize, k: usize, reps: usize) -> Vec<MatmulBench> {
+/// Times dst = a (m, k) · b (k, n), `reps` times after one warm-up, on each backend in turn
+/// (alternating), and returns the median for each. `a_t` / `b_t` store that operand
+/// transposed, as the model's products do: X·Wᵀ (b_t) forward, dYᵀ·X (a_t) for the weight
+/// gradient. The calls run inside the thread pool, as a training step's do.
+pub fn bench_matmul(
+    m: usize,
+    n: usize,
+    k: usize,
+    (a_t, b_t): (bool, bool),
+    reps: usize,
+) -> Vec<MatmulBench> {
     use crate::kernels::matmul::{sgemm_with, Backend, Mat};
     let a: Vec<f32> = (0..m * k).map(|i| (i % 7) as f32 * 0.1).collect();
     let b: Vec<f32> = (0..k * n).map(|i| (i % 5) as f32 * 0.1).collect();
+    let lhs = if a_t { Mat::t(&a, m) } else { Mat::rows(&a, k) };
+    let rhs = if b_t { Mat::t(&b, k) } else { Mat::rows(&b, n) };
     let mut c = vec![0f32; m * n];
     let mut backends = vec![Backend::F32, Backend::GemmCrate];
     #[cfg(target_arch = "x86_64")]
@@ -189,25 +199,17 @@ pub fn bench_matmul(m: usize, n: usize, k: usize, reps: usize) -> Vec<MatmulBenc
         backends.push(Backend::Bf16);
     }
     let mut times = vec![Vec::new(); backends.len()];
-    for rep in 0..=reps {
-        for (bi, &be) in backends.iter().enumerate() {
-            let t0 = Instant::now();
-            sgemm_with(
-                be,
-                m,
-                n,
-                k,
-                &mut c,
-                n,
-                false,
-                Mat::rows(&a, k),
-                Mat::rows(&b, n),
-            );
-            if rep > 0 {
-                times[bi].push(t0.elapsed().as_secs_f64());
+    crate::kernels::on_pool(|| {
+        for rep in 0..=reps {
+            for (bi, &be) in backends.iter().enumerate() {
+                let t0 = Instant::now();
+                sgemm_with(be, m, n, k, &mut c, n, false, lhs, rhs);
+                if rep > 0 {
+                    times[bi].push(t0.elapsed().as_secs_f64());
+                }
             }
         }
-    }
+    });
     backends
         .iter()
         .zip(times)

@@ -275,7 +275,8 @@ struct InitArgs {
 enum BenchCmd {
     /// Median time of a full training step (forward, backward, AdamW) on random tokens.
     Train(BenchTrainArgs),
-    /// GFLOP/s of one f32 matrix product, difftx's kernel against the `gemm` crate, alternating.
+    /// GFLOP/s of one matrix product, difftx's f32 kernel against the `gemm` crate (and bf16 on
+    /// AMX where the CPU has it), alternating.
     Matmul(BenchMatmulArgs),
     /// Prefill and batch-1 greedy decode tokens/s (compare with bench/hf_decode.py).
     Decode(BenchDecodeArgs),
@@ -367,6 +368,10 @@ struct BenchMatmulArgs {
     k: Option<usize>,
     #[arg(long, default_value_t = 20)]
     reps: usize,
+    /// Operand storage: nn (both row-major), nt (B stored transposed: X·Wᵀ, a linear layer's
+    /// forward) or tn (A stored transposed: dYᵀ·X, its weight gradient).
+    #[arg(long, default_value = "nn", value_parser = ["nn", "nt", "tn"])]
+    layout: String,
     /// One JSON object per backend on stdout.
     #[arg(long)]
     json: bool,
@@ -1295,13 +1300,14 @@ fn run(cli: Cli) -> Result<()> {
                     println!("FMA peak of one core (AVX-512, registers only): {peak:.1} GFLOP/s");
                 }
             }
-            for r in difftx::bench::bench_matmul(m, n, k, a.reps) {
+            let layout = (a.layout == "tn", a.layout == "nt");
+            for r in difftx::bench::bench_matmul(m, n, k, layout, a.reps) {
                 if a.json {
                     println!("{}", serde_json::to_string(&r)?);
                 } else {
                     println!(
-                        "{:<10} {m}x{n}x{k}: {:.3} ms  {:.1} GFLOP/s  ({} threads)",
-                        r.backend, r.ms, r.gflops, r.threads
+                        "{:<11} {m}x{n}x{k} {}: {:.3} ms  {:.1} GFLOP/s  ({} threads)",
+                        r.backend, a.layout, r.ms, r.gflops, r.threads
                     );
                 }
             }
