@@ -40,9 +40,20 @@ fn training_steps_allocate_nothing_after_warm_up() {
         subln: false,
         ..v1
     });
-    for mut c in configs {
+    // f32, then bf16 products where the CPU has AMX (the only test in this binary, so the
+    // process-wide switch disturbs nothing)
+    let precisions = if difftx::kernels::matmul::bf16_available() {
+        vec![false, true]
+    } else {
+        vec![false]
+    };
+    for (bf16, mut c) in precisions
+        .iter()
+        .flat_map(|&p| configs.iter().map(move |c| (p, c.clone())))
+    {
+        assert_eq!(difftx::kernels::matmul::set_bf16(bf16), bf16);
         c.max_position_embeddings = 64;
-        let label = format!("{} subln={}", c.attention, c.subln);
+        let label = format!("{} subln={} bf16={bf16}", c.attention, c.subln);
         let mut model = Model::init(c, 1).unwrap();
         let (b, t) = (4, 64);
         let mut ws = Workspace::new(&model, b, t);
