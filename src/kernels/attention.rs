@@ -10,7 +10,7 @@ use super::{axpy, dot, exp_nonpos, max_lanes, sum_lanes, SharedMut};
 use rayon::prelude::*;
 
 /// Query rows per block and keys per tile; a tile of k and v rows stays in L1 across a block.
-const BQ: usize = 32;
+const BQ: usize = 64;
 const BK: usize = 64;
 
 /// Head counts and widths of one attention call.
@@ -71,6 +71,23 @@ fn load_tile_t(
         for (d, &val) in src.iter().enumerate() {
             tile[d * BK + c] = val;
         }
+    }
+}
+
+/// Copies rows t0..t0+len of head `h` of x (rows of `heads`×`w`) into tile[len][w]: the rows
+/// of one head sit `heads`·`w` floats apart, often a multiple of 1 KiB, and a product that
+/// streams them again and again keeps evicting itself from the same L1 sets.
+fn load_tile(
+    tile: &mut [f32],
+    x: &[f32],
+    row0: usize,
+    len: usize,
+    heads: usize,
+    h: usize,
+    w: usize,
+) {
+    for (c, dst) in tile[..len * w].chunks_exact_mut(w).enumerate() {
+        dst.copy_from_slice(&x[((row0 + c) * heads + h) * w..][..w]);
     }
 }
 
@@ -201,7 +218,7 @@ pub fn attention_forward(
                 for t0 in (0..kv_end).step_by(BK) {
                     let len = BK.min(kv_end - t0);
                     load_tile_t(sc.kt, k, bi * tkv + t0, len, nk, kh, dk);
-                    let v_tile = &v[((bi * tkv + t0) * nv + vh) * dv..];
+                    load_tile(sc.vt, v, bi * tkv + t0, len, nv, vh, dv);
                     for (gi, &j) in heads.iter().enumerate() {
                         let q_blk = Strided {
                             data: &q[((bi * tq + q0) * nq + j) * dk..],
@@ -252,7 +269,7 @@ pub fn attention_forward(
                             rs: BK,
                             cs: 1,
                         };
-                        small_gemm(rows, dv, len, p, v_tile, nv * dv, oacc, dv, true);
+                        small_gemm(rows, dv, len, p, sc.vt, dv, oacc, dv, true);
                     }
                 }
                 for (gi, &j) in heads.iter().enumerate() {

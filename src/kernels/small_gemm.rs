@@ -86,7 +86,22 @@ mod avx512 {
     use super::Strided;
     use std::arch::x86_64::*;
 
-    const MR: usize = 8;
+    /// Register tiles: 6 rows × 64 columns (24 accumulators) while 64 columns remain, then
+    /// 8 rows × 32: the wider tile spends one broadcast of A on four FMAs instead of two.
+    const WIDE_ROWS: usize = 6;
+    const ROWS: usize = 8;
+
+    /// Lanes of columns j0 + 16·v .. for v < NV, masked to the first `w` columns.
+    fn masks<const NV: usize>(w: usize) -> [__mmask16; NV] {
+        std::array::from_fn(|v| {
+            let left = w.saturating_sub(16 * v);
+            if left >= 16 {
+                0xffff
+            } else {
+                ((1u32 << left) - 1) as u16
+            }
+        })
+    }
 
     #[target_feature(enable = "avx512f")]
     #[allow(clippy::too_many_arguments)]
@@ -101,76 +116,95 @@ mod avx512 {
         c_rs: usize,
         accumulate: bool,
     ) {
-        for j0 in (0..n).step_by(32) {
-            let w = 32.min(n - j0);
-            let m0: __mmask16 = if w >= 16 {
-                0xffff
-            } else {
-                ((1u32 << w) - 1) as u16
-            };
-            let m1: __mmask16 = if w <= 16 {
-                0
-            } else {
-                ((1u32 << (w - 16)) - 1) as u16
-            };
+        let mut j0 = 0;
+        while j0 < n {
+            let w = n - j0;
+            let bp = b.as_ptr().add(j0);
             let mut r0 = 0;
-            while r0 < m {
-                let h = MR.min(m - r0);
-                let ap = a.data.as_ptr().add(r0 * a.rs);
-                let cp = c.add(r0 * c_rs + j0);
-                let bp = b.as_ptr().add(j0);
-                match h {
-                    8 => tile::<8>(k, ap, a.rs, a.cs, bp, b_rs, cp, c_rs, m0, m1, accumulate),
-                    7 => tile::<7>(k, ap, a.rs, a.cs, bp, b_rs, cp, c_rs, m0, m1, accumulate),
-                    6 => tile::<6>(k, ap, a.rs, a.cs, bp, b_rs, cp, c_rs, m0, m1, accumulate),
-                    5 => tile::<5>(k, ap, a.rs, a.cs, bp, b_rs, cp, c_rs, m0, m1, accumulate),
-                    4 => tile::<4>(k, ap, a.rs, a.cs, bp, b_rs, cp, c_rs, m0, m1, accumulate),
-                    3 => tile::<3>(k, ap, a.rs, a.cs, bp, b_rs, cp, c_rs, m0, m1, accumulate),
-                    2 => tile::<2>(k, ap, a.rs, a.cs, bp, b_rs, cp, c_rs, m0, m1, accumulate),
-                    _ => tile::<1>(k, ap, a.rs, a.cs, bp, b_rs, cp, c_rs, m0, m1, accumulate),
+            if w >= 64 {
+                let mk = masks::<4>(64);
+                while r0 < m {
+                    let h = WIDE_ROWS.min(m - r0);
+                    let ap = a.data.as_ptr().add(r0 * a.rs);
+                    let cp = c.add(r0 * c_rs + j0);
+                    let args = (k, ap, a.rs, a.cs, bp, b_rs, cp, c_rs, mk, accumulate);
+                    match h {
+                        6 => tile::<6, 4>(args),
+                        5 => tile::<5, 4>(args),
+                        4 => tile::<4, 4>(args),
+                        3 => tile::<3, 4>(args),
+                        2 => tile::<2, 4>(args),
+                        _ => tile::<1, 4>(args),
+                    }
+                    r0 += h;
                 }
-                r0 += h;
+                j0 += 64;
+            } else {
+                let mk = masks::<2>(w.min(32));
+                while r0 < m {
+                    let h = ROWS.min(m - r0);
+                    let ap = a.data.as_ptr().add(r0 * a.rs);
+                    let cp = c.add(r0 * c_rs + j0);
+                    let args = (k, ap, a.rs, a.cs, bp, b_rs, cp, c_rs, mk, accumulate);
+                    match h {
+                        8 => tile::<8, 2>(args),
+                        7 => tile::<7, 2>(args),
+                        6 => tile::<6, 2>(args),
+                        5 => tile::<5, 2>(args),
+                        4 => tile::<4, 2>(args),
+                        3 => tile::<3, 2>(args),
+                        2 => tile::<2, 2>(args),
+                        _ => tile::<1, 2>(args),
+                    }
+                    r0 += h;
+                }
+                j0 += 32;
             }
         }
     }
 
-    /// H rows × up to 32 columns (masks m0, m1) of C, accumulated over k in registers.
+    /// (k, A, A row stride, A column stride, B, B row stride, C, C row stride, column masks,
+    /// accumulate)
+    type TileArgs<const NV: usize> = (
+        usize,
+        *const f32,
+        usize,
+        usize,
+        *const f32,
+        usize,
+        *mut f32,
+        usize,
+        [__mmask16; NV],
+        bool,
+    );
+
+    /// H rows × NV·16 columns (masked) of C, accumulated over k in registers. Every element is
+    /// one FMA chain over p in order, whatever the tile shape.
     #[target_feature(enable = "avx512f")]
-    #[allow(clippy::too_many_arguments)]
     #[inline]
-    unsafe fn tile<const H: usize>(
-        k: usize,
-        a: *const f32,
-        a_rs: usize,
-        a_cs: usize,
-        b: *const f32,
-        b_rs: usize,
-        c: *mut f32,
-        c_rs: usize,
-        m0: __mmask16,
-        m1: __mmask16,
-        accumulate: bool,
+    unsafe fn tile<const H: usize, const NV: usize>(
+        (k, a, a_rs, a_cs, b, b_rs, c, c_rs, mk, accumulate): TileArgs<NV>,
     ) {
-        let mut acc0 = [_mm512_setzero_ps(); H];
-        let mut acc1 = [_mm512_setzero_ps(); H];
+        let mut acc = [[_mm512_setzero_ps(); NV]; H];
         for p in 0..k {
-            let b0 = _mm512_maskz_loadu_ps(m0, b.add(p * b_rs));
-            let b1 = _mm512_maskz_loadu_ps(m1, b.add(p * b_rs + 16));
-            for r in 0..H {
+            let bv: [__m512; NV] =
+                std::array::from_fn(|v| _mm512_maskz_loadu_ps(mk[v], b.add(p * b_rs + 16 * v)));
+            for (r, row) in acc.iter_mut().enumerate() {
                 let av = _mm512_set1_ps(*a.add(r * a_rs + p * a_cs));
-                acc0[r] = _mm512_fmadd_ps(av, b0, acc0[r]);
-                acc1[r] = _mm512_fmadd_ps(av, b1, acc1[r]);
+                for v in 0..NV {
+                    row[v] = _mm512_fmadd_ps(av, bv[v], row[v]);
+                }
             }
         }
-        for r in 0..H {
-            let row = c.add(r * c_rs);
-            let (mut x0, mut x1) = (acc0[r], acc1[r]);
-            if accumulate {
-                x0 = _mm512_add_ps(x0, _mm512_maskz_loadu_ps(m0, row));
-                x1 = _mm512_add_ps(x1, _mm512_maskz_loadu_ps(m1, row.add(16)));
+        for (r, row) in acc.iter().enumerate() {
+            let cr = c.add(r * c_rs);
+            for v in 0..NV {
+                let mut x = row[v];
+                if accumulate {
+                    x = _mm512_add_ps(x, _mm512_maskz_loadu_ps(mk[v], cr.add(16 * v)));
+                }
+                _mm512_mask_storeu_ps(cr.add(16 * v), mk[v], x);
             }
-            _mm512_mask_storeu_ps(row, m0, x0);
-            _mm512_mask_storeu_ps(row.add(16), m1, x1);
         }
     }
 }
@@ -187,6 +221,8 @@ mod tests {
             (13, 70, 33),
             (64, 64, 32),
             (3, 17, 0),
+            (32, 130, 40),
+            (7, 64, 3),
         ] {
             let a: Vec<f32> = (0..m * k * 2)
                 .map(|i| ((i * 13 % 29) as f32 - 14.0) / 7.0)
