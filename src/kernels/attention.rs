@@ -66,10 +66,49 @@ fn load_tile_t(
     for d in 0..w {
         tile[d * BK + len..(d + 1) * BK].fill(0.0);
     }
-    for c in 0..len {
+    let mut c0 = 0;
+    #[cfg(target_arch = "x86_64")]
+    if w.is_multiple_of(16) && super::sgemm_avx512::available() {
+        assert!(tile.len() >= w * BK && x.len() >= ((row0 + len - 1) * heads + h + 1) * w);
+        while c0 + 16 <= len {
+            // SAFETY: AVX-512F is present; rows c0..c0+16 < len of x and columns < w of the
+            // tile are inside the slices (asserted above).
+            unsafe { transpose_rows16(tile, x, row0 + c0, c0, heads, h, w) };
+            c0 += 16;
+        }
+    }
+    for c in c0..len {
         let src = &x[((row0 + c) * heads + h) * w..][..w];
         for (d, &val) in src.iter().enumerate() {
             tile[d * BK + c] = val;
+        }
+    }
+}
+
+/// Sixteen rows of `load_tile_t` (x rows `row` .., tile columns `col` ..), 16 × 16 blocks at a
+/// time transposed in registers instead of element by element.
+///
+/// # Safety
+/// Needs AVX-512F; the rows and columns must lie inside x and tile.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn transpose_rows16(
+    tile: &mut [f32],
+    x: &[f32],
+    row: usize,
+    col: usize,
+    heads: usize,
+    h: usize,
+    w: usize,
+) {
+    use std::arch::x86_64::*;
+    for d0 in (0..w).step_by(16) {
+        let mut r: [__m512i; 16] = std::array::from_fn(|i| {
+            _mm512_loadu_si512(x.as_ptr().add(((row + i) * heads + h) * w + d0) as *const _)
+        });
+        super::transpose16(&mut r);
+        for (i, v) in r.iter().enumerate() {
+            _mm512_storeu_si512(tile.as_mut_ptr().add((d0 + i) * BK + col) as *mut _, *v);
         }
     }
 }

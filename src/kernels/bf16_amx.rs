@@ -8,7 +8,7 @@
 //! block of C in four tile registers over the whole depth.
 
 use super::matmul::Mat;
-use super::with_thread_buffer;
+use super::{transpose16, with_thread_buffer};
 use rayon::prelude::*;
 use std::arch::asm;
 use std::arch::x86_64::*;
@@ -216,36 +216,6 @@ unsafe fn pack_tile(
         for (i, line) in lines.iter().enumerate() {
             _mm512_storeu_si512(tile.as_mut_ptr().add(2 * TR * i) as *mut _, *line);
         }
-    }
-}
-
-/// Transposes a 16 × 16 matrix of u32 held as 16 rows: pairs of rows interleaved by 32 and
-/// then 64 bits leave 4 × 4 blocks transposed inside each 128-bit lane, and two lane shuffles
-/// put the blocks in place.
-#[target_feature(enable = "avx512f")]
-fn transpose16(r: &mut [__m512i; 16]) {
-    let mut a = [_mm512_setzero_si512(); 16];
-    for i in 0..8 {
-        a[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
-        a[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
-    }
-    // b[4i + c], lane L: rows 4i..4i+4 of column 4L + c.
-    let mut b = [_mm512_setzero_si512(); 16];
-    for i in 0..4 {
-        b[4 * i] = _mm512_unpacklo_epi64(a[4 * i], a[4 * i + 2]);
-        b[4 * i + 1] = _mm512_unpackhi_epi64(a[4 * i], a[4 * i + 2]);
-        b[4 * i + 2] = _mm512_unpacklo_epi64(a[4 * i + 1], a[4 * i + 3]);
-        b[4 * i + 3] = _mm512_unpackhi_epi64(a[4 * i + 1], a[4 * i + 3]);
-    }
-    for c in 0..4 {
-        let e0 = _mm512_shuffle_i32x4::<0x44>(b[c], b[4 + c]);
-        let e1 = _mm512_shuffle_i32x4::<0xee>(b[c], b[4 + c]);
-        let e2 = _mm512_shuffle_i32x4::<0x44>(b[8 + c], b[12 + c]);
-        let e3 = _mm512_shuffle_i32x4::<0xee>(b[8 + c], b[12 + c]);
-        r[c] = _mm512_shuffle_i32x4::<0x88>(e0, e2);
-        r[4 + c] = _mm512_shuffle_i32x4::<0xdd>(e0, e2);
-        r[8 + c] = _mm512_shuffle_i32x4::<0x88>(e1, e3);
-        r[12 + c] = _mm512_shuffle_i32x4::<0xdd>(e1, e3);
     }
 }
 

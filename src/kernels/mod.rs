@@ -57,6 +57,38 @@ pub fn prepare_threads(n_max: usize, dk: usize, dv: usize, t: usize, group: usiz
     rayon::broadcast(|_| prepare());
 }
 
+/// Transposes a 16 × 16 matrix of 32-bit values (f32 or bf16 pairs) held as 16 rows: pairs of rows interleaved by 32 and
+/// then 64 bits leave 4 × 4 blocks transposed inside each 128-bit lane, and two lane shuffles
+/// put the blocks in place.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+pub(crate) fn transpose16(r: &mut [std::arch::x86_64::__m512i; 16]) {
+    use std::arch::x86_64::*;
+    let mut a = [_mm512_setzero_si512(); 16];
+    for i in 0..8 {
+        a[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+        a[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+    }
+    // b[4i + c], lane L: rows 4i..4i+4 of column 4L + c.
+    let mut b = [_mm512_setzero_si512(); 16];
+    for i in 0..4 {
+        b[4 * i] = _mm512_unpacklo_epi64(a[4 * i], a[4 * i + 2]);
+        b[4 * i + 1] = _mm512_unpackhi_epi64(a[4 * i], a[4 * i + 2]);
+        b[4 * i + 2] = _mm512_unpacklo_epi64(a[4 * i + 1], a[4 * i + 3]);
+        b[4 * i + 3] = _mm512_unpackhi_epi64(a[4 * i + 1], a[4 * i + 3]);
+    }
+    for c in 0..4 {
+        let e0 = _mm512_shuffle_i32x4::<0x44>(b[c], b[4 + c]);
+        let e1 = _mm512_shuffle_i32x4::<0xee>(b[c], b[4 + c]);
+        let e2 = _mm512_shuffle_i32x4::<0x44>(b[8 + c], b[12 + c]);
+        let e3 = _mm512_shuffle_i32x4::<0xee>(b[8 + c], b[12 + c]);
+        r[c] = _mm512_shuffle_i32x4::<0x88>(e0, e2);
+        r[4 + c] = _mm512_shuffle_i32x4::<0xdd>(e0, e2);
+        r[8 + c] = _mm512_shuffle_i32x4::<0x88>(e1, e3);
+        r[12 + c] = _mm512_shuffle_i32x4::<0xdd>(e1, e3);
+    }
+}
+
 /// Rows per rayon task for row-wise kernels: big enough to amortise scheduling.
 pub(crate) const ROW_CHUNK: usize = 32;
 
