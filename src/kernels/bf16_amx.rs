@@ -245,16 +245,6 @@ fn pack(buf: &mut Vec<u16>, x: Mat, rows: usize, depth: usize, vnni: bool, threa
     }
 }
 
-#[derive(Clone, Copy)]
-struct DstPtr(*mut f32);
-unsafe impl Send for DstPtr {}
-unsafe impl Sync for DstPtr {}
-impl DstPtr {
-    fn at(&self, off: usize) -> *mut f32 {
-        self.0.wrapping_add(off)
-    }
-}
-
 /// C (+)= the 32 × 32 block from the `kts` consecutive tiles at a[0], a[1] (two tile rows of
 /// A) and b[0], b[1] (two tile columns of B), clipped to (h, w) valid rows and columns.
 ///
@@ -351,7 +341,7 @@ pub fn gemm(
         rs: b.cs,
         cs: b.rs,
     };
-    let dst_ptr = DstPtr(dst.as_mut_ptr());
+    let dst_ptr = super::SharedMut::new(dst);
     with_thread_buffer(&PACK_A, |pa| {
         with_thread_buffer(&PACK_B, |pb| {
             pack(pa, a, m, k, false, threads);
@@ -375,7 +365,10 @@ pub fn gemm(
                                 [a.as_ptr().add(kc * TILE), a.as_ptr().add(row + kc * TILE)],
                                 [b.as_ptr().add(kc * TILE), b.as_ptr().add(row + kc * TILE)],
                                 kn,
-                                dst_ptr.at(i0 * dst_rs + j0),
+                                dst_ptr.ptr(
+                                    i0 * dst_rs + j0,
+                                    (BLOCK.min(m - i0) - 1) * dst_rs + BLOCK.min(n - j0),
+                                ),
                                 dst_rs,
                                 m - i0,
                                 n - j0,
