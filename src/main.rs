@@ -932,16 +932,17 @@ fn generate(a: GenerateArgs) -> Result<()> {
     };
     let single = prompts.len() == 1;
     let mut stream = difftx::data::tokenizer::TextStream::default();
-    let mut stdout = std::io::stdout().lock();
     let g = difftx::infer::generate(&model, &prompts, &opts, |_, id| {
         // One prompt streams as it goes; a batch prints each continuation at the end.
         if single {
             if let Ok(piece) = stream.push(&tok, id) {
+                let mut stdout = std::io::stdout().lock();
                 let _ = stdout.write_all(piece.as_bytes());
                 let _ = stdout.flush();
             }
         }
     })?;
+    let mut stdout = std::io::stdout().lock();
     if single {
         let _ = stdout.write_all(stream.finish(&tok)?.as_bytes());
         let _ = writeln!(stdout);

@@ -42,8 +42,19 @@ impl Generation {
 }
 
 /// Generates up to `max_new_tokens` after each prompt. `on_token(prompt_index, token)` sees
-/// every token as it is produced (for streaming).
+/// every token as it is produced (for streaming), on a worker thread of the pool: the whole
+/// generation runs there, so a decode step's parallel products fork inside the pool instead
+/// of waking it from outside once per token.
 pub fn generate(
+    model: &Model,
+    prompts: &[Vec<u32>],
+    opts: &GenerateOptions,
+    on_token: impl FnMut(usize, u32) + Send,
+) -> Result<Generation> {
+    crate::kernels::on_pool(|| generate_in_pool(model, prompts, opts, on_token))
+}
+
+fn generate_in_pool(
     model: &Model,
     prompts: &[Vec<u32>],
     opts: &GenerateOptions,
@@ -98,9 +109,7 @@ pub fn generate(
     let mut last = vec![0u32; b];
     let t0 = Instant::now();
     for (i, p) in used.iter().enumerate() {
-        crate::kernels::on_pool(|| {
-            model.forward_cached(&mut ws, &mut caches[i..i + 1], p, p.len(), false)
-        })?;
+        model.forward_cached(&mut ws, &mut caches[i..i + 1], p, p.len(), false)?;
         last[i] = sample(&ws.logits[..v], &opts.sampling, &mut rng, &mut scratch);
     }
     out.prefill_seconds = t0.elapsed().as_secs_f64();
@@ -120,9 +129,7 @@ pub fn generate(
         for s in 0..active {
             inputs[s] = last[order[s]];
         }
-        crate::kernels::on_pool(|| {
-            model.forward_cached(&mut ws, &mut caches[..active], &inputs[..active], 1, false)
-        })?;
+        model.forward_cached(&mut ws, &mut caches[..active], &inputs[..active], 1, false)?;
         out.decode_tokens += active;
         for s in 0..active {
             last[order[s]] = sample(
