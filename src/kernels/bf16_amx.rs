@@ -154,67 +154,65 @@ unsafe fn pack_tile(
     d: usize,
     vnni: bool,
 ) {
+    if x.cs != 1 && x.rs != 1 {
+        for r in 0..TR {
+            for k in 0..TK {
+                let v = if r < h && k < d {
+                    bf16_bits(x.data[(r0 + r) * x.rs + (p0 + k) * x.cs])
+                } else {
+                    0
+                };
+                let (q, half) = (k / 2, k % 2);
+                let u = if vnni { q * TR + r } else { r * TR + q };
+                tile[2 * u + half] = v;
+            }
+        }
+        return;
+    }
     // u32 j of the result = (lo[j], hi[j]) from [lo ×16, hi ×16] bf16.
     let interleave: __m512i = _mm512_set_epi16(
         31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21, 5, 20, 4,
         19, 3, 18, 2, 17, 1, 16, 0,
     );
-    let mut lines = [_mm512_setzero_si512(); TR];
-    {
-        // Sixteen lines of 16 u32 pairs: tile rows as they are, or its columns (transposed).
-        let by_row = if x.cs == 1 {
-            // Contiguous along the depth: line r holds its 32 depths in order.
-            for (r, line) in lines.iter_mut().enumerate() {
-                *line = if r < h {
-                    let src = x.data.as_ptr().add((r0 + r) * x.rs + p0);
-                    let lo = _mm512_maskz_loadu_ps(lanes(d), src);
-                    let hi =
-                        _mm512_maskz_loadu_ps(lanes(d.saturating_sub(16)), src.wrapping_add(16));
-                    std::mem::transmute::<__m512bh, __m512i>(_mm512_cvtne2ps_pbh(hi, lo))
-                } else {
-                    _mm512_setzero_si512()
-                };
+    // Line i of 16 u32 pairs: contiguous along the depth, row r = i with its 32 depths in
+    // order; contiguous along r, depth pair q = i for the 16 r's.
+    let line = |i: usize| -> __m512i {
+        if x.cs == 1 {
+            if i >= h {
+                return _mm512_setzero_si512();
             }
-            !vnni
-        } else if x.rs == 1 {
-            // Contiguous along r: line q holds the 16 r's of depths 2q and 2q + 1.
-            let m = lanes(h);
-            for (q, line) in lines.iter_mut().enumerate() {
-                *line = if 2 * q < d {
-                    let src = x.data.as_ptr().add(r0 + (p0 + 2 * q) * x.cs);
-                    let lo = _mm512_maskz_loadu_ps(m, src);
-                    let hi = if 2 * q + 1 < d {
-                        _mm512_maskz_loadu_ps(m, src.add(x.cs))
-                    } else {
-                        _mm512_setzero_ps()
-                    };
-                    let both: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(hi, lo));
-                    _mm512_permutexvar_epi16(interleave, both)
-                } else {
-                    _mm512_setzero_si512()
-                };
-            }
-            vnni
+            let src = x.data.as_ptr().add((r0 + i) * x.rs + p0);
+            let lo = _mm512_maskz_loadu_ps(lanes(d), src);
+            let hi = _mm512_maskz_loadu_ps(lanes(d.saturating_sub(16)), src.wrapping_add(16));
+            std::mem::transmute::<__m512bh, __m512i>(_mm512_cvtne2ps_pbh(hi, lo))
         } else {
-            for r in 0..TR {
-                for k in 0..TK {
-                    let v = if r < h && k < d {
-                        bf16_bits(x.data[(r0 + r) * x.rs + (p0 + k) * x.cs])
-                    } else {
-                        0
-                    };
-                    let (q, half) = (k / 2, k % 2);
-                    let u = if vnni { q * TR + r } else { r * TR + q };
-                    tile[2 * u + half] = v;
-                }
+            if 2 * i >= d {
+                return _mm512_setzero_si512();
             }
-            return;
-        };
-        if !by_row {
-            transpose16(&mut lines);
+            let m = lanes(h);
+            let src = x.data.as_ptr().add(r0 + (p0 + 2 * i) * x.cs);
+            let lo = _mm512_maskz_loadu_ps(m, src);
+            let hi = if 2 * i + 1 < d {
+                _mm512_maskz_loadu_ps(m, src.add(x.cs))
+            } else {
+                _mm512_setzero_ps()
+            };
+            let both: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(hi, lo));
+            _mm512_permutexvar_epi16(interleave, both)
         }
-        for (i, line) in lines.iter().enumerate() {
-            _mm512_storeu_si512(tile.as_mut_ptr().add(2 * TR * i) as *mut _, *line);
+    };
+    let base = tile.as_mut_ptr();
+    let out = |i: usize| base.add(2 * TR * i) as *mut __m512i;
+    // A's tile rows are r, B's are q: lines that already are tile rows go straight out.
+    if (x.cs == 1) != vnni {
+        for i in 0..TR {
+            _mm512_storeu_si512(out(i) as *mut _, line(i));
+        }
+    } else {
+        let mut lines: [__m512i; TR] = std::array::from_fn(line);
+        transpose16(&mut lines);
+        for (i, l) in lines.iter().enumerate() {
+            _mm512_storeu_si512(out(i) as *mut _, *l);
         }
     }
 }

@@ -62,6 +62,7 @@ pub fn prepare_threads(n_max: usize, dk: usize, dv: usize, t: usize, group: usiz
 /// put the blocks in place.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
+#[inline]
 pub(crate) fn transpose16(r: &mut [std::arch::x86_64::__m512i; 16]) {
     use std::arch::x86_64::*;
     let mut a = [_mm512_setzero_si512(); 16];
