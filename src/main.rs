@@ -741,6 +741,9 @@ fn train(a: TrainArgs) -> Result<()> {
         Some(p) => difftx::train::TrainOptions::from_toml_file(p)?.overlaid(&a.opts),
         None => a.opts.clone(),
     };
+    if difftx::kernels::matmul::bf16() {
+        opts.bf16 = Some(true);
+    }
     // Everything that can be checked is checked before anything is written or printed.
     let recorded = if a.resume {
         difftx::train::checkpoint::latest_run(&a.out)?
@@ -767,6 +770,10 @@ fn train(a: TrainArgs) -> Result<()> {
             "--resume: {k} is {now}, but the run in {} used {was}",
             a.out.display()
         );
+    }
+    // A run recorded with bf16 products (or `bf16 = true` in TOML) trains with them.
+    if run.train.bf16 && !difftx::kernels::matmul::set_bf16(true) {
+        bail!("this run uses bf16 matrix products (--bf16), which need AMX bf16 tiles (an Intel Sapphire Rapids or later CPU, Linux ≥ 5.16); this machine has none");
     }
     if run.data.data.is_empty() {
         bail!("no training data: pass --data FILE|FOLDER|GLOB");
@@ -831,6 +838,9 @@ fn train(a: TrainArgs) -> Result<()> {
             o.step,
             o.checkpoint.display()
         );
+    } else if o.train_loss.is_nan() && o.val_loss.is_none() {
+        // resumed from the final checkpoint: no step was left to take
+        eprintln!("{name}: already complete at step {}", o.step);
     } else {
         eprintln!(
             "{name}: done, {} steps in {:.0} s; train loss {:.4}, val loss {val}",

@@ -103,3 +103,76 @@ fn bf16_decode_weights_move_logits_by_rounding_only() {
         }
     }
 }
+
+/// A run records its precision: resumed without the flag it keeps bf16, and an f32 run
+/// refuses to be resumed with `--bf16` (one line naming the setting).
+#[test]
+fn a_resumed_run_keeps_the_precision_it_started_with() {
+    if !amx() {
+        eprintln!("skipped: no AMX bf16 on this machine");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("t.txt");
+    std::fs::write(&data, difftx::demo::DEMO_TEXT).unwrap();
+    let train = |out: &str, steps: &str, extra: &[&str]| {
+        let mut args: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        args.extend(
+            [
+                "train",
+                "--preset",
+                "tiny",
+                "--max-position-embeddings",
+                "32",
+                "--batch",
+                "2",
+                "--data",
+                data.to_str().unwrap(),
+                "--steps",
+                steps,
+                "--ckpt-every",
+                "3",
+                "--out",
+                dir.path().join(out).to_str().unwrap(),
+            ]
+            .map(String::from),
+        );
+        Command::new(env!("CARGO_BIN_EXE_difftx"))
+            .args(&args)
+            .output()
+            .unwrap()
+    };
+    let first = train("a", "6", &["--bf16"]);
+    assert!(
+        first.status.success(),
+        "{}",
+        String::from_utf8_lossy(&first.stderr)
+    );
+    std::fs::remove_dir_all(dir.path().join("a/checkpoints/step-00000006")).unwrap();
+    let resume = |flags: &[&str], out: &str| {
+        let out = dir.path().join(out);
+        let mut args: Vec<&str> = flags.to_vec();
+        args.extend(["train", "--resume", "--out", out.to_str().unwrap()]);
+        Command::new(env!("CARGO_BIN_EXE_difftx"))
+            .args(&args)
+            .output()
+            .unwrap()
+    };
+    // without --bf16: the recorded precision applies
+    let resumed = resume(&[], "a");
+    let err = String::from_utf8_lossy(&resumed.stderr);
+    assert!(resumed.status.success(), "{err}");
+    assert!(err.contains("bf16 matrix products"), "{err}");
+    assert!(err.contains("resuming from"), "{err}");
+
+    let f32_run = train("b", "3", &[]);
+    assert!(f32_run.status.success());
+    let refused = resume(&["--bf16"], "b");
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(1), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(
+        err.contains("bf16 is true") && err.contains("used false"),
+        "{err}"
+    );
+}

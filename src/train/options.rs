@@ -134,6 +134,10 @@ pub struct TrainOptions {
     /// Checkpoints kept (older ones are deleted after a newer one is complete) [default: 3].
     #[arg(long)]
     pub keep_last: Option<usize>,
+    /// Matrix products in bf16 on AMX: set by the global `--bf16` flag (or TOML `bf16 = true`)
+    /// and recorded, so that a resumed run keeps the precision it started with.
+    #[arg(skip)]
+    pub bf16: Option<bool>,
 }
 
 /// The optimisation settings of a resolved run.
@@ -155,6 +159,9 @@ pub struct TrainConfig {
     pub val_batches: usize,
     pub ckpt_every: u64,
     pub keep_last: usize,
+    /// bf16 matrix products (`--bf16`); runs recorded before the flag existed were f32
+    #[serde(default)]
+    pub bf16: bool,
 }
 
 /// A resolved run: what checkpoints record and a resumed run must match.
@@ -294,6 +301,7 @@ impl TrainOptions {
             val_batches: self.val_batches.unwrap_or(16),
             ckpt_every: self.ckpt_every.unwrap_or(500),
             keep_last: self.keep_last.unwrap_or(3),
+            bf16: self.bf16.unwrap_or(false),
         };
         train.validate()?;
         Ok(RunConfig {
@@ -398,6 +406,7 @@ impl RunConfig {
             val_batches: Some(t.val_batches),
             ckpt_every: Some(t.ckpt_every),
             keep_last: Some(t.keep_last),
+            bf16: Some(t.bf16),
         }
     }
 
