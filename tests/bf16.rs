@@ -7,6 +7,10 @@ use difftx::kernels::matmul::bf16_available as amx;
 use difftx::train::in_memory::ShortRun;
 use difftx::{AttentionKind, ModelConfig, Preset};
 use std::process::Command;
+use std::sync::Mutex;
+
+/// Tests that switch the process-wide bf16 setting, or read it, take turns.
+static SWITCH: Mutex<()> = Mutex::new(());
 
 /// A short run in bf16 follows the f32 curve within 1% (issue 6, target 6), and is not the
 /// f32 run under another name: the losses differ.
@@ -16,6 +20,7 @@ fn bf16_training_follows_the_f32_loss_curve() {
         eprintln!("skipped: no AMX bf16 on this machine");
         return;
     }
+    let _turn = SWITCH.lock().unwrap_or_else(|e| e.into_inner());
     let config = ModelConfig::preset(Preset::Tiny, AttentionKind::DiffV1);
     let run = ShortRun {
         steps: 60,
@@ -64,6 +69,7 @@ fn the_bf16_flag_runs_or_says_why_not() {
 #[test]
 fn bf16_decode_weights_move_logits_by_rounding_only() {
     use difftx::model::{KvCache, Model, Workspace};
+    let _turn = SWITCH.lock().unwrap_or_else(|e| e.into_inner());
     for kind in [
         AttentionKind::Standard,
         AttentionKind::DiffV1,
@@ -175,4 +181,49 @@ fn a_resumed_run_keeps_the_precision_it_started_with() {
         err.contains("bf16 is true") && err.contains("used false"),
         "{err}"
     );
+}
+
+/// With bf16 products on, a cached prefill multiplies the weights' tiles packed once by
+/// `keep_bf16_weights`: the same bits as packing them on every product. The tiles are what
+/// is read: changing a weight after they were taken changes nothing.
+#[test]
+fn prefill_with_prepacked_tiles_equals_packing_per_product() {
+    use difftx::kernels::matmul::set_bf16;
+    use difftx::model::{KvCache, Model, Workspace};
+    if !amx() {
+        eprintln!("skipped: no AMX bf16 on this machine");
+        return;
+    }
+    let _turn = SWITCH.lock().unwrap_or_else(|e| e.into_inner());
+    let model = Model::init(ModelConfig::preset(Preset::Tiny, AttentionKind::DiffV2), 5).unwrap();
+    // the same model with one projection changed
+    let mut changed = model.clone();
+    let q = changed
+        .layout
+        .specs
+        .iter()
+        .find(|s| s.name == "model.layers.0.self_attn.q_proj.weight")
+        .unwrap()
+        .range();
+    changed.params[q].iter_mut().for_each(|v| *v *= 1.5);
+    let prompt: Vec<u32> = (0..40).map(|i| (i * 37 % 256) as u32).collect();
+    let run = |m: &Model, tiles_of: Option<&Model>| {
+        let mut ws = Workspace::new(m, 1, 64);
+        if let Some(src) = tiles_of {
+            ws.keep_bf16_weights(src);
+        }
+        let mut cache = [KvCache::new(m, 64)];
+        m.forward_cached(&mut ws, &mut cache, &prompt, prompt.len(), true)
+            .unwrap();
+        ws.logits[..prompt.len() * m.config.vocab_size].to_vec()
+    };
+    assert!(set_bf16(true));
+    let per_product = run(&model, None);
+    let prepacked = run(&changed, Some(&model));
+    let changed_per_product = run(&changed, None);
+    set_bf16(false);
+    let f32_logits = run(&model, None);
+    assert_eq!(per_product, prepacked);
+    assert_ne!(per_product, changed_per_product, "the change had no effect");
+    assert_ne!(per_product, f32_logits, "bf16 products were not used");
 }

@@ -333,63 +333,236 @@ pub fn gemm(
     b: Mat,
     threads: usize,
 ) {
-    let kts = k.div_ceil(TK);
     let bt = Mat {
         data: b.data,
         rs: b.cs,
         cs: b.rs,
     };
+    with_thread_buffer(&PACK_B, |pb| {
+        pack(pb, bt, n, k, true, threads);
+        gemm_packed(m, n, k, dst, dst_rs, accumulate, a, pb, threads);
+    });
+}
+
+/// Packs the weight w (oc, c) of a linear layer, row-major as in torch `Linear`, as the B
+/// operand of x · wᵀ, once, for `gemm_packed` (inference, where the weights do not change).
+pub fn pack_weight(w: &[f32], oc: usize, c: usize) -> Vec<u16> {
+    assert!(w.len() >= oc * c, "pack_weight: {} < {oc}×{c}", w.len());
+    let mut buf = Vec::new();
+    pack(&mut buf, Mat::rows(w, c), oc, c, true, 1);
+    buf
+}
+
+/// Length of `pack_weight(w, oc, c)`.
+pub fn packed_len(oc: usize, c: usize) -> usize {
+    oc.div_ceil(BLOCK) * 2 * c.div_ceil(TK) * TILE
+}
+
+/// out (n, oc) (+)= x (n, c) · wᵀ for a few rows of x (decoding), reading w from its tiles
+/// (`pack_weight`) so that one bf16 copy serves prefill and decode: a tile row holds two
+/// depths of 16 outputs, widened exactly to f32 and multiplied by the f32 inputs. Tasks of
+/// `rows_per_task` tile rows go to the pool when `parallel`.
+#[allow(clippy::too_many_arguments)]
+pub fn gemv_tiles(
+    out: &mut [f32],
+    x: &[f32],
+    tiles: &[u16],
+    n: usize,
+    c: usize,
+    oc: usize,
+    accumulate: bool,
+    parallel: bool,
+) {
+    assert!(out.len() >= n * oc && x.len() >= n * c && tiles.len() >= packed_len(oc, c));
+    assert!(n <= 4, "gemv_tiles: {n} rows");
+    let kts = c.div_ceil(TK);
+    let dst = super::SharedMut::new(out);
+    const TASK_ROWS: usize = 4;
+    let run = |task: usize| {
+        for rt in task * TASK_ROWS..((task + 1) * TASK_ROWS).min(oc.div_ceil(TR)) {
+            let o0 = rt * TR;
+            let w = TR.min(oc - o0);
+            // SAFETY: AVX-512F is present wherever tiles exist; tile row rt of `tiles` and
+            // outputs o0..o0+w of each row of out (this task's alone) are in bounds.
+            unsafe {
+                let y = tile_row_dot(x, &tiles[rt * kts * TILE..(rt + 1) * kts * TILE], n, c);
+                for (r, acc) in y.iter().enumerate().take(n) {
+                    let o = dst.ptr(r * oc + o0, w);
+                    let m = lanes(w);
+                    let v = if accumulate {
+                        _mm512_add_ps(*acc, _mm512_maskz_loadu_ps(m, o))
+                    } else {
+                        *acc
+                    };
+                    _mm512_mask_storeu_ps(o, m, v);
+                }
+            }
+        }
+    };
+    let tasks = oc.div_ceil(TR * TASK_ROWS);
+    if parallel && tasks > 1 {
+        (0..tasks).into_par_iter().for_each(run);
+    } else {
+        (0..tasks).for_each(run);
+    }
+}
+
+/// The 16 outputs of one tile row of a packed weight for each of the n ≤ 4 rows of x.
+///
+/// # Safety
+/// Needs AVX-512F; `row` holds the row's tiles over the depth c.
+#[target_feature(enable = "avx512f")]
+unsafe fn tile_row_dot(x: &[f32], row: &[u16], n: usize, c: usize) -> [__m512; 4] {
+    let mut acc = [_mm512_setzero_ps(); 4];
+    let high = _mm512_set1_epi32(0xffff_0000u32 as i32);
+    for p in (0..c).step_by(2) {
+        let (kt, q) = (p / TK, (p % TK) / 2);
+        let v = _mm512_loadu_si512(row.as_ptr().add(kt * TILE + 2 * TR * q) as *const _);
+        let even = _mm512_castsi512_ps(_mm512_slli_epi32::<16>(v));
+        let odd = _mm512_castsi512_ps(_mm512_and_si512(v, high));
+        for (r, a) in acc.iter_mut().enumerate().take(n) {
+            let xr = &x[r * c..(r + 1) * c];
+            *a = _mm512_fmadd_ps(even, _mm512_set1_ps(xr[p]), *a);
+            if p + 1 < c {
+                *a = _mm512_fmadd_ps(odd, _mm512_set1_ps(xr[p + 1]), *a);
+            }
+        }
+    }
+    acc
+}
+
+/// `gemm` with B already packed (`pack` of Bᵀ, or `pack_weight`). The caller checked the
+/// bounds of dst and a and `available()`.
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_packed(
+    m: usize,
+    n: usize,
+    k: usize,
+    dst: &mut [f32],
+    dst_rs: usize,
+    accumulate: bool,
+    a: Mat,
+    pb: &[u16],
+    threads: usize,
+) {
+    assert!(
+        pb.len() >= packed_len(n, k),
+        "gemm_packed: packed B too small"
+    );
+    let kts = k.div_ceil(TK);
     let dst_ptr = super::SharedMut::new(dst);
     with_thread_buffer(&PACK_A, |pa| {
-        with_thread_buffer(&PACK_B, |pb| {
-            pack(pa, a, m, k, false, threads);
-            pack(pb, bt, n, k, true, threads);
-            let (pa, pb) = (&*pa, &*pb);
-            let row = kts * TILE;
-            let row_block = |bi: usize| {
-                let i0 = bi * BLOCK;
-                let a = &pa[2 * bi * row..(2 * bi + 2) * row];
-                // SAFETY: AMX is available (checked by the caller) and configured here for
-                // this thread; the tile pointers stay inside the packed rows (kc + kn ≤ kts);
-                // each task writes only its own rows i0..i0+32 of dst, which the caller
-                // bounds-checked.
-                unsafe {
-                    asm!("ldtilecfg [{}]", in(reg) &CONFIG as *const TileConfig);
-                    for kc in (0..kts).step_by(KC_TILES) {
-                        let kn = KC_TILES.min(kts - kc);
-                        for bj in 0..n.div_ceil(BLOCK) {
-                            let (j0, b) = (bj * BLOCK, &pb[2 * bj * row..(2 * bj + 2) * row]);
-                            block(
-                                [a.as_ptr().add(kc * TILE), a.as_ptr().add(row + kc * TILE)],
-                                [b.as_ptr().add(kc * TILE), b.as_ptr().add(row + kc * TILE)],
-                                kn,
-                                dst_ptr.ptr(
-                                    i0 * dst_rs + j0,
-                                    (BLOCK.min(m - i0) - 1) * dst_rs + BLOCK.min(n - j0),
-                                ),
-                                dst_rs,
-                                m - i0,
-                                n - j0,
-                                accumulate || kc > 0,
-                            );
-                        }
+        pack(pa, a, m, k, false, threads);
+        let pa = &*pa;
+        let row = kts * TILE;
+        let row_block = |bi: usize| {
+            let i0 = bi * BLOCK;
+            let a = &pa[2 * bi * row..(2 * bi + 2) * row];
+            // SAFETY: AMX is available (checked by the caller) and configured here for
+            // this thread; the tile pointers stay inside the packed rows (kc + kn ≤ kts);
+            // each task writes only its own rows i0..i0+32 of dst, which the caller
+            // bounds-checked.
+            unsafe {
+                asm!("ldtilecfg [{}]", in(reg) &CONFIG as *const TileConfig);
+                for kc in (0..kts).step_by(KC_TILES) {
+                    let kn = KC_TILES.min(kts - kc);
+                    for bj in 0..n.div_ceil(BLOCK) {
+                        let (j0, b) = (bj * BLOCK, &pb[2 * bj * row..(2 * bj + 2) * row]);
+                        block(
+                            [a.as_ptr().add(kc * TILE), a.as_ptr().add(row + kc * TILE)],
+                            [b.as_ptr().add(kc * TILE), b.as_ptr().add(row + kc * TILE)],
+                            kn,
+                            dst_ptr.ptr(
+                                i0 * dst_rs + j0,
+                                (BLOCK.min(m - i0) - 1) * dst_rs + BLOCK.min(n - j0),
+                            ),
+                            dst_rs,
+                            m - i0,
+                            n - j0,
+                            accumulate || kc > 0,
+                        );
                     }
-                    asm!("tilerelease");
                 }
-            };
-            let blocks = m.div_ceil(BLOCK);
-            if threads > 1 && blocks > 1 {
-                (0..blocks).into_par_iter().for_each(row_block);
-            } else {
-                (0..blocks).for_each(row_block);
+                asm!("tilerelease");
             }
-        })
+        };
+        let blocks = m.div_ceil(BLOCK);
+        if threads > 1 && blocks > 1 {
+            (0..blocks).into_par_iter().for_each(row_block);
+        } else {
+            (0..blocks).for_each(row_block);
+        }
     });
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A pre-packed weight gives the same bits as packing it on the fly.
+    #[test]
+    fn a_prepacked_weight_matches_packing_per_call() {
+        if !available() {
+            eprintln!("skipped: this CPU or kernel has no AMX bf16");
+            return;
+        }
+        let (n, c, oc) = (37, 70, 45);
+        let x: Vec<f32> = (0..n * c)
+            .map(|i| ((i * 13 % 97) as f32 - 48.0) / 9.0)
+            .collect();
+        let w: Vec<f32> = (0..oc * c)
+            .map(|i| ((i * 29 % 83) as f32 - 41.0) / 11.0)
+            .collect();
+        let packed = pack_weight(&w, oc, c);
+        assert_eq!(packed.len(), packed_len(oc, c));
+        for threads in [1, 2] {
+            let (mut a, mut b) = (vec![0f32; n * oc], vec![0f32; n * oc]);
+            gemm(
+                n,
+                oc,
+                c,
+                &mut a,
+                oc,
+                false,
+                Mat::rows(&x, c),
+                Mat::t(&w, c),
+                threads,
+            );
+            gemm_packed(
+                n,
+                oc,
+                c,
+                &mut b,
+                oc,
+                false,
+                Mat::rows(&x, c),
+                &packed,
+                threads,
+            );
+            assert_eq!(a, b);
+            assert!(a.iter().any(|&v| v != 0.0));
+        }
+        // decoding reads the same tiles: rows of x against the bf16-rounded weight
+        for rows in 1..=4 {
+            for parallel in [false, true] {
+                let mut y = vec![0.25f32; rows * oc];
+                gemv_tiles(&mut y, &x, &packed, rows, c, oc, true, parallel);
+                for r in 0..rows {
+                    for o in 0..oc {
+                        let want: f64 = 0.25
+                            + (0..c)
+                                .map(|p| x[r * c + p] as f64 * round(w[o * c + p]))
+                                .sum::<f64>();
+                        let got = y[r * oc + o] as f64;
+                        assert!(
+                            (got - want).abs() < 1e-4 * (1.0 + want.abs()),
+                            "{r},{o}: {got} vs {want}"
+                        );
+                    }
+                }
+            }
+        }
+    }
 
     fn round(v: f32) -> f64 {
         half::bf16::from_f32(v).to_f64()

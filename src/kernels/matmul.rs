@@ -44,6 +44,15 @@ fn extent(rows: usize, cols: usize, rs: usize, cs: usize) -> usize {
     }
 }
 
+/// Threads a product of m·n·k multiply-adds is split over.
+fn threads_for(m: usize, n: usize, k: usize) -> usize {
+    if m * n * k < PARALLEL_THRESHOLD {
+        1
+    } else {
+        rayon::current_num_threads()
+    }
+}
+
 /// Which implementation runs a product.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Backend {
@@ -130,11 +139,7 @@ pub fn sgemm_with(
         }
         return;
     }
-    let threads = if m * n * k < PARALLEL_THRESHOLD {
-        1
-    } else {
-        rayon::current_num_threads()
-    };
+    let threads = threads_for(m, n, k);
     #[cfg(target_arch = "x86_64")]
     if (backend == Backend::Bf16 || backend == Backend::Auto && bf16())
         && super::bf16_amx::available()
@@ -179,17 +184,24 @@ pub fn sgemm_with(
     }
 }
 
-/// A linear layer's weight (OC, C) as in torch `Linear`, and optionally its bf16 copy, which
-/// decoding reads instead (half the bytes from memory; see `Workspace::keep_bf16_weights`).
+/// A linear layer's weight (OC, C) as in torch `Linear`, and optionally the bf16 copies that
+/// inference reads with `--bf16` (see `Workspace::keep_bf16_weights`): its rows, which
+/// decoding's matrix-vector products read (half the bytes from memory), and its AMX tiles
+/// (`bf16_amx::pack_weight`), which longer forwards multiply without packing it again.
 #[derive(Clone, Copy)]
 pub struct Weight<'a> {
     pub f32: &'a [f32],
     pub bf16: Option<&'a [u16]>,
+    pub tiles: Option<&'a [u16]>,
 }
 
 impl<'a> From<&'a [f32]> for Weight<'a> {
     fn from(f32: &'a [f32]) -> Self {
-        Weight { f32, bf16: None }
+        Weight {
+            f32,
+            bf16: None,
+            tiles: None,
+        }
     }
 }
 
@@ -204,11 +216,26 @@ pub fn matmul_forward<'a>(
     accumulate: bool,
 ) {
     let w = w.into();
+    #[cfg(target_arch = "x86_64")]
+    if let (Some(tiles), true) = (w.tiles, n <= GEMV_ROWS) {
+        let parallel = oc * c >= GEMV_PARALLEL_THRESHOLD;
+        return super::bf16_amx::gemv_tiles(out, inp, tiles, n, c, oc, accumulate, parallel);
+    }
     if n <= GEMV_ROWS {
         return match w.bf16 {
             Some(wb) => gemv(out, inp, wb, n, c, oc, accumulate, super::dot_bf16),
             None => gemv(out, inp, w.f32, n, c, oc, accumulate, super::dot),
         };
+    }
+    #[cfg(target_arch = "x86_64")]
+    if let (Some(tiles), true) = (w.tiles, bf16()) {
+        assert!(
+            out.len() >= n * oc && inp.len() >= n * c,
+            "matmul_forward: too small"
+        );
+        let threads = threads_for(n, oc, c);
+        let x = Mat::rows(inp, c);
+        return super::bf16_amx::gemm_packed(n, oc, c, out, oc, accumulate, x, tiles, threads);
     }
     sgemm(
         n,

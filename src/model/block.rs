@@ -6,6 +6,7 @@
 //! ```
 
 use super::attention::{self as attn, Lambda};
+use super::bf16_weights::Bf16Weights;
 use super::kv_cache::KvCache;
 use super::params::LayerParams;
 use crate::config::{lambda_init_at, AttentionKind, ModelConfig};
@@ -185,7 +186,7 @@ fn zeroed(v: &mut [f32], n: usize) -> &mut [f32] {
 pub fn block_forward(
     x: &mut [f32],
     a: &mut LayerActs,
-    (w, wb): (&[f32], Option<&[u16]>),
+    (w, wb): (&[f32], Option<&Bf16Weights>),
     p: &LayerParams,
     d: &Dims,
     layer: usize,
@@ -198,10 +199,10 @@ pub fn block_forward(
     let n = b * t;
     let c = d.c;
     let s = &d.shape;
-    // A linear layer's weight, with its bf16 copy where decoding reads one.
-    let weight = |r: std::ops::Range<usize>| Weight {
-        f32: &w[r.clone()],
-        bf16: wb.map(|wb| &wb[r]),
+    // A linear layer's weight, with its bf16 copies where inference keeps them.
+    let weight = |r: std::ops::Range<usize>| match wb {
+        Some(b) => b.weight(w, r),
+        None => Weight::from(&w[r]),
     };
     a.x_in[..n * c].copy_from_slice(x);
     rmsnorm_forward(

@@ -1,6 +1,7 @@
 //! The model: parameters, the three attention kinds, blocks, the stack, checkpoints.
 
 pub mod attention;
+pub mod bf16_weights;
 pub mod block;
 pub mod checkpoint;
 pub mod kv_cache;

@@ -6,6 +6,7 @@
 //! logits = lm_head(norm(x))        # lm_head may be tied to embed_tokens
 //! ```
 
+use super::bf16_weights::Bf16Weights;
 use super::block::{block_backward, block_forward, Dims, LayerActs, Scratch};
 use super::kv_cache::KvCache;
 use super::params::ParamLayout;
@@ -59,9 +60,8 @@ pub struct Workspace {
     dlogits: Vec<f32>,
     /// (b, t) of the last forward
     cur: (usize, usize),
-    /// bf16 copy of the model's parameters that decoding's matrix-vector products read
-    /// (`keep_bf16_weights`); empty when decoding reads the f32 weights
-    bf16: Vec<u16>,
+    /// bf16 copies of the model's weights that cached forwards read (`keep_bf16_weights`)
+    bf16: Option<Bf16Weights>,
 }
 
 /// Standard normal samples by Box–Muller from a seeded generator.
@@ -210,8 +210,11 @@ impl Model {
         }
         let (n, dm, v) = (b * t, c.hidden_size, c.vocab_size);
         let w = &self.params;
-        // Only a cached forward (decoding) reads the bf16 copy; it was taken from this model.
-        let wb = (caches.is_some() && ws.bf16.len() == w.len()).then_some(&ws.bf16[..]);
+        // Only a cached forward (inference) reads the bf16 copies; they were taken from this model.
+        let wb = ws
+            .bf16
+            .as_ref()
+            .filter(|b| caches.is_some() && b.fits(w.len()));
         let bits = ws.logit_bits;
         ws.cur = (b, t);
         ws.tokens[..n].copy_from_slice(tokens);
@@ -267,9 +270,9 @@ impl Model {
         matmul_forward(
             &mut ws.logits[..rows * v],
             lnf,
-            Weight {
-                f32: &w[head.clone()],
-                bf16: wb.map(|wb| &wb[head]),
+            match wb {
+                Some(b) => b.weight(w, head),
+                None => Weight::from(&w[head]),
             },
             rows,
             dm,
@@ -427,28 +430,24 @@ impl Workspace {
             dlnf: z(n * c.hidden_size),
             dlogits: z(n * c.vocab_size),
             cur: (0, 0),
-            bf16: Vec::new(),
+            bf16: None,
         }
     }
 
-    /// Keeps a bf16 copy (round to nearest even) of `model`'s weights as they are now, which
-    /// cached forwards of up to four tokens a sequence (decoding) then read instead of the f32
-    /// weights: half the bytes, the bound of a batch-1 decode. Longer forwards (prefill,
-    /// training) still read the f32 weights. The copy does not follow later changes to
-    /// `model.params`: take it again after training, or `drop_bf16_weights`.
+    /// Keeps bf16 copies (round to nearest even) of `model`'s weights as they are now, which
+    /// cached forwards (inference) then read: cached forwards of up to four tokens a sequence
+    /// (decoding) read bf16 rows instead of the f32 weights, half the bytes, the bound of a
+    /// batch-1 decode; longer ones (prefill) with bf16 products on (`--bf16`) multiply the
+    /// weights' AMX tiles, packed once here. Uncached forwards (training, evaluation) read the
+    /// f32 weights. The copies do not follow later changes to `model.params`: take them again
+    /// after training, or `drop_bf16_weights`.
     pub fn keep_bf16_weights(&mut self, model: &Model) {
-        self.bf16.clear();
-        self.bf16.extend(
-            model
-                .params
-                .iter()
-                .map(|&v| half::bf16::from_f32(v).to_bits()),
-        );
+        self.bf16 = Some(Bf16Weights::new(model));
     }
 
-    /// Decoding reads the f32 weights again.
+    /// Cached forwards read the f32 weights again.
     pub fn drop_bf16_weights(&mut self) {
-        self.bf16 = Vec::new();
+        self.bf16 = None;
     }
 
     /// (B, T) of the last forward pass: the layout of `layers[l].q`, `k`, `v`, `lam` and `hidden`.
@@ -510,7 +509,8 @@ impl Workspace {
             + self.logits.len() * 2
             + self.losses.len() * 2
             + self.dx.len() * 2;
-        4 * (acts + scratch + top + self.tokens.len() * 2) + 2 * self.bf16.len()
+        4 * (acts + scratch + top + self.tokens.len() * 2)
+            + self.bf16.as_ref().map_or(0, |b| b.bytes())
     }
 }
 
