@@ -9,6 +9,14 @@ use difftx::{AttentionKind, ModelConfig, Preset};
 use std::process::Command;
 use std::sync::Mutex;
 
+/// True (after saying so) on a machine without AMX bf16, where a test has nothing to run.
+fn skip_without_amx() -> bool {
+    if !amx() {
+        eprintln!("skipped: no AMX bf16 on this machine");
+    }
+    !amx()
+}
+
 /// Tests that switch the process-wide bf16 setting, or read it, take turns.
 static SWITCH: Mutex<()> = Mutex::new(());
 
@@ -16,8 +24,7 @@ static SWITCH: Mutex<()> = Mutex::new(());
 /// f32 run under another name: the losses differ.
 #[test]
 fn bf16_training_follows_the_f32_loss_curve() {
-    if !amx() {
-        eprintln!("skipped: no AMX bf16 on this machine");
+    if skip_without_amx() {
         return;
     }
     let _turn = SWITCH.lock().unwrap_or_else(|e| e.into_inner());
@@ -114,8 +121,7 @@ fn bf16_decode_weights_move_logits_by_rounding_only() {
 /// refuses to be resumed with `--bf16` (one line naming the setting).
 #[test]
 fn a_resumed_run_keeps_the_precision_it_started_with() {
-    if !amx() {
-        eprintln!("skipped: no AMX bf16 on this machine");
+    if skip_without_amx() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -190,8 +196,7 @@ fn a_resumed_run_keeps_the_precision_it_started_with() {
 fn prefill_with_prepacked_tiles_equals_packing_per_product() {
     use difftx::kernels::matmul::set_bf16;
     use difftx::model::{KvCache, Model, Workspace};
-    if !amx() {
-        eprintln!("skipped: no AMX bf16 on this machine");
+    if skip_without_amx() {
         return;
     }
     let _turn = SWITCH.lock().unwrap_or_else(|e| e.into_inner());
