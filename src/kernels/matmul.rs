@@ -221,6 +221,11 @@ pub fn matmul_forward<'a>(
         let parallel = oc * c >= GEMV_PARALLEL_THRESHOLD;
         return super::bf16_amx::gemv_tiles(out, inp, tiles, n, c, oc, accumulate, parallel);
     }
+    #[cfg(target_arch = "x86_64")]
+    if n == 1 && w.bf16.is_none() && super::sgemm_avx512::available() {
+        let parallel = oc * c >= GEMV_PARALLEL_THRESHOLD;
+        return gemv1_avx512(out, inp, w.f32, c, oc, accumulate, parallel);
+    }
     if n <= GEMV_ROWS {
         return match w.bf16 {
             Some(wb) => gemv(out, inp, wb, n, c, oc, accumulate, super::dot_bf16),
@@ -289,6 +294,71 @@ fn gemv<T: Sync>(
         }
     };
     if tasks > 1 && oc * c >= GEMV_PARALLEL_THRESHOLD {
+        (0..tasks).into_par_iter().for_each(run);
+    } else {
+        (0..tasks).for_each(run);
+    }
+}
+
+/// out (OC) (+)= w (OC, C) · x for one input row (batch-1 decoding): sixteen weight rows at a
+/// time, one accumulator register each, then one 16 × 16 transpose turns the sixteen
+/// registers into the sixteen sums, instead of reducing each row's partial sums apart.
+#[cfg(target_arch = "x86_64")]
+fn gemv1_avx512(
+    out: &mut [f32],
+    x: &[f32],
+    w: &[f32],
+    c: usize,
+    oc: usize,
+    accumulate: bool,
+    parallel: bool,
+) {
+    use std::arch::x86_64::*;
+    assert!(out.len() >= oc && x.len() >= c && w.len() >= oc * c);
+    let dst = super::SharedMut::new(out);
+    /// # Safety
+    /// AVX-512F; rows o0..o0 + h of w and outputs o0..o0 + h are in bounds.
+    #[target_feature(enable = "avx512f")]
+    unsafe fn rows16(x: &[f32], w: &[f32], c: usize, o0: usize, h: usize) -> __m512 {
+        let mut acc = [_mm512_setzero_si512(); 16];
+        let tail = (c % 16) as u32;
+        for p in (0..c).step_by(16) {
+            let m: __mmask16 = if p + 16 <= c {
+                0xffff
+            } else {
+                ((1u32 << tail) - 1) as u16
+            };
+            let xv = _mm512_maskz_loadu_ps(m, x.as_ptr().add(p));
+            for (i, a) in acc.iter_mut().enumerate().take(h) {
+                let wv = _mm512_maskz_loadu_ps(m, w.as_ptr().add((o0 + i) * c + p));
+                *a = _mm512_castps_si512(_mm512_fmadd_ps(wv, xv, _mm512_castsi512_ps(*a)));
+            }
+        }
+        super::transpose16(&mut acc);
+        acc.iter().fold(_mm512_setzero_ps(), |s, v| {
+            _mm512_add_ps(s, _mm512_castsi512_ps(*v))
+        })
+    }
+    let run = |ti: usize| {
+        for o0 in (ti * GEMV_CHUNK..((ti + 1) * GEMV_CHUNK).min(oc)).step_by(16) {
+            let h = 16.min(oc - o0);
+            // SAFETY: AVX-512F was detected by the caller; rows and outputs o0..o0+h are in
+            // bounds (asserted above) and belong to task ti alone.
+            unsafe {
+                let y = rows16(x, w, c, o0, h);
+                let m: __mmask16 = ((1u32 << h) - 1) as u16;
+                let o = dst.ptr(o0, h);
+                let v = if accumulate {
+                    _mm512_add_ps(y, _mm512_maskz_loadu_ps(m, o))
+                } else {
+                    y
+                };
+                _mm512_mask_storeu_ps(o, m, v);
+            }
+        }
+    };
+    let tasks = oc.div_ceil(GEMV_CHUNK);
+    if parallel && tasks > 1 {
         (0..tasks).into_par_iter().for_each(run);
     } else {
         (0..tasks).for_each(run);
@@ -381,7 +451,13 @@ mod tests {
 
     #[test]
     fn matmul_matches_naive_triple_loop() {
-        for (n, c, oc) in [(37, 19, 23), (1, 300, 200), (3, 40, 130)] {
+        for (n, c, oc) in [
+            (37, 19, 23),
+            (1, 300, 200),
+            (3, 40, 130),
+            (1, 17, 35),
+            (1, 5, 3),
+        ] {
             check_matmul(n, c, oc);
         }
     }
