@@ -222,6 +222,19 @@ fn bf16_bits(v: f32) -> u16 {
     half::bf16::from_f32(v).to_bits()
 }
 
+/// Sizes this thread's packing buffers for operands up to `long` × `short` either way round
+/// (see `kernels::prepare_threads`).
+pub(crate) fn reserve(long: usize, short: usize) {
+    let n = packed_len(long, short).max(packed_len(short, long));
+    for slot in [&PACK_A, &PACK_B] {
+        with_thread_buffer(slot, |b| {
+            if b.len() < n {
+                b.resize(n, 0);
+            }
+        });
+    }
+}
+
 /// Packs x (rows, depth) into ceil(rows / 32) · 2 tile rows (see `pack_tile_row`).
 fn pack(buf: &mut Vec<u16>, x: Mat, rows: usize, depth: usize, vnni: bool, threads: usize) {
     let (rts, kts) = (rows.div_ceil(BLOCK) * 2, depth.div_ceil(TK));
