@@ -373,8 +373,8 @@ pub fn packed_len(oc: usize, c: usize) -> usize {
 
 /// out (n, oc) (+)= x (n, c) · wᵀ for a few rows of x (decoding), reading w from its tiles
 /// (`pack_weight`) so that one bf16 copy serves prefill and decode: a tile row holds two
-/// depths of 16 outputs, widened exactly to f32 and multiplied by the f32 inputs. Tasks of
-/// `rows_per_task` tile rows go to the pool when `parallel`.
+/// depths of 16 outputs, widened exactly to f32 and multiplied by the f32 inputs; across the
+/// pool when `parallel`.
 #[allow(clippy::too_many_arguments)]
 pub fn gemv_tiles(
     out: &mut [f32],
@@ -387,37 +387,13 @@ pub fn gemv_tiles(
     parallel: bool,
 ) {
     assert!(out.len() >= n * oc && x.len() >= n * c && tiles.len() >= packed_len(oc, c));
-    assert!(n <= 4, "gemv_tiles: {n} rows");
     let kts = c.div_ceil(TK);
-    let dst = super::SharedMut::new(out);
-    const TASK_ROWS: usize = 4;
-    let run = |task: usize| {
-        for rt in task * TASK_ROWS..((task + 1) * TASK_ROWS).min(oc.div_ceil(TR)) {
-            let o0 = rt * TR;
-            let w = TR.min(oc - o0);
-            // SAFETY: AVX-512F is present wherever tiles exist; tile row rt of `tiles` and
-            // outputs o0..o0+w of each row of out (this task's alone) are in bounds.
-            unsafe {
-                let y = tile_row_dot(x, &tiles[rt * kts * TILE..(rt + 1) * kts * TILE], n, c);
-                for (r, acc) in y.iter().enumerate().take(n) {
-                    let o = dst.ptr(r * oc + o0, w);
-                    let m = lanes(w);
-                    let v = if accumulate {
-                        _mm512_add_ps(*acc, _mm512_maskz_loadu_ps(m, o))
-                    } else {
-                        *acc
-                    };
-                    _mm512_mask_storeu_ps(o, m, v);
-                }
-            }
-        }
-    };
-    let tasks = oc.div_ceil(TR * TASK_ROWS);
-    if parallel && tasks > 1 {
-        (0..tasks).into_par_iter().for_each(run);
-    } else {
-        (0..tasks).for_each(run);
-    }
+    // SAFETY: AVX-512F is present wherever tiles exist; tile row o0 / 16 of `tiles` is in
+    // bounds (asserted above).
+    super::matmul::gemv_blocks16(out, n, oc, accumulate, parallel, |o0, _| unsafe {
+        let rt = o0 / TR;
+        tile_row_dot(x, &tiles[rt * kts * TILE..(rt + 1) * kts * TILE], n, c)
+    });
 }
 
 /// The 16 outputs of one tile row of a packed weight for each of the n ≤ 4 rows of x.

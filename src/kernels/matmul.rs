@@ -315,7 +315,6 @@ fn gemv1_avx512(
 ) {
     use std::arch::x86_64::*;
     assert!(out.len() >= oc && x.len() >= c && w.len() >= oc * c);
-    let dst = super::SharedMut::new(out);
     /// # Safety
     /// AVX-512F; rows o0..o0 + h of w and outputs o0..o0 + h are in bounds.
     #[target_feature(enable = "avx512f")]
@@ -339,21 +338,51 @@ fn gemv1_avx512(
             _mm512_add_ps(s, _mm512_castsi512_ps(*v))
         })
     }
+    // SAFETY: AVX-512F was detected by the caller; rows o0..o0+h of w are in bounds
+    // (asserted above).
+    gemv_blocks16(out, 1, oc, accumulate, parallel, |o0, h| unsafe {
+        [
+            rows16(x, w, c, o0, h),
+            _mm512_setzero_ps(),
+            _mm512_setzero_ps(),
+            _mm512_setzero_ps(),
+        ]
+    });
+}
+
+/// The output side of the AVX-512 matrix-vector products (`gemv1_avx512`, and
+/// `bf16_amx::gemv_tiles`): for each block of 16 outputs o0..o0 + h, `sums(o0, h)` gives one
+/// register per input row r < n, stored (or added) into out (n, oc), in tasks of
+/// `GEMV_CHUNK` outputs, across the pool when `parallel`.
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn gemv_blocks16(
+    out: &mut [f32],
+    n: usize,
+    oc: usize,
+    accumulate: bool,
+    parallel: bool,
+    sums: impl Fn(usize, usize) -> [std::arch::x86_64::__m512; 4] + Sync,
+) {
+    use std::arch::x86_64::*;
+    assert!(n <= 4 && out.len() >= n * oc, "gemv_blocks16: {n} rows");
+    let dst = super::SharedMut::new(out);
     let run = |ti: usize| {
         for o0 in (ti * GEMV_CHUNK..((ti + 1) * GEMV_CHUNK).min(oc)).step_by(16) {
             let h = 16.min(oc - o0);
-            // SAFETY: AVX-512F was detected by the caller; rows and outputs o0..o0+h are in
-            // bounds (asserted above) and belong to task ti alone.
-            unsafe {
-                let y = rows16(x, w, c, o0, h);
-                let m: __mmask16 = ((1u32 << h) - 1) as u16;
-                let o = dst.ptr(o0, h);
-                let v = if accumulate {
-                    _mm512_add_ps(y, _mm512_maskz_loadu_ps(m, o))
-                } else {
-                    y
-                };
-                _mm512_mask_storeu_ps(o, m, v);
+            let y = sums(o0, h);
+            let m: __mmask16 = ((1u32 << h) - 1) as u16;
+            for (r, y) in y.iter().enumerate().take(n) {
+                // SAFETY: AVX-512F is present (the callers checked); outputs o0..o0+h of row r
+                // are in bounds (asserted above) and belong to task ti alone.
+                unsafe {
+                    let o = dst.ptr(r * oc + o0, h);
+                    let v = if accumulate {
+                        _mm512_add_ps(*y, _mm512_maskz_loadu_ps(m, o))
+                    } else {
+                        *y
+                    };
+                    _mm512_mask_storeu_ps(o, m, v);
+                }
             }
         }
     };
