@@ -194,8 +194,7 @@ pub fn bench_matmul(
     let rhs = if b_t { Mat::t(&b, k) } else { Mat::rows(&b, n) };
     let mut c = vec![0f32; m * n];
     let mut backends = vec![Backend::F32, Backend::GemmCrate];
-    #[cfg(target_arch = "x86_64")]
-    if crate::kernels::bf16_amx::available() {
+    if crate::kernels::matmul::bf16_available() {
         backends.push(Backend::Bf16);
     }
     let mut times = vec![Vec::new(); backends.len()];
@@ -469,7 +468,8 @@ pub struct Bf16Bench {
 /// the two runs share, windows show the drift.
 pub const WINDOW: usize = 10;
 
-fn window_means(losses: &[f32]) -> Vec<f64> {
+/// Means of consecutive `WINDOW`-step windows of a loss curve (the last may be shorter).
+pub fn window_means(losses: &[f32]) -> Vec<f64> {
     losses
         .chunks(WINDOW)
         .map(|w| w.iter().map(|&x| x as f64).sum::<f64>() / w.len() as f64)

@@ -1067,13 +1067,12 @@ fn bench_bf16(a: BenchBf16Args) -> Result<()> {
     if let Some(path) = &a.plot {
         let line = |p: &difftx::bench::PrecisionRun| Line {
             label: format!("{} products (val {:.4})", p.precision, p.val_loss),
-            points: p
-                .losses
-                .chunks(difftx::bench::WINDOW)
+            points: difftx::bench::window_means(&p.losses)
+                .into_iter()
                 .enumerate()
-                .map(|(i, w)| Point {
-                    x: ((i * difftx::bench::WINDOW) + w.len()) as f64,
-                    y: w.iter().map(|&x| x as f64).sum::<f64>() / w.len() as f64,
+                .map(|(i, y)| Point {
+                    x: ((i + 1) * difftx::bench::WINDOW).min(p.losses.len()) as f64,
+                    y,
                     sd: None,
                 })
                 .collect(),

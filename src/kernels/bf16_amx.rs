@@ -8,7 +8,7 @@
 //! block of C in four tile registers over the whole depth.
 
 use super::matmul::Mat;
-use super::{transpose16, with_thread_buffer};
+use super::{lane_mask, transpose16, with_thread_buffer};
 use rayon::prelude::*;
 use std::arch::asm;
 use std::arch::x86_64::*;
@@ -90,15 +90,6 @@ const CONFIG: TileConfig = TileConfig {
     colsb: [64, 64, 64, 64, 64, 64, 64, 64, 0, 0, 0, 0, 0, 0, 0, 0],
     rows: [16, 16, 16, 16, 16, 16, 16, 16, 0, 0, 0, 0, 0, 0, 0, 0],
 };
-
-/// 16 f32 lanes masked to the first `n`.
-fn lanes(n: usize) -> __mmask16 {
-    if n >= 16 {
-        0xffff
-    } else {
-        ((1u32 << n) - 1) as u16
-    }
-}
 
 /// Packs the logical matrix x (r, p) for r < rows, p < depth into tiles of 16 rows × 32
 /// depths, tile (rt, kt) at `(rt * kts + kt) * TILE`, zero-padded; this call the tile rows
@@ -182,14 +173,14 @@ unsafe fn pack_tile(
                 return _mm512_setzero_si512();
             }
             let src = x.data.as_ptr().add((r0 + i) * x.rs + p0);
-            let lo = _mm512_maskz_loadu_ps(lanes(d), src);
-            let hi = _mm512_maskz_loadu_ps(lanes(d.saturating_sub(16)), src.wrapping_add(16));
+            let lo = _mm512_maskz_loadu_ps(lane_mask(d), src);
+            let hi = _mm512_maskz_loadu_ps(lane_mask(d.saturating_sub(16)), src.wrapping_add(16));
             std::mem::transmute::<__m512bh, __m512i>(_mm512_cvtne2ps_pbh(hi, lo))
         } else {
             if 2 * i >= d {
                 return _mm512_setzero_si512();
             }
-            let m = lanes(h);
+            let m = lane_mask(h);
             let src = x.data.as_ptr().add(r0 + (p0 + 2 * i) * x.cs);
             let lo = _mm512_maskz_loadu_ps(m, src);
             let hi = if 2 * i + 1 < d {

@@ -320,13 +320,8 @@ fn gemv1_avx512(
     #[target_feature(enable = "avx512f")]
     unsafe fn rows16(x: &[f32], w: &[f32], c: usize, o0: usize, h: usize) -> __m512 {
         let mut acc = [_mm512_setzero_si512(); 16];
-        let tail = (c % 16) as u32;
         for p in (0..c).step_by(16) {
-            let m: __mmask16 = if p + 16 <= c {
-                0xffff
-            } else {
-                ((1u32 << tail) - 1) as u16
-            };
+            let m = super::lane_mask(c - p);
             let xv = _mm512_maskz_loadu_ps(m, x.as_ptr().add(p));
             for (i, a) in acc.iter_mut().enumerate().take(h) {
                 let wv = _mm512_maskz_loadu_ps(m, w.as_ptr().add((o0 + i) * c + p));
@@ -370,7 +365,7 @@ pub(crate) fn gemv_blocks16(
         for o0 in (ti * GEMV_CHUNK..((ti + 1) * GEMV_CHUNK).min(oc)).step_by(16) {
             let h = 16.min(oc - o0);
             let y = sums(o0, h);
-            let m: __mmask16 = ((1u32 << h) - 1) as u16;
+            let m = super::lane_mask(h);
             for (r, y) in y.iter().enumerate().take(n) {
                 // SAFETY: AVX-512F is present (the callers checked); outputs o0..o0+h of row r
                 // are in bounds (asserted above) and belong to task ti alone.

@@ -62,6 +62,18 @@ pub fn prepare_threads(n_max: usize, rows: usize, dk: usize, dv: usize, t: usize
     rayon::broadcast(|_| prepare());
 }
 
+/// The first `n` of 16 lanes (all of them from 16 on): the mask of a ragged AVX-512 load or
+/// store.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+pub(crate) fn lane_mask(n: usize) -> std::arch::x86_64::__mmask16 {
+    if n >= 16 {
+        0xffff
+    } else {
+        ((1u32 << n) - 1) as u16
+    }
+}
+
 /// Transposes a 16 × 16 matrix of 32-bit values (f32 or bf16 pairs) held as 16 rows: pairs of rows interleaved by 32 and
 /// then 64 bits leave 4 × 4 blocks transposed inside each 128-bit lane, and two lane shuffles
 /// put the blocks in place.

@@ -163,16 +163,7 @@ unsafe fn kernel(
         }
     } else {
         // A ragged right edge: masked loads and stores of the first w columns.
-        let m0: __mmask16 = if w >= 16 {
-            0xffff
-        } else {
-            ((1u32 << w) - 1) as u16
-        };
-        let m1: __mmask16 = if w <= 16 {
-            0
-        } else {
-            ((1u32 << (w - 16)) - 1) as u16
-        };
+        let (m0, m1) = (super::lane_mask(w), super::lane_mask(w.saturating_sub(16)));
         for (r, pair) in acc.chunks(2).take(h).enumerate() {
             let row = c.add(r * ldc);
             let (mut x0, mut x1) = (pair[0], pair[1]);

@@ -93,14 +93,7 @@ mod avx512 {
 
     /// Lanes of columns j0 + 16·v .. for v < NV, masked to the first `w` columns.
     fn masks<const NV: usize>(w: usize) -> [__mmask16; NV] {
-        std::array::from_fn(|v| {
-            let left = w.saturating_sub(16 * v);
-            if left >= 16 {
-                0xffff
-            } else {
-                ((1u32 << left) - 1) as u16
-            }
-        })
+        std::array::from_fn(|v| crate::kernels::lane_mask(w.saturating_sub(16 * v)))
     }
 
     #[target_feature(enable = "avx512f")]
