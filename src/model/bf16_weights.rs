@@ -61,6 +61,18 @@ impl Bf16Weights {
         }
     }
 
+    /// The weight at `r` of `params`, with the bf16 copies where `copies` holds them.
+    pub(crate) fn weight_of<'a>(
+        copies: Option<&'a Self>,
+        params: &'a [f32],
+        r: Range<usize>,
+    ) -> Weight<'a> {
+        match copies {
+            Some(b) => b.weight(params, r),
+            None => Weight::from(&params[r]),
+        }
+    }
+
     pub(crate) fn bytes(&self) -> usize {
         2 * (self.rows.len() + self.tiles.iter().map(|t| t.1.len()).sum::<usize>())
     }

@@ -11,7 +11,7 @@ use super::kv_cache::KvCache;
 use super::params::LayerParams;
 use crate::config::{lambda_init_at, AttentionKind, ModelConfig};
 use crate::kernels::attention::{attention_backward, attention_forward, AttnShape};
-use crate::kernels::matmul::{matmul_backward, matmul_forward, Weight};
+use crate::kernels::matmul::{matmul_backward, matmul_forward};
 use crate::kernels::rmsnorm::{rmsnorm_backward, rmsnorm_forward};
 use crate::kernels::rope::{rope_backward, rope_forward, RopeTable};
 use crate::kernels::sigmoid;
@@ -200,10 +200,7 @@ pub fn block_forward(
     let c = d.c;
     let s = &d.shape;
     // A linear layer's weight, with its bf16 copies where inference keeps them.
-    let weight = |r: std::ops::Range<usize>| match wb {
-        Some(b) => b.weight(w, r),
-        None => Weight::from(&w[r]),
-    };
+    let weight = |r: std::ops::Range<usize>| Bf16Weights::weight_of(wb, w, r);
     a.x_in[..n * c].copy_from_slice(x);
     rmsnorm_forward(
         &mut a.ln1[..n * c],

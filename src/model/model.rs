@@ -16,7 +16,7 @@ use crate::kernels::cross_entropy::{
     counted, cross_entropy_backward, cross_entropy_forward, mean_loss, IGNORE,
 };
 use crate::kernels::embedding::{embedding_backward, embedding_forward};
-use crate::kernels::matmul::{matmul_backward, matmul_forward, Weight};
+use crate::kernels::matmul::{matmul_backward, matmul_forward};
 use crate::kernels::rmsnorm::{rmsnorm_backward, rmsnorm_forward};
 use crate::kernels::rope::RopeTable;
 use rand::{Rng, SeedableRng};
@@ -270,10 +270,7 @@ impl Model {
         matmul_forward(
             &mut ws.logits[..rows * v],
             lnf,
-            match wb {
-                Some(b) => b.weight(w, head),
-                None => Weight::from(&w[head]),
-            },
+            Bf16Weights::weight_of(wb, w, head),
             rows,
             dm,
             v,
