@@ -232,3 +232,81 @@ fn prefill_with_prepacked_tiles_equals_packing_per_product() {
     assert_ne!(per_product, changed_per_product, "the change had no effect");
     assert_ne!(per_product, f32_logits, "bf16 products were not used");
 }
+
+/// Under bf16 the attention kernel's products run on the tile unit for calls of at least 16
+/// queries: outputs and gradients move by about bf16's rounding (and do move), while a
+/// decoding call of a few queries keeps the f32 products, bit for bit.
+#[test]
+fn bf16_attention_moves_outputs_and_gradients_by_rounding_only() {
+    use difftx::kernels::attention::{attention_backward, attention_forward, AttnShape};
+    use difftx::kernels::matmul::set_bf16;
+    if skip_without_amx() {
+        return;
+    }
+    let _turn = SWITCH.lock().unwrap_or_else(|e| e.into_inner());
+    // diff_v1's layout: 4 sub-heads in pairs over 2 value heads of twice the width
+    let s = AttnShape {
+        nq: 4,
+        nk: 4,
+        nv: 2,
+        dk: 32,
+        dv: 64,
+        diff_pairs: true,
+    };
+    let (b, t) = (2, 150);
+    let mut seed = 12345u64;
+    let mut randn = |n: usize| -> Vec<f32> {
+        (0..n)
+            .map(|_| {
+                seed = seed
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 3.0
+            })
+            .collect()
+    };
+    let (q, k, v) = (
+        randn(b * t * s.nq * s.dk),
+        randn(b * t * s.nk * s.dk),
+        randn(b * t * s.nv * s.dv),
+    );
+    let dout = randn(b * t * s.nq * s.dv);
+    let run = |bf16: bool| {
+        assert_eq!(set_bf16(bf16), bf16);
+        let (mut o, mut lse) = (vec![0.0; dout.len()], vec![0.0; b * s.nq * t]);
+        attention_forward(&mut o, &mut lse, &q, &k, &v, b, t, t, 0, &s);
+        let (mut dq, mut dk, mut dv) = (vec![0.0; q.len()], vec![0.0; k.len()], vec![0.0; v.len()]);
+        attention_backward(
+            &mut dq, &mut dk, &mut dv, &dout, &q, &k, &v, &o, &lse, b, t, &s,
+        );
+        // the last 3 queries as a decoding step over the cached keys
+        let tail = 3;
+        let (mut o_tail, mut lse_tail) = (vec![0.0; tail * s.nq * s.dv], vec![0.0; s.nq * tail]);
+        let q_tail = &q[(t - tail) * s.nq * s.dk..t * s.nq * s.dk];
+        attention_forward(
+            &mut o_tail,
+            &mut lse_tail,
+            q_tail,
+            &k,
+            &v,
+            1,
+            tail,
+            t,
+            t - tail,
+            &s,
+        );
+        set_bf16(false);
+        [o, dq, dk, dv, o_tail]
+    };
+    let (f, h) = (run(false), run(true));
+    for (name, (f, h)) in ["o", "dq", "dk", "dv"].iter().zip(f.iter().zip(&h)) {
+        let scale = f.iter().fold(0f32, |m, x| m.max(x.abs()));
+        let err = f.iter().zip(h).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+        assert!(err > 0.0, "{name}: bf16 changed nothing");
+        assert!(
+            err < 0.01 * scale,
+            "{name}: error {err} against a scale of {scale}"
+        );
+    }
+    assert_eq!(f[4], h[4], "a 3-query decoding call left f32");
+}

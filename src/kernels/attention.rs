@@ -5,13 +5,21 @@
 //! The kinds differ only in how query heads find their key and value heads (`AttnShape`) and
 //! in how the outputs are combined afterwards (model/attention.rs).
 
-use super::small_gemm::{small_gemm, small_gemm_raw, Strided};
+use super::matmul::Mat;
+use super::small_gemm::{small_gemm, small_gemm_raw, tile_session};
 use super::{axpy, dot, exp_nonpos, max_lanes, sum_lanes, SharedMut};
 use rayon::prelude::*;
 
 /// Query rows per block and keys per tile; a tile of k and v rows stays in L1 across a block.
 const BQ: usize = 64;
 const BK: usize = 64;
+
+/// Whether a call's products run on the AMX tile unit: under `--bf16`, for calls of at least
+/// one tile of queries (training, prefill); decoding's few queries per call stay f32, where
+/// the tile unit would idle on 15 of its 16 rows.
+fn on_tiles(queries: usize) -> bool {
+    super::matmul::bf16() && queries >= 16
+}
 
 /// Head counts and widths of one attention call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -232,6 +240,7 @@ pub fn attention_forward(
     assert_eq!(lse.len(), b * nq * tq);
     assert!(k.len() >= b * tkv * nk * dk && v.len() >= b * tkv * nv * dv);
     let scale = 1.0 / (dk as f32).sqrt();
+    let bf16 = on_tiles(tq);
     let (o_ptr, lse_ptr) = (SharedMut::new(o), SharedMut::new(lse));
     let group = nq / nk;
     // One task per (sequence, key head): it runs every query head that reads that key head (a
@@ -247,96 +256,98 @@ pub fn attention_forward(
         }
         let heads = &heads[..ng];
         let vh = s.v_head(heads[0]);
-        with_scratch(dk, dv, 0, group, |sc| {
-            for q0 in (0..tq).step_by(BQ) {
-                let rows = BQ.min(tq - q0);
-                sc.m[..ng * BQ].fill(f32::NEG_INFINITY);
-                sc.l[..ng * BQ].fill(0.0);
-                sc.o_acc[..ng * BQ * dv].fill(0.0);
-                let kv_end = q_offset + q0 + rows;
-                for t0 in (0..kv_end).step_by(BK) {
-                    let len = BK.min(kv_end - t0);
-                    load_tile_t(sc.kt, k, bi * tkv + t0, len, nk, kh, dk);
-                    load_tile(sc.vt, v, bi * tkv + t0, len, nv, vh, dv);
+        tile_session(bf16, || {
+            with_scratch(dk, dv, 0, group, |sc| {
+                for q0 in (0..tq).step_by(BQ) {
+                    let rows = BQ.min(tq - q0);
+                    sc.m[..ng * BQ].fill(f32::NEG_INFINITY);
+                    sc.l[..ng * BQ].fill(0.0);
+                    sc.o_acc[..ng * BQ * dv].fill(0.0);
+                    let kv_end = q_offset + q0 + rows;
+                    for t0 in (0..kv_end).step_by(BK) {
+                        let len = BK.min(kv_end - t0);
+                        load_tile_t(sc.kt, k, bi * tkv + t0, len, nk, kh, dk);
+                        load_tile(sc.vt, v, bi * tkv + t0, len, nv, vh, dv);
+                        for (gi, &j) in heads.iter().enumerate() {
+                            let q_blk = Mat {
+                                data: &q[((bi * tq + q0) * nq + j) * dk..],
+                                rs: nq * dk,
+                                cs: 1,
+                            };
+                            small_gemm(rows, len, dk, q_blk, sc.kt, BK, sc.s, BK, false, bf16);
+                            let (m, l) = (
+                                &mut sc.m[gi * BQ..(gi + 1) * BQ],
+                                &mut sc.l[gi * BQ..(gi + 1) * BQ],
+                            );
+                            let oacc = &mut sc.o_acc[gi * BQ * dv..(gi * BQ + rows) * dv];
+                            for r in 0..rows {
+                                // The whole BK-wide row (masked past `valid`), so that the lane-wise
+                                // reductions group the same keys whatever the tile's length: a query's
+                                // result does not depend on which block or call it came in.
+                                let row = &mut sc.s[r * BK..(r + 1) * BK];
+                                // causal: query q0 + r sees keys < q_offset + q0 + r + 1
+                                let valid = (q_offset + q0 + r + 1).saturating_sub(t0).min(len);
+                                if valid == 0 {
+                                    row.fill(0.0);
+                                    continue;
+                                }
+                                // Each pass is a plain map or a lane-wise reduction, so all vectorise.
+                                for (c, x) in row.iter_mut().enumerate() {
+                                    *x = if c < valid {
+                                        *x * scale
+                                    } else {
+                                        f32::NEG_INFINITY
+                                    };
+                                }
+                                let m_new = m[r].max(max_lanes(row));
+                                let corr = exp_nonpos(m[r] - m_new);
+                                for x in row.iter_mut() {
+                                    *x = exp_nonpos(*x - m_new);
+                                }
+                                let sum = sum_lanes(row);
+                                l[r] = l[r] * corr + sum;
+                                m[r] = m_new;
+                                if corr != 1.0 {
+                                    oacc[r * dv..(r + 1) * dv]
+                                        .iter_mut()
+                                        .for_each(|x| *x *= corr);
+                                }
+                            }
+                            let p = Mat {
+                                data: sc.s,
+                                rs: BK,
+                                cs: 1,
+                            };
+                            small_gemm(rows, dv, len, p, sc.vt, dv, oacc, dv, true, bf16);
+                        }
+                    }
                     for (gi, &j) in heads.iter().enumerate() {
-                        let q_blk = Strided {
-                            data: &q[((bi * tq + q0) * nq + j) * dk..],
-                            rs: nq * dk,
-                            cs: 1,
-                        };
-                        small_gemm(rows, len, dk, q_blk, sc.kt, BK, sc.s, BK, false);
-                        let (m, l) = (
-                            &mut sc.m[gi * BQ..(gi + 1) * BQ],
-                            &mut sc.l[gi * BQ..(gi + 1) * BQ],
-                        );
-                        let oacc = &mut sc.o_acc[gi * BQ * dv..(gi * BQ + rows) * dv];
                         for r in 0..rows {
-                            // The whole BK-wide row (masked past `valid`), so that the lane-wise
-                            // reductions group the same keys whatever the tile's length: a query's
-                            // result does not depend on which block or call it came in.
-                            let row = &mut sc.s[r * BK..(r + 1) * BK];
-                            // causal: query q0 + r sees keys < q_offset + q0 + r + 1
-                            let valid = (q_offset + q0 + r + 1).saturating_sub(t0).min(len);
-                            if valid == 0 {
-                                row.fill(0.0);
-                                continue;
+                            // SAFETY: rows of head j (in o and lse) belong to this task alone.
+                            let (orow, lse_r) = unsafe {
+                                (
+                                    o_ptr.slice(((bi * tq + q0 + r) * nq + j) * dv, dv),
+                                    lse_ptr.slice((bi * nq + j) * tq + q0 + r, 1),
+                                )
+                            };
+                            let (m, l) = (sc.m[gi * BQ + r], sc.l[gi * BQ + r]);
+                            let inv = 1.0 / l;
+                            for (o, &a) in orow
+                                .iter_mut()
+                                .zip(&sc.o_acc[(gi * BQ + r) * dv..(gi * BQ + r + 1) * dv])
+                            {
+                                *o = a * inv;
                             }
-                            // Each pass is a plain map or a lane-wise reduction, so all vectorise.
-                            for (c, x) in row.iter_mut().enumerate() {
-                                *x = if c < valid {
-                                    *x * scale
-                                } else {
-                                    f32::NEG_INFINITY
-                                };
-                            }
-                            let m_new = m[r].max(max_lanes(row));
-                            let corr = exp_nonpos(m[r] - m_new);
-                            for x in row.iter_mut() {
-                                *x = exp_nonpos(*x - m_new);
-                            }
-                            let sum = sum_lanes(row);
-                            l[r] = l[r] * corr + sum;
-                            m[r] = m_new;
-                            if corr != 1.0 {
-                                oacc[r * dv..(r + 1) * dv]
-                                    .iter_mut()
-                                    .for_each(|x| *x *= corr);
-                            }
+                            lse_r[0] = m + l.ln();
                         }
-                        let p = Strided {
-                            data: sc.s,
-                            rs: BK,
-                            cs: 1,
-                        };
-                        small_gemm(rows, dv, len, p, sc.vt, dv, oacc, dv, true);
                     }
                 }
-                for (gi, &j) in heads.iter().enumerate() {
-                    for r in 0..rows {
-                        // SAFETY: rows of head j (in o and lse) belong to this task alone.
-                        let (orow, lse_r) = unsafe {
-                            (
-                                o_ptr.slice(((bi * tq + q0 + r) * nq + j) * dv, dv),
-                                lse_ptr.slice((bi * nq + j) * tq + q0 + r, 1),
-                            )
-                        };
-                        let (m, l) = (sc.m[gi * BQ + r], sc.l[gi * BQ + r]);
-                        let inv = 1.0 / l;
-                        for (o, &a) in orow
-                            .iter_mut()
-                            .zip(&sc.o_acc[(gi * BQ + r) * dv..(gi * BQ + r + 1) * dv])
-                        {
-                            *o = a * inv;
-                        }
-                        lse_r[0] = m + l.ln();
-                    }
-                }
-            }
+            })
         });
     });
 }
 
-/// Accumulates dq (B, T, NQ, DK), dk (B, T, NK, DK), dv (B, T, NV, DV) from dout (B, T, NQ, DV),
+/// Writes dq (B, T, NQ, DK), dk (B, T, NK, DK), dv (B, T, NV, DV) from dout (B, T, NQ, DV),
 /// for the training case (q_offset 0, Tkv = Tq = T). In the forward pass this was
 /// `P = exp(Q·Kᵀ·scale − lse); O = P·V`, so now `dV += Pᵀ·dO`, `dP = dO·Vᵀ`,
 /// `dS = P ∘ (dP − rowsum(dO ∘ O))·scale`, `dQ += dS·K`, `dK += dSᵀ·Q`.
@@ -374,133 +385,151 @@ pub fn attention_backward(
     assert!(q.len() == dq.len() && k.len() == dk.len() && v.len() == dv.len());
     assert!(dout.len() == b * t * nq * d_v && o.len() == dout.len());
     let scale = 1.0 / (d_k as f32).sqrt();
+    let bf16 = on_tiles(t);
     let (dq_ptr, dk_ptr, dv_ptr) = (SharedMut::new(dq), SharedMut::new(dk), SharedMut::new(dv));
     let group = nq / nv;
     // One task per (sequence, value head g): it runs every query head that reads value head g,
     // and those are the only heads that read g's key heads, so its dk and dv rows are its own.
     (0..b * nv).into_par_iter().for_each(|task| {
         let (bi, g) = (task / nv, task % nv);
-        with_scratch(d_k, d_v, t, 1, |sc| {
-            for j in g * group..(g + 1) * group {
-                let (kh, vh) = (s.k_head(j), s.v_head(j));
-                let at =
-                    |i: usize, heads: usize, h: usize, w: usize| ((bi * t + i) * heads + h) * w;
-                let lse = &lse[(bi * nq + j) * t..][..t];
-                for (i, d) in sc.delta.iter_mut().enumerate() {
-                    *d = dot(
-                        &dout[at(i, nq, j, d_v)..][..d_v],
-                        &o[at(i, nq, j, d_v)..][..d_v],
-                    );
-                }
-                for t0 in (0..t).step_by(BK) {
-                    let len = BK.min(t - t0);
-                    load_tile_t(sc.kt, k, bi * t + t0, len, nk, kh, d_k);
-                    load_tile_t(sc.vt, v, bi * t + t0, len, nv, vh, d_v);
-                    let dk_acc = &mut sc.acc_k[..len * d_k];
-                    let dv_acc = &mut sc.acc_v[..len * d_v];
-                    dk_acc.fill(0.0);
-                    dv_acc.fill(0.0);
-                    // Only queries at or after the tile's first key see it.
-                    for q0 in (t0..t).step_by(BQ) {
-                        let rows = BQ.min(t - q0);
-                        let q_blk = Strided {
-                            data: &q[at(q0, nq, j, d_k)..],
-                            rs: nq * d_k,
-                            cs: 1,
-                        };
-                        let do_blk = Strided {
-                            data: &dout[at(q0, nq, j, d_v)..],
-                            rs: nq * d_v,
-                            cs: 1,
-                        };
-                        small_gemm(rows, len, d_k, q_blk, sc.kt, BK, sc.s, BK, false);
-                        small_gemm(rows, len, d_v, do_blk, sc.vt, BK, sc.ds, BK, false);
-                        for r in 0..rows {
-                            let i = q0 + r;
-                            let valid = (i + 1 - t0).min(len);
-                            let (p, ds) = (
-                                &mut sc.s[r * BK..r * BK + len],
-                                &mut sc.ds[r * BK..r * BK + len],
-                            );
-                            let (li, di) = (lse[i], sc.delta[i]);
-                            for (pc, dsc) in p[..valid].iter_mut().zip(ds[..valid].iter_mut()) {
-                                *pc = exp_nonpos(*pc * scale - li);
-                                *dsc = *pc * (*dsc - di) * scale;
+        tile_session(bf16, || {
+            with_scratch(d_k, d_v, t, 1, |sc| {
+                for j in g * group..(g + 1) * group {
+                    let (kh, vh) = (s.k_head(j), s.v_head(j));
+                    // The first head of the group to read a key (value) head writes its gradient
+                    // rows, later ones add to them.
+                    let first_k = (g * group..j).all(|j2| s.k_head(j2) != kh);
+                    let first_v = j == g * group;
+                    let at =
+                        |i: usize, heads: usize, h: usize, w: usize| ((bi * t + i) * heads + h) * w;
+                    let lse = &lse[(bi * nq + j) * t..][..t];
+                    for (i, d) in sc.delta.iter_mut().enumerate() {
+                        *d = dot(
+                            &dout[at(i, nq, j, d_v)..][..d_v],
+                            &o[at(i, nq, j, d_v)..][..d_v],
+                        );
+                    }
+                    for t0 in (0..t).step_by(BK) {
+                        let len = BK.min(t - t0);
+                        load_tile_t(sc.kt, k, bi * t + t0, len, nk, kh, d_k);
+                        load_tile_t(sc.vt, v, bi * t + t0, len, nv, vh, d_v);
+                        let dk_acc = &mut sc.acc_k[..len * d_k];
+                        let dv_acc = &mut sc.acc_v[..len * d_v];
+                        dk_acc.fill(0.0);
+                        dv_acc.fill(0.0);
+                        // Only queries at or after the tile's first key see it.
+                        for q0 in (t0..t).step_by(BQ) {
+                            let rows = BQ.min(t - q0);
+                            let q_blk = Mat {
+                                data: &q[at(q0, nq, j, d_k)..],
+                                rs: nq * d_k,
+                                cs: 1,
+                            };
+                            let do_blk = Mat {
+                                data: &dout[at(q0, nq, j, d_v)..],
+                                rs: nq * d_v,
+                                cs: 1,
+                            };
+                            small_gemm(rows, len, d_k, q_blk, sc.kt, BK, sc.s, BK, false, bf16);
+                            small_gemm(rows, len, d_v, do_blk, sc.vt, BK, sc.ds, BK, false, bf16);
+                            for r in 0..rows {
+                                let i = q0 + r;
+                                let valid = (i + 1 - t0).min(len);
+                                let (p, ds) = (
+                                    &mut sc.s[r * BK..r * BK + len],
+                                    &mut sc.ds[r * BK..r * BK + len],
+                                );
+                                let (li, di) = (lse[i], sc.delta[i]);
+                                for (pc, dsc) in p[..valid].iter_mut().zip(ds[..valid].iter_mut()) {
+                                    *pc = exp_nonpos(*pc * scale - li);
+                                    *dsc = *pc * (*dsc - di) * scale;
+                                }
+                                p[valid..].fill(0.0);
+                                ds[valid..].fill(0.0);
                             }
-                            p[valid..].fill(0.0);
-                            ds[valid..].fill(0.0);
-                        }
-                        let p_t = Strided {
-                            data: sc.s,
-                            rs: 1,
-                            cs: BK,
-                        };
-                        let ds_t = Strided {
-                            data: sc.ds,
-                            rs: 1,
-                            cs: BK,
-                        };
-                        let ds_rows = Strided {
-                            data: sc.ds,
-                            rs: BK,
-                            cs: 1,
-                        };
-                        small_gemm(
-                            len,
-                            d_v,
-                            rows,
-                            p_t,
-                            &dout[at(q0, nq, j, d_v)..],
-                            nq * d_v,
-                            dv_acc,
-                            d_v,
-                            true,
-                        );
-                        small_gemm(
-                            len,
-                            d_k,
-                            rows,
-                            ds_t,
-                            &q[at(q0, nq, j, d_k)..],
-                            nq * d_k,
-                            dk_acc,
-                            d_k,
-                            true,
-                        );
-                        // SAFETY: query head j's rows of dq are written by this task only.
-                        unsafe {
-                            let dq_blk =
-                                dq_ptr.ptr(at(q0, nq, j, d_k), (rows - 1) * nq * d_k + d_k);
-                            small_gemm_raw(
-                                rows,
-                                d_k,
+                            let p_t = Mat {
+                                data: sc.s,
+                                rs: 1,
+                                cs: BK,
+                            };
+                            let ds_t = Mat {
+                                data: sc.ds,
+                                rs: 1,
+                                cs: BK,
+                            };
+                            let ds_rows = Mat {
+                                data: sc.ds,
+                                rs: BK,
+                                cs: 1,
+                            };
+                            small_gemm(
                                 len,
-                                ds_rows,
-                                &k[at(t0, nk, kh, d_k)..],
-                                nk * d_k,
-                                dq_blk,
-                                nq * d_k,
+                                d_v,
+                                rows,
+                                p_t,
+                                &dout[at(q0, nq, j, d_v)..],
+                                nq * d_v,
+                                dv_acc,
+                                d_v,
                                 true,
+                                bf16,
                             );
+                            small_gemm(
+                                len,
+                                d_k,
+                                rows,
+                                ds_t,
+                                &q[at(q0, nq, j, d_k)..],
+                                nq * d_k,
+                                dk_acc,
+                                d_k,
+                                true,
+                                bf16,
+                            );
+                            // SAFETY: query head j's rows of dq are written by this task only.
+                            unsafe {
+                                let dq_blk =
+                                    dq_ptr.ptr(at(q0, nq, j, d_k), (rows - 1) * nq * d_k + d_k);
+                                small_gemm_raw(
+                                    rows,
+                                    d_k,
+                                    len,
+                                    ds_rows,
+                                    &k[at(t0, nk, kh, d_k)..],
+                                    nk * d_k,
+                                    dq_blk,
+                                    nq * d_k,
+                                    // every query block meets the first key tile
+                                    t0 > 0,
+                                    bf16,
+                                );
+                            }
                         }
-                    }
-                    for c in 0..len {
-                        // SAFETY: key head kh and value head vh belong to this task's group.
-                        unsafe {
-                            axpy(
-                                dk_ptr.slice(at(t0 + c, nk, kh, d_k), d_k),
-                                1.0,
-                                &dk_acc[c * d_k..][..d_k],
-                            );
-                            axpy(
-                                dv_ptr.slice(at(t0 + c, nv, vh, d_v), d_v),
-                                1.0,
-                                &dv_acc[c * d_v..][..d_v],
-                            );
+                        let put = |dst: &mut [f32], src: &[f32], first: bool| {
+                            if first {
+                                dst.copy_from_slice(src);
+                            } else {
+                                axpy(dst, 1.0, src);
+                            }
+                        };
+                        for c in 0..len {
+                            // SAFETY: key head kh and value head vh belong to this task's group.
+                            unsafe {
+                                put(
+                                    dk_ptr.slice(at(t0 + c, nk, kh, d_k), d_k),
+                                    &dk_acc[c * d_k..][..d_k],
+                                    first_k,
+                                );
+                                put(
+                                    dv_ptr.slice(at(t0 + c, nv, vh, d_v), d_v),
+                                    &dv_acc[c * d_v..][..d_v],
+                                    first_v,
+                                );
+                            }
                         }
                     }
                 }
-            }
+            })
         });
     });
 }
@@ -608,8 +637,9 @@ mod tests {
                 (o, lse)
             };
             let (o, lse) = fwd(&q, &k, &v);
+            // stale values in the buffers must be overwritten, not added to
             let (mut dq, mut dk, mut dv) =
-                (vec![0.0; q.len()], vec![0.0; k.len()], vec![0.0; v.len()]);
+                (vec![5.0; q.len()], vec![-2.0; k.len()], vec![3.0; v.len()]);
             attention_backward(
                 &mut dq, &mut dk, &mut dv, &r, &q, &k, &v, &o, &lse, b, t, &s,
             );

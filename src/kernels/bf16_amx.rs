@@ -8,7 +8,7 @@
 //! block of C in four tile registers over the whole depth.
 
 use super::matmul::Mat;
-use super::{lane_mask, transpose16, with_thread_buffer};
+use super::{lane_mask, transpose16, with_thread_buffer, SharedMut};
 use rayon::prelude::*;
 use std::arch::asm;
 use std::arch::x86_64::*;
@@ -33,6 +33,34 @@ thread_local! {
     /// Packed A and B of the call made from this thread.
     static PACK_A: Cell<Vec<u16>> = const { Cell::new(Vec::new()) };
     static PACK_B: Cell<Vec<u16>> = const { Cell::new(Vec::new()) };
+}
+
+thread_local! {
+    /// Whether this thread is inside `with_tiles`, which configured the tiles already.
+    static TILES_ON: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs f with the tile unit configured once for every product f makes on this thread (the
+/// attention kernel's many small ones), instead of once per product.
+pub fn with_tiles<R>(f: impl FnOnce() -> R) -> R {
+    assert!(available(), "with_tiles: no AMX");
+    if TILES_ON.get() {
+        return f();
+    }
+    // SAFETY: AMX is available and this thread's tile-data permission was requested.
+    unsafe { asm!("ldtilecfg [{}]", in(reg) &CONFIG as *const TileConfig) };
+    TILES_ON.set(true);
+    // Released even if f panics, so that the next product configures afresh.
+    struct Release;
+    impl Drop for Release {
+        fn drop(&mut self) {
+            TILES_ON.set(false);
+            // SAFETY: the tiles were configured above.
+            unsafe { asm!("tilerelease") };
+        }
+    }
+    let _release = Release;
+    f()
 }
 
 /// Whether this CPU and kernel run AMX bf16 tiles; the first call asks Linux for the
@@ -337,6 +365,39 @@ pub fn gemm(
     b: Mat,
     threads: usize,
 ) {
+    // SAFETY: dst is exclusively borrowed here.
+    unsafe {
+        gemm_shared(
+            m,
+            n,
+            k,
+            SharedMut::new(dst),
+            dst_rs,
+            accumulate,
+            a,
+            b,
+            threads,
+        )
+    }
+}
+
+/// `gemm` into a destination whose rows interleave with data other threads own (one head of a
+/// (T, NH, d) tensor, in the attention kernel).
+///
+/// # Safety
+/// No other thread may access rows 0..m (dst_rs apart) of n columns of dst meanwhile.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn gemm_shared(
+    m: usize,
+    n: usize,
+    k: usize,
+    dst: SharedMut,
+    dst_rs: usize,
+    accumulate: bool,
+    a: Mat,
+    b: Mat,
+    threads: usize,
+) {
     let bt = Mat {
         data: b.data,
         rs: b.cs,
@@ -344,7 +405,7 @@ pub fn gemm(
     };
     with_thread_buffer(&PACK_B, |pb| {
         pack(pb, bt, n, k, true, threads);
-        gemm_packed(m, n, k, dst, dst_rs, accumulate, a, pb, threads);
+        products(m, n, k, dst, dst_rs, accumulate, a, pb, threads);
     });
 }
 
@@ -425,12 +486,43 @@ pub fn gemm_packed(
     pb: &[u16],
     threads: usize,
 ) {
+    // SAFETY: dst is exclusively borrowed here.
+    unsafe {
+        products(
+            m,
+            n,
+            k,
+            SharedMut::new(dst),
+            dst_rs,
+            accumulate,
+            a,
+            pb,
+            threads,
+        )
+    }
+}
+
+/// Packs A and multiplies it by the packed B, 32 × 32 blocks of dst at a time.
+///
+/// # Safety
+/// As for `gemm_shared`.
+#[allow(clippy::too_many_arguments)]
+unsafe fn products(
+    m: usize,
+    n: usize,
+    k: usize,
+    dst_ptr: SharedMut,
+    dst_rs: usize,
+    accumulate: bool,
+    a: Mat,
+    pb: &[u16],
+    threads: usize,
+) {
     assert!(
         pb.len() >= packed_len(n, k),
         "gemm_packed: packed B too small"
     );
     let kts = k.div_ceil(TK);
-    let dst_ptr = super::SharedMut::new(dst);
     with_thread_buffer(&PACK_A, |pa| {
         pack(pa, a, m, k, false, threads);
         let pa = &*pa;
@@ -443,7 +535,10 @@ pub fn gemm_packed(
             // each task writes only its own rows i0..i0+32 of dst, which the caller
             // bounds-checked.
             unsafe {
-                asm!("ldtilecfg [{}]", in(reg) &CONFIG as *const TileConfig);
+                let own = !TILES_ON.get();
+                if own {
+                    asm!("ldtilecfg [{}]", in(reg) &CONFIG as *const TileConfig);
+                }
                 for kc in (0..kts).step_by(KC_TILES) {
                     let kn = KC_TILES.min(kts - kc);
                     for bj in 0..n.div_ceil(BLOCK) {
@@ -463,7 +558,9 @@ pub fn gemm_packed(
                         );
                     }
                 }
-                asm!("tilerelease");
+                if own {
+                    asm!("tilerelease");
+                }
             }
         };
         let blocks = m.div_ceil(BLOCK);

@@ -389,11 +389,17 @@ pub(crate) fn gemv_blocks16(
     }
 }
 
-/// Accumulates dinp (N, C) += dout · w and dw (OC, C) += doutᵀ · inp.
-/// `dinp` is `None` where the input needs no gradient (the first layer's tokens, say).
+/// How a backward writes an input gradient: `Set` overwrites the buffer (its first
+/// contribution, which spares zero-filling it first), `Add` adds to what is there.
+pub enum Grad<'a> {
+    Set(&'a mut [f32]),
+    Add(&'a mut [f32]),
+}
+
+/// dinp (N, C) = (or +=) dout · w, and accumulates dw (OC, C) += doutᵀ · inp.
 #[allow(clippy::too_many_arguments)]
 pub fn matmul_backward(
-    dinp: Option<&mut [f32]>,
+    dinp: Grad,
     dw: &mut [f32],
     dout: &[f32],
     inp: &[f32],
@@ -402,18 +408,20 @@ pub fn matmul_backward(
     c: usize,
     oc: usize,
 ) {
-    if let Some(dinp) = dinp {
-        sgemm(
-            n,
-            c,
-            oc,
-            dinp,
-            c,
-            true,
-            Mat::rows(dout, oc),
-            Mat::rows(w, c),
-        );
-    }
+    let (dinp, accumulate) = match dinp {
+        Grad::Set(d) => (d, false),
+        Grad::Add(d) => (d, true),
+    };
+    sgemm(
+        n,
+        c,
+        oc,
+        dinp,
+        c,
+        accumulate,
+        Mat::rows(dout, oc),
+        Mat::rows(w, c),
+    );
     sgemm(oc, c, n, dw, c, true, Mat::t(dout, oc), Mat::rows(inp, c));
 }
 

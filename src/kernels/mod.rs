@@ -265,8 +265,14 @@ impl SharedMut {
             len: s.len(),
         }
     }
+    /// The `len` elements at `ptr`.
+    ///
     /// # Safety
-    /// No two live slices obtained from this pointer may overlap.
+    /// They must stay valid while this is used, and no one else may touch the parts written
+    /// through it.
+    pub unsafe fn from_raw(ptr: *mut f32, len: usize) -> Self {
+        SharedMut { ptr, len }
+    }
     /// A raw pointer to element `off`, checked to have `len` elements behind it.
     ///
     /// # Safety
@@ -279,6 +285,10 @@ impl SharedMut {
         );
         self.ptr.add(off)
     }
+    /// Elements off..off + len, checked to lie inside the buffer.
+    ///
+    /// # Safety
+    /// No two live slices obtained from this pointer may overlap.
     #[allow(clippy::mut_from_ref)]
     pub unsafe fn slice(&self, off: usize, len: usize) -> &mut [f32] {
         assert!(

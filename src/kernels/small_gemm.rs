@@ -1,35 +1,43 @@
 //! C (m × n) (+)= A (m × k) · B (k × n) for the small, cache-resident operands inside the
-//! attention kernel (a query block against a key tile). Nothing is packed: A is read through
-//! strides (so Aᵀ costs nothing), B and C by rows. AVX-512 register tiles of MR rows × 32
-//! columns where the CPU has it, plain loops elsewhere.
+//! attention kernel (a query block against a key tile). In f32 nothing is packed: A is read
+//! through strides (so Aᵀ costs nothing), B and C by rows, in AVX-512 register tiles of MR
+//! rows × 32 columns where the CPU has it, plain loops elsewhere. Under `--bf16` both
+//! operands are rounded to bf16 and multiplied on the AMX tile unit, like the linear layers.
 
-/// A strided operand: element (r, p) at `data[r * rs + p * cs]`.
-#[derive(Clone, Copy)]
-pub struct Strided<'a> {
-    pub data: &'a [f32],
-    pub rs: usize,
-    pub cs: usize,
+use super::matmul::Mat;
+use super::SharedMut;
+
+/// Runs f, under `bf16` with the tile unit configured once for all of f's products.
+pub fn tile_session<R>(bf16: bool, f: impl FnOnce() -> R) -> R {
+    #[cfg(target_arch = "x86_64")]
+    if bf16 {
+        return super::bf16_amx::with_tiles(f);
+    }
+    let _ = bf16;
+    f()
 }
 
 /// C rows start `c_rs` apart and B rows `b_rs` apart; both have `n` contiguous columns.
+/// `bf16`: on the AMX tile unit (the caller checked `bf16_amx::available()`).
 #[allow(clippy::too_many_arguments)]
 pub fn small_gemm(
     m: usize,
     n: usize,
     k: usize,
-    a: Strided,
+    a: Mat,
     b: &[f32],
     b_rs: usize,
     c: &mut [f32],
     c_rs: usize,
     accumulate: bool,
+    bf16: bool,
 ) {
     if m == 0 || n == 0 {
         return;
     }
     assert!(c.len() >= (m - 1) * c_rs + n, "small_gemm: C too small");
     // SAFETY: `c` covers every row and column written.
-    unsafe { small_gemm_raw(m, n, k, a, b, b_rs, c.as_mut_ptr(), c_rs, accumulate) }
+    unsafe { small_gemm_raw(m, n, k, a, b, b_rs, c.as_mut_ptr(), c_rs, accumulate, bf16) }
 }
 
 /// `small_gemm` into C through a raw pointer, for a C whose rows interleave with data that
@@ -43,12 +51,13 @@ pub unsafe fn small_gemm_raw(
     m: usize,
     n: usize,
     k: usize,
-    a: Strided,
+    a: Mat,
     b: &[f32],
     b_rs: usize,
     c: *mut f32,
     c_rs: usize,
     accumulate: bool,
+    bf16: bool,
 ) {
     if m == 0 || n == 0 {
         return;
@@ -61,6 +70,18 @@ pub unsafe fn small_gemm_raw(
         k == 0 || b.len() >= (k - 1) * b_rs + n,
         "small_gemm: B too small"
     );
+    #[cfg(target_arch = "x86_64")]
+    if bf16 {
+        let b = Mat {
+            data: b,
+            rs: b_rs,
+            cs: 1,
+        };
+        let c = SharedMut::from_raw(c, (m - 1) * c_rs + n);
+        // SAFETY: the caller vouches for C and for AMX.
+        super::bf16_amx::gemm_shared(m, n, k, c, c_rs, accumulate, a, b, 1);
+        return;
+    }
     #[cfg(target_arch = "x86_64")]
     if super::sgemm_avx512::available() {
         // SAFETY: AVX-512F is present; the asserts bound A and B, the caller vouches for C.
@@ -83,7 +104,7 @@ pub unsafe fn small_gemm_raw(
 
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
-    use super::Strided;
+    use super::Mat;
     use std::arch::x86_64::*;
 
     /// Register tiles: 6 rows × 64 columns (24 accumulators) while 64 columns remain, then
@@ -102,7 +123,7 @@ mod avx512 {
         m: usize,
         n: usize,
         k: usize,
-        a: Strided,
+        a: Mat,
         b: &[f32],
         b_rs: usize,
         c: *mut f32,
@@ -206,45 +227,56 @@ mod avx512 {
 mod tests {
     use super::*;
 
+    /// Under bf16 the reference multiplies the operands rounded to bf16, whose products are
+    /// exact in f32: only the order of the additions differs.
     #[test]
     fn small_gemm_matches_loops_with_strides_and_ragged_edges() {
-        for (m, n, k) in [
-            (1, 1, 1),
-            (8, 32, 5),
-            (13, 70, 33),
-            (64, 64, 32),
-            (3, 17, 0),
-            (32, 130, 40),
-            (7, 64, 3),
-        ] {
-            let a: Vec<f32> = (0..m * k * 2)
-                .map(|i| ((i * 13 % 29) as f32 - 14.0) / 7.0)
-                .collect();
-            let b: Vec<f32> = (0..k * (n + 5))
-                .map(|i| ((i * 7 % 31) as f32 - 15.0) / 9.0)
-                .collect();
-            // A stored transposed with a gap: element (r, p) at p * 2m + r
-            let at = Strided {
-                data: &a,
-                rs: 1,
-                cs: 2 * m,
-            };
-            let mut c = vec![1.0f32; m * (n + 2)];
-            small_gemm(m, n, k, at, &b, n + 5, &mut c, n + 2, true);
-            for r in 0..m {
-                for j in 0..n + 2 {
-                    let want: f32 = if j < n {
-                        1.0 + (0..k)
-                            .map(|p| a[p * 2 * m + r] * b[p * (n + 5) + j])
-                            .sum::<f32>()
-                    } else {
-                        1.0
-                    };
-                    let got = c[r * (n + 2) + j];
-                    assert!(
-                        (got - want).abs() < 1e-4 * (1.0 + want.abs()),
-                        "{m}x{n}x{k} ({r},{j}): {got} vs {want}"
-                    );
+        let round = |x: f32| half::bf16::from_f32(x).to_f32();
+        for bf16 in [false, true] {
+            if bf16 && !crate::kernels::matmul::bf16_available() {
+                eprintln!("skipped bf16: this CPU or kernel has no AMX bf16");
+                continue;
+            }
+            let r = |x: f32| if bf16 { round(x) } else { x };
+            for (m, n, k) in [
+                (1, 1, 1),
+                (8, 32, 5),
+                (13, 70, 33),
+                (64, 64, 32),
+                (3, 17, 0),
+                (32, 130, 40),
+                (7, 64, 3),
+                (50, 64, 64),
+            ] {
+                let a: Vec<f32> = (0..m * k * 2)
+                    .map(|i| ((i * 13 % 29) as f32 - 14.0) / 7.0)
+                    .collect();
+                let b: Vec<f32> = (0..k * (n + 5))
+                    .map(|i| ((i * 7 % 31) as f32 - 15.0) / 9.0)
+                    .collect();
+                // A stored transposed with a gap: element (r, p) at p * 2m + r
+                let at = Mat {
+                    data: &a,
+                    rs: 1,
+                    cs: 2 * m,
+                };
+                let mut c = vec![1.0f32; m * (n + 2)];
+                small_gemm(m, n, k, at, &b, n + 5, &mut c, n + 2, true, bf16);
+                for row in 0..m {
+                    for j in 0..n + 2 {
+                        let want: f32 = if j < n {
+                            1.0 + (0..k)
+                                .map(|p| r(a[p * 2 * m + row]) * r(b[p * (n + 5) + j]))
+                                .sum::<f32>()
+                        } else {
+                            1.0
+                        };
+                        let got = c[row * (n + 2) + j];
+                        assert!(
+                            (got - want).abs() < 1e-4 * (1.0 + want.abs()),
+                            "bf16 {bf16} {m}x{n}x{k} ({row},{j}): {got} vs {want}"
+                        );
+                    }
                 }
             }
         }

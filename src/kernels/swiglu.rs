@@ -17,8 +17,8 @@ pub fn swiglu_forward(h: &mut [f32], gate: &[f32], up: &[f32]) {
         });
 }
 
-/// Accumulates dgate and dup. In the forward `h = g·σ(g)·u`, so
-/// dup += dh·g·σ(g) and dgate += dh·u·σ(g)·(1 + g·(1 − σ(g))).
+/// Writes dgate and dup (their only contribution). In the forward `h = g·σ(g)·u`, so
+/// dup = dh·g·σ(g) and dgate = dh·u·σ(g)·(1 + g·(1 − σ(g))).
 pub fn swiglu_backward(dgate: &mut [f32], dup: &mut [f32], dh: &[f32], gate: &[f32], up: &[f32]) {
     dgate
         .par_chunks_mut(CHUNK)
@@ -29,8 +29,8 @@ pub fn swiglu_backward(dgate: &mut [f32], dup: &mut [f32], dh: &[f32], gate: &[f
         .for_each(|((((dg, du), dh), g), u)| {
             for ((((dg, du), &dh), &g), &u) in dg.iter_mut().zip(du).zip(dh).zip(g).zip(u) {
                 let s = sigmoid(g);
-                *du += dh * g * s;
-                *dg += dh * u * s * (1.0 + g * (1.0 - s));
+                *du = dh * g * s;
+                *dg = dh * u * s * (1.0 + g * (1.0 - s));
             }
         });
 }
@@ -49,7 +49,8 @@ mod tests {
             swiglu_forward(&mut h, g, u);
             dot64(&h, &r)
         };
-        let (mut dg, mut du) = (vec![0.0; n], vec![0.0; n]);
+        // stale values in the buffers must be overwritten, not added to
+        let (mut dg, mut du) = (vec![7.0; n], vec![-3.0; n]);
         swiglu_backward(&mut dg, &mut du, &r, &g, &u);
         check_grad("swiglu dgate", &g, &dg, |g| f(g, &u));
         check_grad("swiglu dup", &u, &du, |u| f(&g, u));

@@ -11,7 +11,7 @@ use super::kv_cache::KvCache;
 use super::params::LayerParams;
 use crate::config::{lambda_init_at, AttentionKind, ModelConfig};
 use crate::kernels::attention::{attention_backward, attention_forward, AttnShape};
-use crate::kernels::matmul::{matmul_backward, matmul_forward};
+use crate::kernels::matmul::{matmul_backward, matmul_forward, Grad};
 use crate::kernels::rmsnorm::{rmsnorm_backward, rmsnorm_forward};
 use crate::kernels::rope::{rope_backward, rope_forward, RopeTable};
 use crate::kernels::sigmoid;
@@ -345,9 +345,9 @@ pub fn block_backward(
     let s = &d.shape;
     let (ln1, ln2) = (&a.ln1[..n * c], &a.ln2[..n * c]);
     // MLP: x_out = x_mid + down(hid)
-    let dhid = zeroed(&mut sc.dhid, n * d.f);
+    let dhid = &mut sc.dhid[..n * d.f];
     matmul_backward(
-        Some(dhid),
+        Grad::Set(dhid),
         &mut g[p.down_proj.clone()],
         dx,
         &a.hid[..n * d.f],
@@ -356,7 +356,7 @@ pub fn block_backward(
         d.f,
         c,
     );
-    let (dgate, dup) = (zeroed(&mut sc.dgate, n * d.f), zeroed(&mut sc.dup, n * d.f));
+    let (dgate, dup) = (&mut sc.dgate[..n * d.f], &mut sc.dup[..n * d.f]);
     swiglu_backward(
         dgate,
         dup,
@@ -364,9 +364,9 @@ pub fn block_backward(
         &a.gate[..n * d.f],
         &a.up[..n * d.f],
     );
-    let dln = zeroed(&mut sc.dln, n * c);
+    let dln = &mut sc.dln[..n * c];
     matmul_backward(
-        Some(dln),
+        Grad::Set(dln),
         &mut g[p.gate_proj.clone()],
         dgate,
         ln2,
@@ -376,7 +376,7 @@ pub fn block_backward(
         d.f,
     );
     matmul_backward(
-        Some(dln),
+        Grad::Add(dln),
         &mut g[p.up_proj.clone()],
         dup,
         ln2,
@@ -396,9 +396,9 @@ pub fn block_backward(
         c,
     );
     // attention: x_mid = x_in + o_proj(attn_out)
-    let dattn = zeroed(&mut sc.dattn, n * d.out);
+    let dattn = &mut sc.dattn[..n * d.out];
     matmul_backward(
-        Some(dattn),
+        Grad::Set(dattn),
         &mut g[p.o_proj.clone()],
         dx,
         a.attn_out(n, d),
@@ -407,7 +407,7 @@ pub fn block_backward(
         d.out,
         c,
     );
-    let dln = zeroed(&mut sc.dln, n * c);
+    let dln = &mut sc.dln[..n * c];
     let o = &a.o[..n * d.o_width()];
     let d_o: &[f32] = match d.kind {
         AttentionKind::Standard => dattn,
@@ -470,14 +470,23 @@ pub fn block_backward(
                 .lambda_proj
                 .clone()
                 .expect("diff_v2 layer has lambda_proj");
-            matmul_backward(Some(dln), &mut g[lp.clone()], dlam, ln1, &w[lp], n, c, d.h);
+            matmul_backward(
+                Grad::Set(dln),
+                &mut g[lp.clone()],
+                dlam,
+                ln1,
+                &w[lp],
+                n,
+                c,
+                d.h,
+            );
             &sc.d_o[..n * d.o_width()]
         }
     };
     let (dq, dk, dv) = (
-        zeroed(&mut sc.dq, n * d.q_width()),
-        zeroed(&mut sc.dk, n * d.k_width()),
-        zeroed(&mut sc.dv, n * d.v_width()),
+        &mut sc.dq[..n * d.q_width()],
+        &mut sc.dk[..n * d.k_width()],
+        &mut sc.dv[..n * d.v_width()],
     );
     let (q, k, v) = (
         &a.q[..n * d.q_width()],
@@ -487,8 +496,14 @@ pub fn block_backward(
     attention_backward(dq, dk, dv, d_o, q, k, v, o, &a.lse[..b * s.nq * t], b, t, s);
     rope_backward(dq, rope, t, s.nq, &[0]);
     rope_backward(dk, rope, t, s.nk, &[0]);
+    // diff_v2's λ projection made the first contribution to dln
+    let dln_q = if d.kind == AttentionKind::DiffV2 {
+        Grad::Add(dln)
+    } else {
+        Grad::Set(dln)
+    };
     matmul_backward(
-        Some(dln),
+        dln_q,
         &mut g[p.q_proj.clone()],
         dq,
         ln1,
@@ -498,7 +513,7 @@ pub fn block_backward(
         d.q_width(),
     );
     matmul_backward(
-        Some(dln),
+        Grad::Add(dln),
         &mut g[p.k_proj.clone()],
         dk,
         ln1,
@@ -508,7 +523,7 @@ pub fn block_backward(
         d.k_width(),
     );
     matmul_backward(
-        Some(dln),
+        Grad::Add(dln),
         &mut g[p.v_proj.clone()],
         dv,
         ln1,

@@ -16,7 +16,7 @@ use crate::kernels::cross_entropy::{
     counted, cross_entropy_backward, cross_entropy_forward, mean_loss, IGNORE,
 };
 use crate::kernels::embedding::{embedding_backward, embedding_forward};
-use crate::kernels::matmul::{matmul_backward, matmul_forward};
+use crate::kernels::matmul::{matmul_backward, matmul_forward, Grad};
 use crate::kernels::rmsnorm::{rmsnorm_backward, rmsnorm_forward};
 use crate::kernels::rope::RopeTable;
 use rand::{Rng, SeedableRng};
@@ -337,10 +337,9 @@ impl Model {
             1.0 / counted(&ws.targets[..n]) as f32,
         );
         let dlnf = &mut ws.dlnf[..n * dm];
-        dlnf.fill(0.0);
         let lm = self.layout.lm_head_range();
         matmul_backward(
-            Some(dlnf),
+            Grad::Set(dlnf),
             &mut grads[lm.clone()],
             dlogits,
             &ws.lnf[..n * dm],
