@@ -55,7 +55,13 @@ fn pack_b_panel(panel: &mut [f32], jp: usize, b: &Mat, p0: usize, kc: usize, n: 
     {
         let j0 = jp * NR;
         let w = NR.min(n - j0);
-        if b.cs == 1 {
+        if b.cs == 1 && w == NR {
+            // A fixed-size row copies inline (a variable one calls memmove per row).
+            for (p, dst) in panel.chunks_exact_mut(NR).enumerate() {
+                let src: &[f32; NR] = b.data[(p0 + p) * b.rs + j0..][..NR].try_into().unwrap();
+                dst.copy_from_slice(src);
+            }
+        } else if b.cs == 1 {
             for p in 0..kc {
                 let src = &b.data[(p0 + p) * b.rs + j0..][..w];
                 let dst = &mut panel[p * NR..(p + 1) * NR];
@@ -91,7 +97,12 @@ fn pack_a(ap: &mut [f32], a: &Mat, i0: usize, mc: usize, p0: usize, kc: usize) {
     for (ip, panel) in ap.chunks_mut(kc * MR).enumerate() {
         let r0 = i0 + ip * MR;
         let h = MR.min(i0 + mc - r0);
-        if a.rs == 1 {
+        if a.rs == 1 && h == MR {
+            for (p, dst) in panel.chunks_exact_mut(MR).enumerate() {
+                let src: &[f32; MR] = a.data[(p0 + p) * a.cs + r0..][..MR].try_into().unwrap();
+                dst.copy_from_slice(src);
+            }
+        } else if a.rs == 1 {
             for p in 0..kc {
                 let src = &a.data[(p0 + p) * a.cs + r0..][..h];
                 let dst = &mut panel[p * MR..(p + 1) * MR];
