@@ -330,7 +330,7 @@ pub struct AttentionBench {
 /// Times one layer's causal attention kernel (forward, then backward) on random inputs of the
 /// preset's head layout, median of `reps`.
 pub fn bench_attention(config: &ModelConfig, batch: usize, reps: usize) -> AttentionBench {
-    use crate::kernels::attention::{attention_backward, attention_forward};
+    use crate::kernels::attention::{attention_backward, attention_delta, attention_forward};
     let s = crate::model::attention::shape(config);
     let t = config.max_position_embeddings;
     let mut rng = ChaCha8Rng::seed_from_u64(3);
@@ -342,6 +342,7 @@ pub fn bench_attention(config: &ModelConfig, batch: usize, reps: usize) -> Atten
     );
     let dout = rand(batch * t * s.nq * s.dv);
     let (mut o, mut lse) = (vec![0.0; dout.len()], vec![0.0; batch * s.nq * t]);
+    let mut delta = vec![0.0; batch * t * s.nq];
     let (mut dq, mut dk, mut dv) = (vec![0.0; q.len()], vec![0.0; k.len()], vec![0.0; v.len()]);
     let (mut tf, mut tb) = (Vec::new(), Vec::new());
     crate::kernels::on_pool(|| {
@@ -349,8 +350,9 @@ pub fn bench_attention(config: &ModelConfig, batch: usize, reps: usize) -> Atten
             let t0 = Instant::now();
             attention_forward(&mut o, &mut lse, &q, &k, &v, batch, t, t, 0, &s);
             let t1 = Instant::now();
+            attention_delta(&mut delta, &dout, &o, s.nq, s.dv);
             attention_backward(
-                &mut dq, &mut dk, &mut dv, &dout, &q, &k, &v, &o, &lse, batch, t, &s,
+                &mut dq, &mut dk, &mut dv, &dout, &q, &k, &v, &delta, &lse, batch, t, &s,
             );
             if rep > 0 {
                 tf.push((t1 - t0).as_secs_f64());

@@ -238,7 +238,9 @@ fn prefill_with_prepacked_tiles_equals_packing_per_product() {
 /// decoding call of a few queries keeps the f32 products, bit for bit.
 #[test]
 fn bf16_attention_moves_outputs_and_gradients_by_rounding_only() {
-    use difftx::kernels::attention::{attention_backward, attention_forward, AttnShape};
+    use difftx::kernels::attention::{
+        attention_backward, attention_delta, attention_forward, AttnShape,
+    };
     use difftx::kernels::matmul::set_bf16;
     if skip_without_amx() {
         return;
@@ -276,8 +278,10 @@ fn bf16_attention_moves_outputs_and_gradients_by_rounding_only() {
         let (mut o, mut lse) = (vec![0.0; dout.len()], vec![0.0; b * s.nq * t]);
         attention_forward(&mut o, &mut lse, &q, &k, &v, b, t, t, 0, &s);
         let (mut dq, mut dk, mut dv) = (vec![0.0; q.len()], vec![0.0; k.len()], vec![0.0; v.len()]);
+        let mut delta = vec![0.0; b * t * s.nq];
+        attention_delta(&mut delta, &dout, &o, s.nq, s.dv);
         attention_backward(
-            &mut dq, &mut dk, &mut dv, &dout, &q, &k, &v, &o, &lse, b, t, &s,
+            &mut dq, &mut dk, &mut dv, &dout, &q, &k, &v, &delta, &lse, b, t, &s,
         );
         // the last 3 queries as a decoding step over the cached keys
         let tail = 3;

@@ -139,7 +139,7 @@ fn load_tile(
 }
 
 /// One thread's buffers, carved out of a thread-local allocation that is sized on first use
-/// for heads up to 256 wide and sequences up to 8192 (larger ones grow it once).
+/// for heads up to 256 wide (wider ones grow it once).
 struct Scratch<'a> {
     /// Kᵀ and Vᵀ of the current key tile, (d, BK)
     kt: &'a mut [f32],
@@ -155,32 +155,23 @@ struct Scratch<'a> {
     o_acc: &'a mut [f32],
     m: &'a mut [f32],
     l: &'a mut [f32],
-    /// backward: do_i · o_i per query row
-    delta: &'a mut [f32],
 }
 
 thread_local! {
     static SCRATCH: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
-/// Sizes this thread's scratch for heads of widths dk, dv over t tokens (see
-/// `kernels::prepare_threads`).
-pub(crate) fn reserve_scratch(dk: usize, dv: usize, t: usize, group: usize) {
-    with_scratch(dk, dv, t, group, |_| ());
+/// Sizes this thread's scratch for heads of widths dk, dv (see `kernels::prepare_threads`).
+pub(crate) fn reserve_scratch(dk: usize, dv: usize, group: usize) {
+    with_scratch(dk, dv, group, |_| ());
 }
 
 /// `group`: how many query heads share one key head (their outputs are built side by side).
-fn with_scratch<R>(
-    dk: usize,
-    dv: usize,
-    t: usize,
-    group: usize,
-    f: impl FnOnce(Scratch) -> R,
-) -> R {
+fn with_scratch<R>(dk: usize, dv: usize, group: usize, f: impl FnOnce(Scratch) -> R) -> R {
     super::with_thread_buffer(&SCRATCH, |buf| {
         let w = dk.max(dv).max(256);
         let g = group.max(8);
-        let need = 4 * w * BK + 2 * BQ * BK + g * BQ * (w + 2) + t.max(8192);
+        let need = 4 * w * BK + 2 * BQ * BK + g * BQ * (w + 2);
         if buf.len() < need {
             buf.resize(need, 0.0);
         }
@@ -192,7 +183,7 @@ fn with_scratch<R>(
         let (acc_v, rest) = rest.split_at_mut(BK.max(BQ) * dv);
         let (o_acc, rest) = rest.split_at_mut(group * BQ * dv);
         let (m, rest) = rest.split_at_mut(group * BQ);
-        let (l, rest) = rest.split_at_mut(group * BQ);
+        let l = &mut rest[..group * BQ];
         f(Scratch {
             kt,
             vt,
@@ -203,7 +194,6 @@ fn with_scratch<R>(
             o_acc,
             m,
             l,
-            delta: &mut rest[..t],
         })
     })
 }
@@ -257,7 +247,7 @@ pub fn attention_forward(
         let heads = &heads[..ng];
         let vh = s.v_head(heads[0]);
         tile_session(bf16, || {
-            with_scratch(dk, dv, 0, group, |sc| {
+            with_scratch(dk, dv, group, |sc| {
                 for q0 in (0..tq).step_by(BQ) {
                     let rows = BQ.min(tq - q0);
                     sc.m[..ng * BQ].fill(f32::NEG_INFINITY);
@@ -347,10 +337,27 @@ pub fn attention_forward(
     });
 }
 
+/// delta (B, T, NQ) = rowsum(dout ∘ o) per query row and head, the softmax backward's
+/// correction term (`attention_backward`): a pass over whole token rows, which lie contiguous.
+/// `diff_combine_backward` (model/attention.rs) writes the same values as it goes.
+pub fn attention_delta(delta: &mut [f32], dout: &[f32], o: &[f32], nq: usize, dv: usize) {
+    assert!(dout.len() == o.len() && delta.len() * dv == o.len() && o.len() % (nq * dv) == 0);
+    delta
+        .par_chunks_mut(nq * 64)
+        .zip(dout.par_chunks(nq * dv * 64))
+        .zip(o.par_chunks(nq * dv * 64))
+        .for_each(|((d, dout), o)| {
+            for ((d, dy), o) in d.iter_mut().zip(dout.chunks(dv)).zip(o.chunks(dv)) {
+                *d = dot(dy, o);
+            }
+        });
+}
+
 /// Writes dq (B, T, NQ, DK), dk (B, T, NK, DK), dv (B, T, NV, DV) from dout (B, T, NQ, DV),
 /// for the training case (q_offset 0, Tkv = Tq = T). In the forward pass this was
 /// `P = exp(Q·Kᵀ·scale − lse); O = P·V`, so now `dV += Pᵀ·dO`, `dP = dO·Vᵀ`,
-/// `dS = P ∘ (dP − rowsum(dO ∘ O))·scale`, `dQ += dS·K`, `dK += dSᵀ·Q`.
+/// `dS = P ∘ (dP − rowsum(dO ∘ O))·scale`, `dQ += dS·K`, `dK += dSᵀ·Q`; the row sums come in
+/// `delta` (B, T, NQ) (`attention_delta`).
 ///
 /// Key tiles are the outer loop (FlashAttention-2 order): a tile's dK and dV gather over every
 /// later query block in cache-resident buffers and are written back once.
@@ -363,7 +370,7 @@ pub fn attention_backward(
     q: &[f32],
     k: &[f32],
     v: &[f32],
-    o: &[f32],
+    delta: &[f32],
     lse: &[f32],
     b: usize,
     t: usize,
@@ -383,7 +390,7 @@ pub fn attention_backward(
     assert_eq!(dv.len(), b * t * nv * d_v);
     assert_eq!(lse.len(), b * nq * t);
     assert!(q.len() == dq.len() && k.len() == dk.len() && v.len() == dv.len());
-    assert!(dout.len() == b * t * nq * d_v && o.len() == dout.len());
+    assert!(dout.len() == b * t * nq * d_v && delta.len() == b * t * nq);
     let scale = 1.0 / (d_k as f32).sqrt();
     let bf16 = on_tiles(t);
     let (dq_ptr, dk_ptr, dv_ptr) = (SharedMut::new(dq), SharedMut::new(dk), SharedMut::new(dv));
@@ -393,7 +400,7 @@ pub fn attention_backward(
     (0..b * nv).into_par_iter().for_each(|task| {
         let (bi, g) = (task / nv, task % nv);
         tile_session(bf16, || {
-            with_scratch(d_k, d_v, t, 1, |sc| {
+            with_scratch(d_k, d_v, 1, |sc| {
                 for j in g * group..(g + 1) * group {
                     let (kh, vh) = (s.k_head(j), s.v_head(j));
                     // The first head of the group to read a key (value) head writes its gradient
@@ -403,12 +410,6 @@ pub fn attention_backward(
                     let at =
                         |i: usize, heads: usize, h: usize, w: usize| ((bi * t + i) * heads + h) * w;
                     let lse = &lse[(bi * nq + j) * t..][..t];
-                    for (i, d) in sc.delta.iter_mut().enumerate() {
-                        *d = dot(
-                            &dout[at(i, nq, j, d_v)..][..d_v],
-                            &o[at(i, nq, j, d_v)..][..d_v],
-                        );
-                    }
                     for t0 in (0..t).step_by(BK) {
                         let len = BK.min(t - t0);
                         load_tile_t(sc.kt, k, bi * t + t0, len, nk, kh, d_k);
@@ -439,7 +440,7 @@ pub fn attention_backward(
                                     &mut sc.s[r * BK..r * BK + len],
                                     &mut sc.ds[r * BK..r * BK + len],
                                 );
-                                let (li, di) = (lse[i], sc.delta[i]);
+                                let (li, di) = (lse[i], delta[(bi * t + i) * nq + j]);
                                 for (pc, dsc) in p[..valid].iter_mut().zip(ds[..valid].iter_mut()) {
                                     *pc = exp_nonpos(*pc * scale - li);
                                     *dsc = *pc * (*dsc - di) * scale;
@@ -640,8 +641,10 @@ mod tests {
             // stale values in the buffers must be overwritten, not added to
             let (mut dq, mut dk, mut dv) =
                 (vec![5.0; q.len()], vec![-2.0; k.len()], vec![3.0; v.len()]);
+            let mut delta = vec![0.0; b * t * s.nq];
+            attention_delta(&mut delta, &r, &o, s.nq, s.dv);
             attention_backward(
-                &mut dq, &mut dk, &mut dv, &r, &q, &k, &v, &o, &lse, b, t, &s,
+                &mut dq, &mut dk, &mut dv, &r, &q, &k, &v, &delta, &lse, b, t, &s,
             );
             check_grad("attention dq", &q, &dq, |q| dot64(&fwd(q, &k, &v).0, &r));
             check_grad("attention dk", &k, &dk, |k| dot64(&fwd(&q, k, &v).0, &r));

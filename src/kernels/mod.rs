@@ -43,9 +43,9 @@ pub(crate) fn with_thread_buffer<T, R>(
 }
 
 /// Sizes every pool thread's kernel buffers (and this thread's) for products up to `n_max`
-/// columns wide over up to `rows` rows (tokens) and attention heads of widths dk, dv over t
-/// tokens, so that no step allocates them later, whichever thread a task lands on.
-pub fn prepare_threads(n_max: usize, rows: usize, dk: usize, dv: usize, t: usize, group: usize) {
+/// columns wide over up to `rows` rows (tokens) and attention heads of widths dk, dv, so that
+/// no step allocates them later, whichever thread a task lands on.
+pub fn prepare_threads(n_max: usize, rows: usize, dk: usize, dv: usize, group: usize) {
     let prepare = || {
         #[cfg(target_arch = "x86_64")]
         if sgemm_avx512::available() {
@@ -56,7 +56,7 @@ pub fn prepare_threads(n_max: usize, rows: usize, dk: usize, dv: usize, t: usize
             // an operand is at most (rows or n_max) × n_max, or n_max × rows
             bf16_amx::reserve(rows.max(n_max), n_max);
         }
-        attention::reserve_scratch(dk, dv, t, group);
+        attention::reserve_scratch(dk, dv, group);
     };
     prepare();
     rayon::broadcast(|_| prepare());

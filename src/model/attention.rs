@@ -90,10 +90,14 @@ pub fn diff_combine_forward(out: &mut [f32], o: &[f32], lambda: Lambda, h: usize
 }
 
 /// Writes do_ (N, 2H, DV) from dout (N, H, DV): do1 = dout, do2 = −λ·dout. Writes
-/// dlambda (N, H) = −Σ dout·attn2 per row and head; for diff_v1 the caller sums it.
+/// dlambda (N, H) = −Σ dout·attn2 per row and head; for diff_v1 the caller sums it. Writes
+/// delta (N, 2H) = rowsum(do ∘ o) for the attention backward (`attention_delta`) on the way:
+/// do1·attn1, and do2·attn2 = λ·dlambda.
+#[allow(clippy::too_many_arguments)]
 pub fn diff_combine_backward(
     do_: &mut [f32],
     dlambda: &mut [f32],
+    delta: &mut [f32],
     dout: &[f32],
     o: &[f32],
     lambda: Lambda,
@@ -102,10 +106,11 @@ pub fn diff_combine_backward(
 ) {
     do_.par_chunks_mut(2 * h * dv)
         .zip(dlambda.par_chunks_mut(h))
+        .zip(delta.par_chunks_mut(2 * h))
         .zip(dout.par_chunks(h * dv))
         .zip(o.par_chunks(2 * h * dv))
         .enumerate()
-        .for_each(|(n, (((do_, dl), dout), o))| {
+        .for_each(|(n, ((((do_, dl), delta), dout), o))| {
             for (i, dy) in dout.chunks(dv).enumerate() {
                 let lam = lambda.at(n * h + i);
                 let (d1, d2) = do_[2 * i * dv..(2 * i + 2) * dv].split_at_mut(dv);
@@ -113,7 +118,10 @@ pub fn diff_combine_backward(
                 for (d2, &g) in d2.iter_mut().zip(dy) {
                     *d2 = -lam * g;
                 }
-                dl[i] = -dot(dy, &o[(2 * i + 1) * dv..(2 * i + 2) * dv]);
+                let (o1, o2) = o[2 * i * dv..(2 * i + 2) * dv].split_at(dv);
+                dl[i] = -dot(dy, o2);
+                delta[2 * i] = dot(dy, o1);
+                delta[2 * i + 1] = lam * dl[i];
             }
         });
 }
@@ -135,9 +143,20 @@ mod tests {
             dot64(&y, &r)
         };
         let (mut d_o, mut dl) = (vec![0.0; o.len()], vec![0.0; n * h]);
-        diff_combine_backward(&mut d_o, &mut dl, &r, &o, Lambda::PerToken(&lam), h, dv);
+        let mut delta = vec![0.0; n * 2 * h];
+        let lambda = Lambda::PerToken(&lam);
+        diff_combine_backward(&mut d_o, &mut dl, &mut delta, &r, &o, lambda, h, dv);
         check_grad("combine do", &o, &d_o, |o| f(o, &lam));
         check_grad("combine dlambda", &lam, &dl, |l| f(&o, l));
+        // the attention's row sums, as attention_delta computes them from do and o
+        let mut want = vec![0.0; n * 2 * h];
+        crate::kernels::attention::attention_delta(&mut want, &d_o, &o, 2 * h, dv);
+        for (got, want) in delta.iter().zip(&want) {
+            assert!(
+                (got - want).abs() < 1e-5 * (1.0 + want.abs()),
+                "{got} vs {want}"
+            );
+        }
     }
 
     #[test]

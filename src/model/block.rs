@@ -10,7 +10,9 @@ use super::bf16_weights::Bf16Weights;
 use super::kv_cache::KvCache;
 use super::params::LayerParams;
 use crate::config::{lambda_init_at, AttentionKind, ModelConfig};
-use crate::kernels::attention::{attention_backward, attention_forward, AttnShape};
+use crate::kernels::attention::{
+    attention_backward, attention_delta, attention_forward, AttnShape,
+};
 use crate::kernels::matmul::{matmul_backward, matmul_forward, Grad};
 use crate::kernels::rmsnorm::{rmsnorm_backward, rmsnorm_forward};
 use crate::kernels::rope::{rope_backward, rope_forward, RopeTable};
@@ -143,6 +145,8 @@ pub struct Scratch {
     pub dcomb: Vec<f32>,
     pub d_o: Vec<f32>,
     pub dlam: Vec<f32>,
+    /// rowsum(dO ∘ O) per token and query head (`attention_delta`)
+    pub delta: Vec<f32>,
     pub dq: Vec<f32>,
     pub dk: Vec<f32>,
     pub dv: Vec<f32>,
@@ -160,6 +164,7 @@ impl Scratch {
             dcomb: z(n * d.out),
             d_o: z(n * d.o_width()),
             dlam: z(n * d.h),
+            delta: z(n * d.shape.nq),
             dq: z(n * d.q_width()),
             dk: z(n * d.k_width()),
             dv: z(n * d.v_width()),
@@ -409,8 +414,12 @@ pub fn block_backward(
     );
     let dln = &mut sc.dln[..n * c];
     let o = &a.o[..n * d.o_width()];
+    let delta = &mut sc.delta[..n * s.nq];
     let d_o: &[f32] = match d.kind {
-        AttentionKind::Standard => dattn,
+        AttentionKind::Standard => {
+            attention_delta(delta, dattn, o, s.nq, s.dv);
+            dattn
+        }
         AttentionKind::DiffV1 => {
             let dcomb: &[f32] = if d.subln {
                 let lambda_init = lambda_init_at(d.lambda_init, layer);
@@ -437,6 +446,7 @@ pub fn block_backward(
             attn::diff_combine_backward(
                 &mut sc.d_o[..n * d.o_width()],
                 dlam,
+                delta,
                 dcomb,
                 o,
                 Lambda::Layer(lambda),
@@ -456,6 +466,7 @@ pub fn block_backward(
             attn::diff_combine_backward(
                 &mut sc.d_o[..n * d.o_width()],
                 dlam,
+                delta,
                 dattn,
                 o,
                 Lambda::PerToken(lam),
@@ -493,7 +504,8 @@ pub fn block_backward(
         &a.k[..n * d.k_width()],
         &a.v[..n * d.v_width()],
     );
-    attention_backward(dq, dk, dv, d_o, q, k, v, o, &a.lse[..b * s.nq * t], b, t, s);
+    let (delta, lse) = (&sc.delta[..n * s.nq], &a.lse[..b * s.nq * t]);
+    attention_backward(dq, dk, dv, d_o, q, k, v, delta, lse, b, t, s);
     rope_backward(dq, rope, t, s.nq, &[0]);
     rope_backward(dk, rope, t, s.nk, &[0]);
     // diff_v2's λ projection made the first contribution to dln

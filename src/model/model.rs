@@ -400,14 +400,7 @@ impl Workspace {
         .max()
         .unwrap_or(0);
         let group = c.n_query_heads() / c.n_key_heads();
-        crate::kernels::prepare_threads(
-            widest,
-            batch * seq,
-            c.head_dim,
-            c.value_head_dim(),
-            seq,
-            group,
-        );
+        crate::kernels::prepare_threads(widest, batch * seq, c.head_dim, c.value_head_dim(), group);
         let n = batch * seq;
         let z = |len: usize| vec![0.0f32; len];
         Workspace {
