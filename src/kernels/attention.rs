@@ -341,7 +341,9 @@ pub fn attention_forward(
 /// correction term (`attention_backward`): a pass over whole token rows, which lie contiguous.
 /// `diff_combine_backward` (model/attention.rs) writes the same values as it goes.
 pub fn attention_delta(delta: &mut [f32], dout: &[f32], o: &[f32], nq: usize, dv: usize) {
-    assert!(dout.len() == o.len() && delta.len() * dv == o.len() && o.len() % (nq * dv) == 0);
+    assert!(
+        dout.len() == o.len() && delta.len() * dv == o.len() && o.len().is_multiple_of(nq * dv)
+    );
     delta
         .par_chunks_mut(nq * 64)
         .zip(dout.par_chunks(nq * dv * 64))
