@@ -69,15 +69,11 @@ fn pack_b_panel(panel: &mut [f32], jp: usize, b: &Mat, p0: usize, kc: usize, n: 
                 dst[w..].fill(0.0);
             }
         } else if w == NR && b.rs == 1 {
-            // Bᵀ stored row-major (a weight W with B = Wᵀ): walk the NR rows of W side by side
-            // so the panel is written in order.
-            let cols: [&[f32]; NR] =
+            // Bᵀ stored row-major (a weight W with B = Wᵀ): the panel is W's NR rows transposed.
+            let rows: [&[f32]; NR] =
                 std::array::from_fn(|jj| &b.data[(j0 + jj) * b.cs + p0..][..kc]);
-            for (p, dst) in panel.chunks_exact_mut(NR).enumerate() {
-                for (d, col) in dst.iter_mut().zip(&cols) {
-                    *d = col[p];
-                }
-            }
+            // SAFETY: AVX-512F is this module's precondition; every row holds kc values.
+            unsafe { transpose_rows::<NR>(panel, &rows, kc) };
         } else {
             if w < NR {
                 panel.fill(0.0);
@@ -88,6 +84,42 @@ fn pack_b_panel(panel: &mut [f32], jp: usize, b: &Mat, p0: usize, kc: usize, n: 
                     panel[p * NR + jj] = b.data[col + (p0 + p) * b.rs];
                 }
             }
+        }
+    }
+}
+
+/// panel[p][r] = rows[r][p] for p < kc (a panel of R ≤ 32 columns): 16 × 16 blocks
+/// transposed in registers (R = 14 stores the first 14 lanes of each), the ragged depth by
+/// element.
+///
+/// # Safety
+/// Needs AVX-512F; every row must hold kc values and the panel kc · R.
+#[target_feature(enable = "avx512f")]
+unsafe fn transpose_rows<const R: usize>(panel: &mut [f32], rows: &[&[f32]; R], kc: usize) {
+    assert!(panel.len() >= kc * R && rows.iter().all(|r| r.len() >= kc));
+    let mut p = 0;
+    while p + 16 <= kc {
+        for c0 in (0..R).step_by(16) {
+            let w = 16.min(R - c0);
+            let mut r: [__m512i; 16] = std::array::from_fn(|i| {
+                if i < w {
+                    _mm512_loadu_si512(rows[c0 + i].as_ptr().add(p) as *const _)
+                } else {
+                    _mm512_setzero_si512()
+                }
+            });
+            super::transpose16(&mut r);
+            let mask = super::lane_mask(w);
+            for (i, v) in r.iter().enumerate() {
+                let dst = panel.as_mut_ptr().add((p + i) * R + c0);
+                _mm512_mask_storeu_epi32(dst as *mut _, mask, *v);
+            }
+        }
+        p += 16;
+    }
+    for p in p..kc {
+        for (c, row) in rows.iter().enumerate() {
+            panel[p * R + c] = row[p];
         }
     }
 }
@@ -110,13 +142,10 @@ fn pack_a(ap: &mut [f32], a: &Mat, i0: usize, mc: usize, p0: usize, kc: usize) {
                 dst[h..].fill(0.0);
             }
         } else if h == MR && a.cs == 1 {
-            // Row-major A: walk the MR rows side by side so the panel is written in order.
+            // Row-major A: the panel is its MR rows transposed.
             let rows: [&[f32]; MR] = std::array::from_fn(|r| &a.data[(r0 + r) * a.rs + p0..][..kc]);
-            for (p, dst) in panel.chunks_exact_mut(MR).enumerate() {
-                for (d, row) in dst.iter_mut().zip(&rows) {
-                    *d = row[p];
-                }
-            }
+            // SAFETY: AVX-512F is this module's precondition; every row holds kc values.
+            unsafe { transpose_rows::<MR>(panel, &rows, kc) };
         } else {
             if h < MR {
                 panel.fill(0.0);
