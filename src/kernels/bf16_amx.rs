@@ -33,9 +33,6 @@ thread_local! {
     /// Packed A and B of the call made from this thread.
     static PACK_A: Cell<Vec<u16>> = const { Cell::new(Vec::new()) };
     static PACK_B: Cell<Vec<u16>> = const { Cell::new(Vec::new()) };
-}
-
-thread_local! {
     /// Whether this thread is inside `with_tiles`, which configured the tiles already.
     static TILES_ON: Cell<bool> = const { Cell::new(false) };
 }
