@@ -18,6 +18,7 @@ use crate::kernels::rmsnorm::{rmsnorm_backward, rmsnorm_forward};
 use crate::kernels::rope::{rope_backward, rope_forward, RopeTable};
 use crate::kernels::sigmoid;
 use crate::kernels::swiglu::{swiglu_backward, swiglu_forward};
+use std::ops::Range;
 
 /// Sizes shared by every block of one model.
 #[derive(Clone, Copy, Debug)]
@@ -351,12 +352,13 @@ pub fn block_backward(
     let (ln1, ln2) = (&a.ln1[..n * c], &a.ln2[..n * c]);
     // MLP: x_out = x_mid + down(hid)
     let dhid = &mut sc.dhid[..n * d.f];
-    matmul_backward(
+    linear_backward(
         Grad::Set(dhid),
-        &mut g[p.down_proj.clone()],
+        g,
+        w,
+        &p.down_proj,
         dx,
         &a.hid[..n * d.f],
-        &w[p.down_proj.clone()],
         n,
         d.f,
         c,
@@ -370,26 +372,8 @@ pub fn block_backward(
         &a.up[..n * d.f],
     );
     let dln = &mut sc.dln[..n * c];
-    matmul_backward(
-        Grad::Set(dln),
-        &mut g[p.gate_proj.clone()],
-        dgate,
-        ln2,
-        &w[p.gate_proj.clone()],
-        n,
-        c,
-        d.f,
-    );
-    matmul_backward(
-        Grad::Add(dln),
-        &mut g[p.up_proj.clone()],
-        dup,
-        ln2,
-        &w[p.up_proj.clone()],
-        n,
-        c,
-        d.f,
-    );
+    linear_backward(Grad::Set(dln), g, w, &p.gate_proj, dgate, ln2, n, c, d.f);
+    linear_backward(Grad::Add(dln), g, w, &p.up_proj, dup, ln2, n, c, d.f);
     let pal = p.post_attention_layernorm.clone();
     rmsnorm_backward(
         dx,
@@ -402,12 +386,13 @@ pub fn block_backward(
     );
     // attention: x_mid = x_in + o_proj(attn_out)
     let dattn = &mut sc.dattn[..n * d.out];
-    matmul_backward(
+    linear_backward(
         Grad::Set(dattn),
-        &mut g[p.o_proj.clone()],
+        g,
+        w,
+        &p.o_proj,
         dx,
         a.attn_out(n, d),
-        &w[p.o_proj.clone()],
         n,
         d.out,
         c,
@@ -481,16 +466,7 @@ pub fn block_backward(
                 .lambda_proj
                 .clone()
                 .expect("diff_v2 layer has lambda_proj");
-            matmul_backward(
-                Grad::Set(dln),
-                &mut g[lp.clone()],
-                dlam,
-                ln1,
-                &w[lp],
-                n,
-                c,
-                d.h,
-            );
+            linear_backward(Grad::Set(dln), g, w, &lp, dlam, ln1, n, c, d.h);
             &sc.d_o[..n * d.o_width()]
         }
     };
@@ -514,36 +490,9 @@ pub fn block_backward(
     } else {
         Grad::Set(dln)
     };
-    matmul_backward(
-        dln_q,
-        &mut g[p.q_proj.clone()],
-        dq,
-        ln1,
-        &w[p.q_proj.clone()],
-        n,
-        c,
-        d.q_width(),
-    );
-    matmul_backward(
-        Grad::Add(dln),
-        &mut g[p.k_proj.clone()],
-        dk,
-        ln1,
-        &w[p.k_proj.clone()],
-        n,
-        c,
-        d.k_width(),
-    );
-    matmul_backward(
-        Grad::Add(dln),
-        &mut g[p.v_proj.clone()],
-        dv,
-        ln1,
-        &w[p.v_proj.clone()],
-        n,
-        c,
-        d.v_width(),
-    );
+    linear_backward(dln_q, g, w, &p.q_proj, dq, ln1, n, c, d.q_width());
+    linear_backward(Grad::Add(dln), g, w, &p.k_proj, dk, ln1, n, c, d.k_width());
+    linear_backward(Grad::Add(dln), g, w, &p.v_proj, dv, ln1, n, c, d.v_width());
     let il = p.input_layernorm.clone();
     rmsnorm_backward(
         dx,
@@ -554,6 +503,23 @@ pub fn block_backward(
         &a.rstd1[..n],
         c,
     );
+}
+
+/// The backward of the linear layer whose weight (oc, c) lies at `r` of w: dinp (n, c) = (or
+/// +=) dout · W, and its gradient at `r` of g accumulates doutᵀ · inp.
+#[allow(clippy::too_many_arguments)]
+fn linear_backward(
+    dinp: Grad,
+    g: &mut [f32],
+    w: &[f32],
+    r: &Range<usize>,
+    dout: &[f32],
+    inp: &[f32],
+    n: usize,
+    c: usize,
+    oc: usize,
+) {
+    matmul_backward(dinp, &mut g[r.clone()], dout, inp, &w[r.clone()], n, c, oc);
 }
 
 /// Four disjoint mutable gradient slices for the four λ vectors (laid out one after another).
