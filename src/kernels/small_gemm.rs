@@ -132,48 +132,61 @@ mod avx512 {
     ) {
         let mut j0 = 0;
         while j0 < n {
-            let w = n - j0;
             let bp = b.as_ptr().add(j0);
-            let mut r0 = 0;
-            if w >= 64 {
-                let mk = masks::<4>(64);
-                while r0 < m {
-                    let h = WIDE_ROWS.min(m - r0);
-                    let ap = a.data.as_ptr().add(r0 * a.rs);
-                    let cp = c.add(r0 * c_rs + j0);
-                    let args = (k, ap, a.rs, a.cs, bp, b_rs, cp, c_rs, mk, accumulate);
-                    match h {
-                        6 => tile::<6, 4>(args),
-                        5 => tile::<5, 4>(args),
-                        4 => tile::<4, 4>(args),
-                        3 => tile::<3, 4>(args),
-                        2 => tile::<2, 4>(args),
-                        _ => tile::<1, 4>(args),
-                    }
-                    r0 += h;
-                }
+            let cp = c.add(j0);
+            if n - j0 >= 64 {
+                strip::<4>(WIDE_ROWS, m, k, a, bp, b_rs, cp, c_rs, 64, accumulate);
                 j0 += 64;
             } else {
-                let mk = masks::<2>(w.min(32));
-                while r0 < m {
-                    let h = ROWS.min(m - r0);
-                    let ap = a.data.as_ptr().add(r0 * a.rs);
-                    let cp = c.add(r0 * c_rs + j0);
-                    let args = (k, ap, a.rs, a.cs, bp, b_rs, cp, c_rs, mk, accumulate);
-                    match h {
-                        8 => tile::<8, 2>(args),
-                        7 => tile::<7, 2>(args),
-                        6 => tile::<6, 2>(args),
-                        5 => tile::<5, 2>(args),
-                        4 => tile::<4, 2>(args),
-                        3 => tile::<3, 2>(args),
-                        2 => tile::<2, 2>(args),
-                        _ => tile::<1, 2>(args),
-                    }
-                    r0 += h;
-                }
+                strip::<2>(ROWS, m, k, a, bp, b_rs, cp, c_rs, n - j0, accumulate);
                 j0 += 32;
             }
+        }
+    }
+
+    /// One strip of NV·16 columns (the first `w` of them valid), `rows` rows at a time.
+    #[target_feature(enable = "avx512f")]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn strip<const NV: usize>(
+        rows: usize,
+        m: usize,
+        k: usize,
+        a: Mat,
+        b: *const f32,
+        b_rs: usize,
+        c: *mut f32,
+        c_rs: usize,
+        w: usize,
+        accumulate: bool,
+    ) {
+        let mk = masks::<NV>(w.min(16 * NV));
+        let mut r0 = 0;
+        while r0 < m {
+            let h = rows.min(m - r0);
+            let ap = a.data.as_ptr().add(r0 * a.rs);
+            let args = (
+                k,
+                ap,
+                a.rs,
+                a.cs,
+                b,
+                b_rs,
+                c.add(r0 * c_rs),
+                c_rs,
+                mk,
+                accumulate,
+            );
+            match h {
+                8 => tile::<8, NV>(args),
+                7 => tile::<7, NV>(args),
+                6 => tile::<6, NV>(args),
+                5 => tile::<5, NV>(args),
+                4 => tile::<4, NV>(args),
+                3 => tile::<3, NV>(args),
+                2 => tile::<2, NV>(args),
+                _ => tile::<1, NV>(args),
+            }
+            r0 += h;
         }
     }
 
