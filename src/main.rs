@@ -1024,6 +1024,17 @@ fn init(a: InitArgs) -> Result<()> {
     Ok(())
 }
 
+/// A relative difference as a percentage with two decimals, or two significant digits where
+/// those decimals would print a gap as 0.00%.
+fn percent(rel: f64) -> String {
+    let p = 100.0 * rel;
+    if p == 0.0 || p >= 0.01 {
+        format!("{p:.2}%")
+    } else {
+        format!("{p:.1e}%")
+    }
+}
+
 fn bench_bf16(a: BenchBf16Args) -> Result<()> {
     use difftx::eval::lm_scaling::{load_fortunes, FORTUNES_DIR};
     use difftx::report::lines::{plot_lines, Axes, Line, Point};
@@ -1078,10 +1089,10 @@ fn bench_bf16(a: BenchBf16Args) -> Result<()> {
                 .collect(),
         };
         let title = format!(
-            "{} {}: training loss, f32 vs bf16 matrix products (max gap {:.2}%)",
+            "{} {}: training loss, f32 vs bf16 matrix products (max gap {})",
             a.shape.preset.as_str(),
             r.attention,
-            100.0 * r.max_window_rel_diff
+            percent(r.max_window_rel_diff)
         );
         plot_lines(
             &[line(&r.f32), line(&r.bf16)],
@@ -1117,11 +1128,11 @@ fn bench_bf16(a: BenchBf16Args) -> Result<()> {
             );
         }
         println!(
-            "bf16 vs f32: {:.2}× faster per step; loss curves (10-step means) differ by at most {:.2}%, {:.2}% at the end; val loss by {:.2}% ({} 1%)",
+            "bf16 vs f32: {:.2}× faster per step; loss curves (10-step means) differ by at most {}, {} at the end; val loss by {} ({} 1%)",
             r.speedup,
-            100.0 * r.max_window_rel_diff,
-            100.0 * r.final_rel_diff,
-            100.0 * r.val_rel_diff,
+            percent(r.max_window_rel_diff),
+            percent(r.final_rel_diff),
+            percent(r.val_rel_diff),
             if r.max_window_rel_diff <= 0.01 && r.val_rel_diff <= 0.01 { "within" } else { "NOT within" }
         );
     }

@@ -113,14 +113,7 @@ pub fn plot_lines(lines: &[Line], axes: &Axes, out: &Path) -> Result<()> {
                     }))
                     .map_err(|e| err(e.to_string()))?;
             }
-            chart
-                .configure_series_labels()
-                .position(SeriesLabelPosition::UpperRight)
-                .background_style(WHITE.mix(0.9))
-                .border_style(RGBColor(180, 180, 180))
-                .label_font((FAMILY, 17))
-                .draw()
-                .map_err(|e| err(e.to_string()))?;
+            super::plot::draw_legend(&mut chart).map_err(err)?;
         }};
     }
     let pad = (x1 - x0).max(1e-9) * 0.04;

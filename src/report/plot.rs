@@ -11,6 +11,24 @@ use std::path::Path;
 const FONT: &[u8] = include_bytes!("../../assets/DejaVuSans.ttf");
 pub(crate) const FAMILY: &str = "sans-serif";
 
+/// The legend of every line chart: upper right, on a near-white box.
+pub(crate) fn draw_legend<'a, DB, CT>(
+    chart: &mut ChartContext<'a, DB, CT>,
+) -> std::result::Result<(), String>
+where
+    DB: DrawingBackend + 'a,
+    CT: plotters::coord::CoordTranslate,
+{
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
+        .background_style(WHITE.mix(0.9))
+        .border_style(RGBColor(180, 180, 180))
+        .label_font((FAMILY, 17))
+        .draw()
+        .map_err(|e| e.to_string())
+}
+
 /// Colour-blind-safe colours (Okabe–Ito), one per run.
 pub(crate) const COLORS: [RGBColor; 6] = [
     RGBColor(0, 114, 178),
@@ -155,14 +173,7 @@ pub fn plot_runs(series: &[Series], title: &str, out: &Path) -> Result<()> {
                 .map_err(|e| err(e.to_string()))?;
         }
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
-        .background_style(WHITE.mix(0.9))
-        .border_style(RGBColor(180, 180, 180))
-        .label_font((FAMILY, 17))
-        .draw()
-        .map_err(|e| err(e.to_string()))?;
+    draw_legend(&mut chart).map_err(err)?;
     root.present().map_err(|e| err(e.to_string()))?;
     Ok(())
 }
