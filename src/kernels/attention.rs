@@ -60,7 +60,8 @@ impl AttnShape {
 }
 
 /// Copies rows t0..t0+len of head `h` of x (rows of `heads`×`w`) into tile[w][BK], transposed,
-/// zero-filling the columns past `len`, so that the tile is the B operand of Q·Kᵀ.
+/// so that the tile is the B operand of Q·Kᵀ. Columns past `len` keep whatever they held: every
+/// product reads only the first `len`.
 #[allow(clippy::too_many_arguments)]
 fn load_tile_t(
     tile: &mut [f32],
@@ -71,9 +72,6 @@ fn load_tile_t(
     h: usize,
     w: usize,
 ) {
-    for d in 0..w {
-        tile[d * BK + len..(d + 1) * BK].fill(0.0);
-    }
     let mut c0 = 0;
     #[cfg(target_arch = "x86_64")]
     if w.is_multiple_of(16) && super::sgemm_avx512::available() {
@@ -257,7 +255,14 @@ pub fn attention_forward(
                     for t0 in (0..kv_end).step_by(BK) {
                         let len = BK.min(kv_end - t0);
                         load_tile_t(sc.kt, k, bi * tkv + t0, len, nk, kh, dk);
-                        load_tile(sc.vt, v, bi * tkv + t0, len, nv, vh, dv);
+                        // A block of many queries streams the V tile again and again, from a
+                        // copy; a few queries (decoding) read each row once, in place.
+                        let (vt, vt_rs): (&[f32], usize) = if rows >= 16 {
+                            load_tile(sc.vt, v, bi * tkv + t0, len, nv, vh, dv);
+                            (sc.vt, dv)
+                        } else {
+                            (&v[((bi * tkv + t0) * nv + vh) * dv..], nv * dv)
+                        };
                         for (gi, &j) in heads.iter().enumerate() {
                             let q_blk = Mat {
                                 data: &q[((bi * tq + q0) * nq + j) * dk..],
@@ -308,7 +313,7 @@ pub fn attention_forward(
                                 rs: BK,
                                 cs: 1,
                             };
-                            small_gemm(rows, dv, len, p, sc.vt, dv, oacc, dv, true, bf16);
+                            small_gemm(rows, dv, len, p, vt, vt_rs, oacc, dv, true, bf16);
                         }
                     }
                     for (gi, &j) in heads.iter().enumerate() {
