@@ -18,8 +18,9 @@ struct Cli {
     /// Worker threads (default: all cores). Results are bit-identical for a given thread count.
     #[arg(long, global = true)]
     threads: Option<usize>,
-    /// Matrix products (linear layers and LM head, forward and backward) with bf16 operands on
-    /// the CPU's AMX tile unit, accumulated in f32; weights, gradients and AdamW state stay f32.
+    /// Matrix products (linear layers, LM head and the attention's tiles, forward and backward)
+    /// with bf16 operands on the CPU's AMX tile unit, accumulated in f32; weights, gradients,
+    /// AdamW state and the softmax stay f32.
     /// Decoding reads a bf16 copy of the weights (half the memory traffic). Off by default.
     /// Needs an AMX CPU (Intel Sapphire Rapids or later) and Linux ≥ 5.16.
     #[arg(long, global = true)]
