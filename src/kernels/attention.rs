@@ -7,7 +7,7 @@
 
 use super::matmul::Mat;
 use super::small_gemm::{small_gemm, small_gemm_raw, tile_session};
-use super::{axpy, dot, exp_nonpos, max_lanes, sum_lanes, SharedMut};
+use super::{dot, exp_nonpos, max_lanes, sum_lanes, SharedMut};
 use rayon::prelude::*;
 
 /// Query rows per block and keys per tile; a tile of k and v rows stays in L1 across a block.
@@ -402,29 +402,39 @@ pub fn attention_backward(
     let bf16 = on_tiles(t);
     let (dq_ptr, dk_ptr, dv_ptr) = (SharedMut::new(dq), SharedMut::new(dk), SharedMut::new(dv));
     let group = nq / nv;
+    assert!(
+        group <= 64,
+        "attention: {group} query heads per value head (at most 64)"
+    );
     // One task per (sequence, value head g): it runs every query head that reads value head g,
     // and those are the only heads that read g's key heads, so its dk and dv rows are its own.
     (0..b * nv).into_par_iter().for_each(|task| {
         let (bi, g) = (task / nv, task % nv);
         tile_session(bf16, || {
             with_scratch(d_k, d_v, 1, |sc| {
-                for j in g * group..(g + 1) * group {
-                    let (kh, vh) = (s.k_head(j), s.v_head(j));
-                    // The first head of the group to read a key (value) head writes its gradient
-                    // rows, later ones add to them.
-                    let first_k = (g * group..j).all(|j2| s.k_head(j2) != kh);
-                    let first_v = j == g * group;
-                    let at =
-                        |i: usize, heads: usize, h: usize, w: usize| ((bi * t + i) * heads + h) * w;
-                    let lse = &lse[(bi * nq + j) * t..][..t];
-                    for t0 in (0..t).step_by(BK) {
-                        let len = BK.min(t - t0);
-                        load_tile_t(sc.kt, k, bi * t + t0, len, nk, kh, d_k);
-                        load_tile_t(sc.vt, v, bi * t + t0, len, nv, vh, d_v);
-                        let dk_acc = &mut sc.acc_k[..len * d_k];
-                        let dv_acc = &mut sc.acc_v[..len * d_v];
-                        dk_acc.fill(0.0);
-                        dv_acc.fill(0.0);
+                let at =
+                    |i: usize, heads: usize, h: usize, w: usize| ((bi * t + i) * heads + h) * w;
+                // The group's query heads ordered by key head: each key tile is transposed once
+                // for the heads that read it, and its dK gathers over all of them before it is
+                // written; V (value head g, the group's only one) once for the whole group.
+                let mut order = [0usize; 64];
+                let heads = &mut order[..group];
+                for (slot, j) in heads.iter_mut().zip(g * group..) {
+                    *slot = j;
+                }
+                heads.sort_by_key(|&j| (s.k_head(j), j));
+                let heads = &*heads;
+                for t0 in (0..t).step_by(BK) {
+                    let len = BK.min(t - t0);
+                    load_tile_t(sc.vt, v, bi * t + t0, len, nv, g, d_v);
+                    sc.acc_v[..len * d_v].fill(0.0);
+                    for (hi, &j) in heads.iter().enumerate() {
+                        let kh = s.k_head(j);
+                        if hi == 0 || s.k_head(heads[hi - 1]) != kh {
+                            load_tile_t(sc.kt, k, bi * t + t0, len, nk, kh, d_k);
+                            sc.acc_k[..len * d_k].fill(0.0);
+                        }
+                        let lse = &lse[(bi * nq + j) * t..][..t];
                         // Only queries at or after the tile's first key see it.
                         for q0 in (t0..t).step_by(BQ) {
                             let rows = BQ.min(t - q0);
@@ -477,7 +487,7 @@ pub fn attention_backward(
                                 p_t,
                                 &dout[at(q0, nq, j, d_v)..],
                                 nq * d_v,
-                                dv_acc,
+                                &mut sc.acc_v[..len * d_v],
                                 d_v,
                                 true,
                                 bf16,
@@ -489,7 +499,7 @@ pub fn attention_backward(
                                 ds_t,
                                 &q[at(q0, nq, j, d_k)..],
                                 nq * d_k,
-                                dk_acc,
+                                &mut sc.acc_k[..len * d_k],
                                 d_k,
                                 true,
                                 bf16,
@@ -513,28 +523,17 @@ pub fn attention_backward(
                                 );
                             }
                         }
-                        let put = |dst: &mut [f32], src: &[f32], first: bool| {
-                            if first {
-                                dst.copy_from_slice(src);
-                            } else {
-                                axpy(dst, 1.0, src);
-                            }
-                        };
-                        for c in 0..len {
-                            // SAFETY: key head kh and value head vh belong to this task's group.
-                            unsafe {
-                                put(
-                                    dk_ptr.slice(at(t0 + c, nk, kh, d_k), d_k),
-                                    &dk_acc[c * d_k..][..d_k],
-                                    first_k,
-                                );
-                                put(
-                                    dv_ptr.slice(at(t0 + c, nv, vh, d_v), d_v),
-                                    &dv_acc[c * d_v..][..d_v],
-                                    first_v,
-                                );
+                        if hi + 1 == group || s.k_head(heads[hi + 1]) != kh {
+                            for (c, row) in sc.acc_k[..len * d_k].chunks_exact(d_k).enumerate() {
+                                // SAFETY: key head kh belongs to this task's group.
+                                unsafe { dk_ptr.slice(at(t0 + c, nk, kh, d_k), d_k) }
+                                    .copy_from_slice(row);
                             }
                         }
+                    }
+                    for (c, row) in sc.acc_v[..len * d_v].chunks_exact(d_v).enumerate() {
+                        // SAFETY: value head g belongs to this task.
+                        unsafe { dv_ptr.slice(at(t0 + c, nv, g, d_v), d_v) }.copy_from_slice(row);
                     }
                 }
             })
@@ -545,6 +544,7 @@ pub fn attention_backward(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kernels::axpy;
     use crate::testutil::{check_grad, dot64, randn};
 
     /// Plain softmax attention with the whole score row materialised, as a reference.
