@@ -2,6 +2,7 @@
 //! (kernels/sgemm_avx512.rs) where the CPU has it, else the `gemm` crate; with `set_bf16(true)`
 //! and an AMX CPU, bf16 operands on the tile unit (kernels/bf16_amx.rs).
 
+use super::Grad;
 use gemm::Parallelism;
 use rayon::prelude::*;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -389,13 +390,6 @@ pub(crate) fn gemv_blocks16(
     }
 }
 
-/// How a backward writes an input gradient: `Set` overwrites the buffer (its first
-/// contribution, which spares zero-filling it first), `Add` adds to what is there.
-pub enum Grad<'a> {
-    Set(&'a mut [f32]),
-    Add(&'a mut [f32]),
-}
-
 /// dinp (N, C) = (or +=) dout · w, and accumulates dw (OC, C) += doutᵀ · inp.
 #[allow(clippy::too_many_arguments)]
 pub fn matmul_backward(
@@ -408,10 +402,7 @@ pub fn matmul_backward(
     c: usize,
     oc: usize,
 ) {
-    let (dinp, accumulate) = match dinp {
-        Grad::Set(d) => (d, false),
-        Grad::Add(d) => (d, true),
-    };
+    let (dinp, accumulate) = dinp.parts();
     sgemm(
         n,
         c,

@@ -240,11 +240,35 @@ pub fn max_lanes(x: &[f32]) -> f32 {
     acc.iter().copied().fold(rest, f32::max)
 }
 
+/// v *= s, across the pool (a whole activation: one thread alone would be memory-bound).
+pub fn scale(v: &mut [f32], s: f32) {
+    use rayon::prelude::*;
+    v.par_chunks_mut(1 << 14)
+        .for_each(|c| c.iter_mut().for_each(|x| *x *= s));
+}
+
 /// y += alpha · x
 #[inline]
 pub fn axpy(y: &mut [f32], alpha: f32, x: &[f32]) {
     for (y, &x) in y.iter_mut().zip(x) {
         *y = alpha.mul_add(x, *y);
+    }
+}
+
+/// How a backward writes an input gradient: `Set` overwrites the buffer (its first
+/// contribution, which spares zero-filling it first), `Add` adds to what is there.
+pub enum Grad<'a> {
+    Set(&'a mut [f32]),
+    Add(&'a mut [f32]),
+}
+
+impl<'a> Grad<'a> {
+    /// The buffer, and whether to add to it.
+    pub fn parts(self) -> (&'a mut [f32], bool) {
+        match self {
+            Grad::Set(d) => (d, false),
+            Grad::Add(d) => (d, true),
+        }
     }
 }
 

@@ -1,6 +1,6 @@
 //! RMSNorm: out = x / sqrt(mean(x²) + eps) · w.
 
-use super::ROW_CHUNK;
+use super::{Grad, ROW_CHUNK};
 use rayon::prelude::*;
 
 /// x: (N, C) rows, w: (C), out: (N, C); rstd: (N) saved for the backward.
@@ -26,11 +26,11 @@ pub fn rmsnorm_forward(
         });
 }
 
-/// Accumulates into dx and dw. In the forward pass `out = x · r · w` with r = rstd, so
-/// dx = r·(w·dout) − x·r³/C·Σ(w·dout·x) and dw += dout·x·r.
+/// Writes or accumulates dx (`Grad`) and accumulates dw. In the forward pass
+/// `out = x · r · w` with r = rstd, so dx = r·(w·dout) − x·r³/C·Σ(w·dout·x) and dw += dout·x·r.
 #[allow(clippy::too_many_arguments)]
 pub fn rmsnorm_backward(
-    dx: &mut [f32],
+    dx: Grad,
     dw: &mut [f32],
     dout: &[f32],
     x: &[f32],
@@ -38,6 +38,7 @@ pub fn rmsnorm_backward(
     rstd: &[f32],
     c: usize,
 ) {
+    let (dx, add) = dx.parts();
     dx.par_chunks_mut(c * ROW_CHUNK)
         .zip(dout.par_chunks(c * ROW_CHUNK))
         .zip(x.par_chunks(c * ROW_CHUNK))
@@ -52,7 +53,8 @@ pub fn rmsnorm_backward(
                 let dot: f32 = dout.iter().zip(w).zip(x).map(|((d, w), x)| d * w * x).sum();
                 let k = dot * r * r * r / c as f32;
                 for (((dx, &d), &w), &x) in dx.iter_mut().zip(dout).zip(w).zip(x) {
-                    *dx += r * w * d - k * x;
+                    let g = r * w * d - k * x;
+                    *dx = if add { *dx + g } else { g };
                 }
             }
         });
@@ -82,9 +84,17 @@ mod tests {
         };
         let (_, rstd) = f(&x, &w);
         let (mut dx, mut dw) = (vec![0.0; n * c], vec![0.0; c]);
-        rmsnorm_backward(&mut dx, &mut dw, &r, &x, &w, &rstd, c);
+        rmsnorm_backward(Grad::Add(&mut dx), &mut dw, &r, &x, &w, &rstd, c);
         check_grad("rmsnorm dx", &x, &dx, |x| dot64(&f(x, &w).0, &r));
         check_grad("rmsnorm dw", &w, &dw, |w| dot64(&f(&x, w).0, &r));
+        // Set overwrites stale values; Add adds to what is there
+        let (mut set, mut add) = (vec![7.0; n * c], vec![1.0; n * c]);
+        rmsnorm_backward(Grad::Set(&mut set), &mut dw, &r, &x, &w, &rstd, c);
+        rmsnorm_backward(Grad::Add(&mut add), &mut dw, &r, &x, &w, &rstd, c);
+        for ((s, a), d) in set.iter().zip(&add).zip(&dx) {
+            assert_eq!(s, d);
+            assert!((a - (d + 1.0)).abs() < 1e-6, "{a} vs {d} + 1");
+        }
     }
 
     #[test]

@@ -13,11 +13,12 @@ use crate::config::{lambda_init_at, AttentionKind, ModelConfig};
 use crate::kernels::attention::{
     attention_backward, attention_delta, attention_forward, AttnShape,
 };
-use crate::kernels::matmul::{matmul_backward, matmul_forward, Grad};
+use crate::kernels::matmul::{matmul_backward, matmul_forward};
 use crate::kernels::rmsnorm::{rmsnorm_backward, rmsnorm_forward};
 use crate::kernels::rope::{rope_backward, rope_forward, RopeTable};
 use crate::kernels::sigmoid;
 use crate::kernels::swiglu::{swiglu_backward, swiglu_forward};
+use crate::kernels::Grad;
 use std::ops::Range;
 
 /// Sizes shared by every block of one model.
@@ -176,13 +177,6 @@ impl Scratch {
     }
 }
 
-/// Zeroes the first `n` elements and returns them.
-fn zeroed(v: &mut [f32], n: usize) -> &mut [f32] {
-    let s = &mut v[..n];
-    s.fill(0.0);
-    s
-}
-
 /// x: (B, T, D) in place: the block's input on entry, its output on return. Without a cache
 /// each sequence is the whole context (training); with one cache per sequence the T new tokens
 /// of sequence b sit at positions caches[b].len.. and attend to everything cached before them.
@@ -278,7 +272,7 @@ pub fn block_forward(
                 let y = &mut a.y[..n * d.out];
                 let subln = &w[p.subln.clone().expect("diff_v1 layer has subln")];
                 rmsnorm_forward(y, &mut a.sub_rstd[..n * d.h], comb, subln, s.dv, d.eps);
-                y.iter_mut().for_each(|y| *y *= 1.0 - lambda_init);
+                crate::kernels::scale(y, 1.0 - lambda_init);
             }
         }
         AttentionKind::DiffV2 => {
@@ -376,7 +370,7 @@ pub fn block_backward(
     linear_backward(Grad::Add(dln), g, w, &p.up_proj, dup, ln2, n, c, d.f);
     let pal = p.post_attention_layernorm.clone();
     rmsnorm_backward(
-        dx,
+        Grad::Add(dx),
         &mut g[pal.clone()],
         dln,
         &a.x_mid[..n * c],
@@ -409,11 +403,11 @@ pub fn block_backward(
             let dcomb: &[f32] = if d.subln {
                 let lambda_init = lambda_init_at(d.lambda_init, layer);
                 // in the forward pass this was `y = (1 − λ_init) · subln(comb)`
-                dattn.iter_mut().for_each(|v| *v *= 1.0 - lambda_init);
-                let dcomb = zeroed(&mut sc.dcomb, n * d.out);
+                crate::kernels::scale(dattn, 1.0 - lambda_init);
+                let dcomb = &mut sc.dcomb[..n * d.out];
                 let sub = p.subln.clone().expect("diff_v1 layer has subln");
                 rmsnorm_backward(
-                    dcomb,
+                    Grad::Set(dcomb),
                     &mut g[sub.clone()],
                     dattn,
                     &a.comb[..n * d.out],
@@ -495,7 +489,7 @@ pub fn block_backward(
     linear_backward(Grad::Add(dln), g, w, &p.v_proj, dv, ln1, n, c, d.v_width());
     let il = p.input_layernorm.clone();
     rmsnorm_backward(
-        dx,
+        Grad::Add(dx),
         &mut g[il.clone()],
         dln,
         &a.x_in[..n * c],

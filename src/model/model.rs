@@ -16,9 +16,10 @@ use crate::kernels::cross_entropy::{
     counted, cross_entropy_backward, cross_entropy_forward, mean_loss, IGNORE,
 };
 use crate::kernels::embedding::{embedding_backward, embedding_forward};
-use crate::kernels::matmul::{matmul_backward, matmul_forward, Grad};
+use crate::kernels::matmul::{matmul_backward, matmul_forward};
 use crate::kernels::rmsnorm::{rmsnorm_backward, rmsnorm_forward};
 use crate::kernels::rope::RopeTable;
+use crate::kernels::Grad;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -349,10 +350,9 @@ impl Model {
             v,
         );
         let dx = &mut ws.dx[..n * dm];
-        dx.fill(0.0);
         let nr = self.layout.norm.clone();
         rmsnorm_backward(
-            dx,
+            Grad::Set(dx),
             &mut grads[nr.clone()],
             dlnf,
             &ws.x[..n * dm],
