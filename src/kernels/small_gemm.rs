@@ -10,7 +10,7 @@ use super::SharedMut;
 /// Runs f, under `bf16` with the tile unit configured once for all of f's products.
 pub fn tile_session<R>(bf16: bool, f: impl FnOnce() -> R) -> R {
     #[cfg(target_arch = "x86_64")]
-    if bf16 {
+    if bf16 && super::bf16_amx::available() {
         return super::bf16_amx::with_tiles(f);
     }
     let _ = bf16;
@@ -18,7 +18,7 @@ pub fn tile_session<R>(bf16: bool, f: impl FnOnce() -> R) -> R {
 }
 
 /// C rows start `c_rs` apart and B rows `b_rs` apart; both have `n` contiguous columns.
-/// `bf16`: on the AMX tile unit (the caller checked `bf16_amx::available()`).
+/// `bf16`: on the AMX tile unit where the CPU has one (f32 elsewhere).
 #[allow(clippy::too_many_arguments)]
 pub fn small_gemm(
     m: usize,
@@ -71,14 +71,14 @@ pub unsafe fn small_gemm_raw(
         "small_gemm: B too small"
     );
     #[cfg(target_arch = "x86_64")]
-    if bf16 {
+    if bf16 && super::bf16_amx::available() {
         let b = Mat {
             data: b,
             rs: b_rs,
             cs: 1,
         };
         let c = SharedMut::from_raw(c, (m - 1) * c_rs + n);
-        // SAFETY: the caller vouches for C and for AMX.
+        // SAFETY: the caller vouches for C; AMX is available (checked above).
         super::bf16_amx::gemm_shared(m, n, k, c, c_rs, accumulate, a, b, 1);
         return;
     }
