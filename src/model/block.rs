@@ -200,7 +200,7 @@ pub fn block_forward(
     let c = d.c;
     let s = &d.shape;
     // A linear layer's weight, with its bf16 copies where inference keeps them.
-    let weight = |r: std::ops::Range<usize>| Bf16Weights::weight_of(wb, w, r);
+    let weight = |r: Range<usize>| Bf16Weights::weight_of(wb, w, r);
     a.x_in[..n * c].copy_from_slice(x);
     rmsnorm_forward(
         &mut a.ln1[..n * c],
@@ -502,7 +502,7 @@ pub fn block_backward(
 /// The backward of the linear layer whose weight (oc, c) lies at `r` of w: dinp (n, c) = (or
 /// +=) dout · W, and its gradient at `r` of g accumulates doutᵀ · inp.
 #[allow(clippy::too_many_arguments)]
-fn linear_backward(
+pub(super) fn linear_backward(
     dinp: Grad,
     g: &mut [f32],
     w: &[f32],
@@ -517,7 +517,7 @@ fn linear_backward(
 }
 
 /// Four disjoint mutable gradient slices for the four λ vectors (laid out one after another).
-fn split4<'g>(g: &'g mut [f32], ls: &[std::ops::Range<usize>; 4]) -> [&'g mut [f32]; 4] {
+fn split4<'g>(g: &'g mut [f32], ls: &[Range<usize>; 4]) -> [&'g mut [f32]; 4] {
     let len = ls[0].len();
     debug_assert!((1..4).all(|i| ls[i].start == ls[i - 1].end && ls[i].len() == len));
     let mut it = g[ls[0].start..ls[3].end].chunks_mut(len);

@@ -7,7 +7,7 @@
 //! ```
 
 use super::bf16_weights::Bf16Weights;
-use super::block::{block_backward, block_forward, Dims, LayerActs, Scratch};
+use super::block::{block_backward, block_forward, linear_backward, Dims, LayerActs, Scratch};
 use super::kv_cache::KvCache;
 use super::params::ParamLayout;
 use crate::config::ModelConfig;
@@ -16,7 +16,7 @@ use crate::kernels::cross_entropy::{
     counted, cross_entropy_backward, cross_entropy_forward, mean_loss, IGNORE,
 };
 use crate::kernels::embedding::{embedding_backward, embedding_forward};
-use crate::kernels::matmul::{matmul_backward, matmul_forward};
+use crate::kernels::matmul::matmul_forward;
 use crate::kernels::rmsnorm::{rmsnorm_backward, rmsnorm_forward};
 use crate::kernels::rope::RopeTable;
 use crate::kernels::Grad;
@@ -339,12 +339,13 @@ impl Model {
         );
         let dlnf = &mut ws.dlnf[..n * dm];
         let lm = self.layout.lm_head_range();
-        matmul_backward(
+        linear_backward(
             Grad::Set(dlnf),
-            &mut grads[lm.clone()],
+            grads,
+            w,
+            &lm,
             dlogits,
             &ws.lnf[..n * dm],
-            &w[lm],
             n,
             dm,
             v,
