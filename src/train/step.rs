@@ -72,7 +72,8 @@ impl Optimizer {
 
     /// Multiplies every gradient by `s` (1 / micro-batches after gradient accumulation).
     pub fn scale_grads(&mut self, s: f32) {
-        self.grads.iter_mut().for_each(|g| *g *= s);
+        let grads = &mut self.grads;
+        crate::kernels::on_pool(|| crate::kernels::scale(grads, s));
     }
 
     /// Clips the gradients to the global norm `clip` (`grad_norm` is their current norm) and
