@@ -109,9 +109,10 @@ unsafe fn transpose_rows16(
 ) {
     use std::arch::x86_64::*;
     for d0 in (0..w).step_by(16) {
-        let mut r: [__m512i; 16] = std::array::from_fn(|i| {
-            _mm512_loadu_si512(x.as_ptr().add(((row + i) * heads + h) * w + d0) as *const _)
-        });
+        let mut r = [_mm512_setzero_si512(); 16];
+        for (i, r) in r.iter_mut().enumerate() {
+            *r = _mm512_loadu_si512(x.as_ptr().add(((row + i) * heads + h) * w + d0) as *const _);
+        }
         super::transpose16(&mut r);
         for (i, v) in r.iter().enumerate() {
             _mm512_storeu_si512(tile.as_mut_ptr().add((d0 + i) * BK + col) as *mut _, *v);

@@ -101,13 +101,10 @@ unsafe fn transpose_rows<const R: usize>(panel: &mut [f32], rows: &[&[f32]; R], 
     while p + 16 <= kc {
         for c0 in (0..R).step_by(16) {
             let w = 16.min(R - c0);
-            let mut r: [__m512i; 16] = std::array::from_fn(|i| {
-                if i < w {
-                    _mm512_loadu_si512(rows[c0 + i].as_ptr().add(p) as *const _)
-                } else {
-                    _mm512_setzero_si512()
-                }
-            });
+            let mut r = [_mm512_setzero_si512(); 16];
+            for (i, r) in r.iter_mut().enumerate().take(w) {
+                *r = _mm512_loadu_si512(rows[c0 + i].as_ptr().add(p) as *const _);
+            }
             super::transpose16(&mut r);
             let mask = super::lane_mask(w);
             for (i, v) in r.iter().enumerate() {

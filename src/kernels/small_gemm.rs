@@ -214,8 +214,10 @@ mod avx512 {
     ) {
         let mut acc = [[_mm512_setzero_ps(); NV]; H];
         for p in 0..k {
-            let bv: [__m512; NV] =
-                std::array::from_fn(|v| _mm512_maskz_loadu_ps(mk[v], b.add(p * b_rs + 16 * v)));
+            let mut bv = [_mm512_setzero_ps(); NV];
+            for (v, bv) in bv.iter_mut().enumerate() {
+                *bv = _mm512_maskz_loadu_ps(mk[v], b.add(p * b_rs + 16 * v));
+            }
             for (r, row) in acc.iter_mut().enumerate() {
                 let av = _mm512_set1_ps(*a.add(r * a_rs + p * a_cs));
                 for v in 0..NV {
