@@ -1,5 +1,6 @@
 //! The numeric core: each file holds one op's forward and backward over flat f32 buffers.
-//! Backward passes accumulate (`+=`) into gradient buffers; the caller zeroes once per step.
+//! Backward passes write an input's gradient where they make its first contribution and add
+//! to it after that (`Grad`); parameter gradients accumulate over a step.
 
 pub mod adamw;
 pub mod attention;
@@ -8,6 +9,7 @@ pub mod bf16_amx;
 pub mod cross_entropy;
 pub mod embedding;
 pub mod matmul;
+mod pool;
 pub mod rmsnorm;
 pub mod rope;
 #[cfg(target_arch = "x86_64")]
@@ -15,16 +17,7 @@ pub mod sgemm_avx512;
 pub mod small_gemm;
 pub mod swiglu;
 
-/// Runs `f` on a rayon worker thread. Called from outside the pool, every parallel op would
-/// be injected into the pool separately (and rayon's injector allocates as it goes); running a
-/// whole step inside the pool makes its parallel ops plain worker-local forks.
-pub fn on_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
-    if rayon::current_thread_index().is_some() {
-        f()
-    } else {
-        rayon::scope(|_| f())
-    }
-}
+pub use pool::on_pool;
 
 /// Runs `f` with the buffer kept in a thread-local `slot`, taken out for the duration: while a
 /// rayon worker waits inside `f` it may run another job that wants the same slot, which then

@@ -4,6 +4,7 @@
 use crate::error::Result;
 use crate::kernels::adamw::{adamw_update, AdamWParams};
 use crate::model::{Model, Workspace};
+use rayon::prelude::*;
 
 pub struct Optimizer {
     pub hp: AdamWParams,
@@ -14,7 +15,12 @@ pub struct Optimizer {
     pub t: u64,
     /// clip the global gradient norm to this (0: off)
     pub clip: f32,
+    /// `grad_norm`'s per-chunk sums
+    norm_parts: Vec<f64>,
 }
+
+/// Gradients per task in `zero_grad` and `grad_norm`.
+const CHUNK: usize = 1 << 14;
 
 /// What one step measured.
 #[derive(Clone, Copy, Debug)]
@@ -33,20 +39,28 @@ impl Optimizer {
             v: vec![0.0; n],
             t: 0,
             clip,
+            norm_parts: Vec::new(),
         }
     }
 
-    /// Global L2 norm of the gradients, summed per tensor in f64 in layout order.
-    pub fn grad_norm(&self) -> f32 {
-        self.grads
-            .iter()
-            .map(|&g| g as f64 * g as f64)
-            .sum::<f64>()
-            .sqrt() as f32
+    /// Global L2 norm of the gradients: squares summed in f64 over fixed chunks across the
+    /// pool, then the chunks' sums in layout order, so the result does not depend on the
+    /// thread count.
+    pub fn grad_norm(&mut self) -> f32 {
+        let (grads, parts) = (&self.grads, &mut self.norm_parts);
+        parts.resize(grads.len().div_ceil(CHUNK), 0.0);
+        crate::kernels::on_pool(|| {
+            parts
+                .par_iter_mut()
+                .zip(grads.par_chunks(CHUNK))
+                .for_each(|(s, g)| *s = g.iter().map(|&g| g as f64 * g as f64).sum());
+        });
+        parts.iter().sum::<f64>().sqrt() as f32
     }
 
     pub fn zero_grad(&mut self) {
-        self.grads.fill(0.0);
+        let grads = &mut self.grads;
+        crate::kernels::on_pool(|| grads.par_chunks_mut(CHUNK).for_each(|g| g.fill(0.0)));
     }
 
     /// Forward, loss and backward of one (micro-)batch of inputs (B, T) and their next-token
@@ -113,11 +127,14 @@ impl Optimizer {
         t: usize,
         lr: f32,
     ) -> Result<TrainStep> {
-        self.zero_grad();
-        let loss = self.accumulate(model, ws, inputs, targets, b, t)?;
-        let grad_norm = self.grad_norm();
-        self.apply(model, grad_norm, lr);
-        Ok(TrainStep { loss, grad_norm })
+        // One call on the pool for the whole step (the calls inside run directly).
+        crate::kernels::on_pool(|| {
+            self.zero_grad();
+            let loss = self.accumulate(model, ws, inputs, targets, b, t)?;
+            let grad_norm = self.grad_norm();
+            self.apply(model, grad_norm, lr);
+            Ok(TrainStep { loss, grad_norm })
+        })
     }
 }
 
