@@ -30,7 +30,8 @@ const KC_TILES: usize = 16;
 const PACK_ROWS: usize = 8;
 
 thread_local! {
-    /// Packed A and B of the call made from this thread.
+    /// Two packed tile rows of A, of the task running on this thread; packed B of the call
+    /// made from this thread.
     static PACK_A: Cell<Vec<u16>> = const { Cell::new(Vec::new()) };
     static PACK_B: Cell<Vec<u16>> = const { Cell::new(Vec::new()) };
     /// Whether this thread is inside `with_tiles`, which configured the tiles already.
@@ -276,18 +277,21 @@ fn bf16_bits(v: f32) -> u16 {
 /// Sizes this thread's packing buffers for operands up to `long` × `short` either way round
 /// (see `kernels::prepare_threads`).
 pub(crate) fn reserve(long: usize, short: usize) {
-    let n = packed_len(long, short).max(packed_len(short, long));
-    for slot in [&PACK_A, &PACK_B] {
-        with_thread_buffer(slot, |b| {
-            if b.len() < n {
-                b.resize(n, 0);
+    let b = packed_len(long, short).max(packed_len(short, long));
+    // A is packed two tile rows (one task's) at a time, over a depth of at most `long`.
+    let a = 2 * long.div_ceil(TK) * TILE;
+    for (slot, n) in [(&PACK_A, a), (&PACK_B, b)] {
+        with_thread_buffer(slot, |v| {
+            if v.len() < n {
+                v.resize(n, 0);
             }
         });
     }
 }
 
-/// Packs x (rows, depth) into ceil(rows / 32) · 2 tile rows (see `pack_tile_row`).
-fn pack(buf: &mut Vec<u16>, x: Mat, rows: usize, depth: usize, vnni: bool, threads: usize) {
+/// Packs Bᵀ = x (rows, depth) whole, into ceil(rows / 32) · 2 tile rows (see
+/// `pack_tile_rows`): every task of a product reads all of it.
+fn pack_b(buf: &mut Vec<u16>, x: Mat, rows: usize, depth: usize, threads: usize) {
     let (rts, kts) = (rows.div_ceil(BLOCK) * 2, depth.div_ceil(TK));
     let len = rts * kts * TILE;
     if buf.len() < len {
@@ -295,7 +299,7 @@ fn pack(buf: &mut Vec<u16>, x: Mat, rows: usize, depth: usize, vnni: bool, threa
     }
     // SAFETY: `available()` was checked by the caller; the caller bounds-checked x.
     let run = |(i, dst): (usize, &mut [u16])| unsafe {
-        pack_tile_rows(dst, x, i * PACK_ROWS, rows, depth, vnni)
+        pack_tile_rows(dst, x, i * PACK_ROWS, rows, depth, true)
     };
     if threads > 1 && rts > PACK_ROWS {
         buf[..len]
@@ -439,7 +443,7 @@ pub(crate) unsafe fn gemm_shared(
         cs: b.rs,
     };
     with_thread_buffer(&PACK_B, |pb| {
-        pack(pb, bt, n, k, true, threads);
+        pack_b(pb, bt, n, k, threads);
         products(m, n, k, dst, dst_rs, accumulate, a, pb, threads);
     });
 }
@@ -449,7 +453,7 @@ pub(crate) unsafe fn gemm_shared(
 pub fn pack_weight(w: &[f32], oc: usize, c: usize) -> Vec<u16> {
     assert!(w.len() >= oc * c, "pack_weight: {} < {oc}×{c}", w.len());
     let mut buf = Vec::new();
-    pack(&mut buf, Mat::rows(w, c), oc, c, true, 1);
+    pack_b(&mut buf, Mat::rows(w, c), oc, c, 1);
     buf
 }
 
@@ -507,7 +511,7 @@ unsafe fn tile_row_dot(x: &[f32], row: &[u16], n: usize, c: usize) -> [__m512; 4
     acc
 }
 
-/// `gemm` with B already packed (`pack` of Bᵀ, or `pack_weight`). The caller checked the
+/// `gemm` with B already packed (`pack_b` of Bᵀ, or `pack_weight`). The caller checked the
 /// bounds of dst and a and `available()`.
 #[allow(clippy::too_many_arguments)]
 pub fn gemm_packed(
@@ -537,7 +541,8 @@ pub fn gemm_packed(
     }
 }
 
-/// Packs A and multiplies it by the packed B, 32 × 32 blocks of dst at a time.
+/// dst (+)= A · B, 32 × 32 blocks of dst at a time: a task per two tile rows of A, which it
+/// packs itself.
 ///
 /// # Safety
 /// As for `gemm_shared`.
@@ -558,18 +563,22 @@ unsafe fn products(
         "gemm_packed: packed B too small"
     );
     let kts = k.div_ceil(TK);
-    with_thread_buffer(&PACK_A, |pa| {
-        pack(pa, a, m, k, false, threads);
-        let pa = &*pa;
-        let row = kts * TILE;
-        let row_block = |bi: usize| {
+    let row = kts * TILE;
+    let row_block = |bi: usize| {
+        // Each task packs its own two tile rows of A, which then stay in L1 for its products.
+        with_thread_buffer(&PACK_A, |pa| {
+            if pa.len() < 2 * row {
+                pa.resize(2 * row, 0);
+            }
+            let a_rows = &mut pa[..2 * row];
             let i0 = bi * BLOCK;
-            let a = &pa[2 * bi * row..(2 * bi + 2) * row];
-            // SAFETY: AMX is available (checked by the caller) and configured on
-            // this thread by the caller's session; the tile pointers stay inside the packed rows (kc + kn ≤ kts);
-            // each task writes only its own rows i0..i0+32 of dst, which the caller
-            // bounds-checked.
+            // SAFETY: AMX is available (checked by the caller) and configured on this thread
+            // by the caller's session; the caller bounds-checked a; the tile pointers stay
+            // inside the packed rows (kc + kn ≤ kts); each task writes only its own rows
+            // i0..i0+32 of dst, which the caller bounds-checked.
             unsafe {
+                pack_tile_rows(a_rows, a, 2 * bi, m, k, false);
+                let a = &*a_rows;
                 for kc in (0..kts).step_by(KC_TILES) {
                     let kn = KC_TILES.min(kts - kc);
                     for bj in 0..n.div_ceil(BLOCK) {
@@ -590,17 +599,17 @@ unsafe fn products(
                     }
                 }
             }
-        };
-        let blocks = m.div_ceil(BLOCK);
-        if threads > 1 && blocks > 1 {
-            (0..blocks)
-                .into_par_iter()
-                .for_each_init(TileSession::begin, |_, bi| row_block(bi));
-        } else {
-            let _tiles = TileSession::begin();
-            (0..blocks).for_each(row_block);
-        }
-    });
+        })
+    };
+    let blocks = m.div_ceil(BLOCK);
+    if threads > 1 && blocks > 1 {
+        (0..blocks)
+            .into_par_iter()
+            .for_each_init(TileSession::begin, |_, bi| row_block(bi));
+    } else {
+        let _tiles = TileSession::begin();
+        (0..blocks).for_each(row_block);
+    }
 }
 
 #[cfg(test)]
