@@ -444,7 +444,7 @@ pub(crate) unsafe fn gemm_shared(
     };
     with_thread_buffer(&PACK_B, |pb| {
         pack_b(pb, bt, n, k, threads);
-        products(m, n, k, dst, dst_rs, accumulate, a, pb, threads);
+        products(m, n, k, dst, dst_rs, accumulate, a, pb, b_row(k), threads);
     });
 }
 
@@ -536,7 +536,73 @@ pub fn gemm_packed(
             accumulate,
             a,
             pb,
+            b_row(k),
             threads,
+        )
+    }
+}
+
+/// Distance between consecutive tile rows of a packed B of depth k (`pack_b`).
+fn b_row(k: usize) -> usize {
+    k.div_ceil(TK) * TILE
+}
+
+/// B (k × n) packed once, for products over ranges of its columns and depth (an attention
+/// task's keys and values, against each query block in turn).
+pub(crate) struct PackedB<'a> {
+    tiles: &'a [u16],
+    row: usize,
+}
+
+impl<'a> PackedB<'a> {
+    /// Packs b (k × n) into buf, one thread. The caller bounds-checked b and `available()`.
+    pub(crate) fn pack(buf: &'a mut Vec<u16>, b: Mat, k: usize, n: usize) -> PackedB<'a> {
+        let bt = Mat {
+            data: b.data,
+            rs: b.cs,
+            cs: b.rs,
+        };
+        pack_b(buf, bt, n, k, 1);
+        PackedB {
+            tiles: &buf[..packed_len(n, k)],
+            row: b_row(k),
+        }
+    }
+
+    /// dst (m × n) (+)= a (m × k) · B[p0..p0 + k, j0..j0 + n] on this thread (inside
+    /// `with_tiles`); j0 a multiple of 32 and p0 of 32. Where k is not a multiple of 32, the
+    /// packed rows past p0 + k meet A's zero padding.
+    ///
+    /// # Safety
+    /// As for `gemm_shared`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) unsafe fn gemm(
+        &self,
+        m: usize,
+        n: usize,
+        k: usize,
+        (j0, p0): (usize, usize),
+        dst: SharedMut,
+        dst_rs: usize,
+        accumulate: bool,
+        a: Mat,
+    ) {
+        assert!(
+            j0 % BLOCK == 0 && p0 % TK == 0,
+            "PackedB: ({j0}, {p0}) off the tiles"
+        );
+        let at = 2 * (j0 / BLOCK) * self.row + (p0 / TK) * TILE;
+        products(
+            m,
+            n,
+            k,
+            dst,
+            dst_rs,
+            accumulate,
+            a,
+            &self.tiles[at..],
+            self.row,
+            1,
         )
     }
 }
@@ -556,13 +622,14 @@ unsafe fn products(
     accumulate: bool,
     a: Mat,
     pb: &[u16],
+    b_row: usize,
     threads: usize,
 ) {
-    assert!(
-        pb.len() >= packed_len(n, k),
-        "gemm_packed: packed B too small"
-    );
     let kts = k.div_ceil(TK);
+    assert!(
+        kts * TILE <= b_row && pb.len() >= (2 * n.div_ceil(BLOCK) - 1) * b_row + kts * TILE,
+        "bf16 products: packed B too small"
+    );
     let row = kts * TILE;
     let row_block = |bi: usize| {
         // Each task packs its own two tile rows of A, which then stay in L1 for its products.
@@ -582,10 +649,10 @@ unsafe fn products(
                 for kc in (0..kts).step_by(KC_TILES) {
                     let kn = KC_TILES.min(kts - kc);
                     for bj in 0..n.div_ceil(BLOCK) {
-                        let (j0, b) = (bj * BLOCK, &pb[2 * bj * row..(2 * bj + 2) * row]);
+                        let (j0, b) = (bj * BLOCK, pb.as_ptr().add(2 * bj * b_row));
                         block(
                             [a.as_ptr().add(kc * TILE), a.as_ptr().add(row + kc * TILE)],
-                            [b.as_ptr().add(kc * TILE), b.as_ptr().add(row + kc * TILE)],
+                            [b.add(kc * TILE), b.add(b_row + kc * TILE)],
                             kn,
                             dst_ptr.ptr(
                                 i0 * dst_rs + j0,

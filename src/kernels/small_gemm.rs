@@ -17,6 +17,97 @@ pub fn tile_session<R>(bf16: bool, f: impl FnOnce() -> R) -> R {
     f()
 }
 
+#[cfg(target_arch = "x86_64")]
+thread_local! {
+    /// The two operands of `with_packed_pair`.
+    static PACKED: [std::cell::Cell<Vec<u16>>; 2] = const {
+        [std::cell::Cell::new(Vec::new()), std::cell::Cell::new(Vec::new())]
+    };
+}
+
+/// A B operand (k × n) packed once in bf16 tiles, for many products over ranges of its
+/// columns and depth: an attention task's keys and values, against each of its query blocks
+/// and heads in turn, instead of packing a key tile per block and head.
+pub struct PackedB<'a> {
+    #[cfg(target_arch = "x86_64")]
+    tiles: super::bf16_amx::PackedB<'a>,
+    #[cfg(not(target_arch = "x86_64"))]
+    _none: std::marker::PhantomData<&'a ()>,
+}
+
+/// Runs f with b1 (k1 × n1) and b2 (k2 × n2) packed (`PackedB`) where `bf16` and the CPU
+/// has AMX, with `None` otherwise.
+#[allow(clippy::too_many_arguments)]
+pub fn with_packed_pair<R>(
+    bf16: bool,
+    (b1, k1, n1): (Mat, usize, usize),
+    (b2, k2, n2): (Mat, usize, usize),
+    f: impl FnOnce(Option<(PackedB, PackedB)>) -> R,
+) -> R {
+    #[cfg(target_arch = "x86_64")]
+    if bf16 && super::bf16_amx::available() {
+        for (b, k, n) in [(b1, k1, n1), (b2, k2, n2)] {
+            assert!(
+                k > 0 && n > 0 && b.data.len() > (k - 1) * b.rs + (n - 1) * b.cs,
+                "with_packed_pair: B too small"
+            );
+        }
+        let mut bufs = PACKED.with(|p| [p[0].take(), p[1].take()]);
+        let r = {
+            let [x, y] = &mut bufs;
+            let p1 = super::bf16_amx::PackedB::pack(x, b1, k1, n1);
+            let p2 = super::bf16_amx::PackedB::pack(y, b2, k2, n2);
+            f(Some((PackedB { tiles: p1 }, PackedB { tiles: p2 })))
+        };
+        PACKED.with(|p| {
+            let [x, y] = bufs;
+            p[0].set(x);
+            p[1].set(y);
+        });
+        return r;
+    }
+    let _ = (bf16, b1, k1, n1, b2, k2, n2);
+    f(None)
+}
+
+impl PackedB<'_> {
+    /// C (m × n) (+)= A (m × k) · B[p0..p0 + k, j0..j0 + n], on the tile unit (inside
+    /// `tile_session`); j0 and p0 multiples of 32.
+    ///
+    /// # Safety
+    /// As for `small_gemm_raw`'s C.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn gemm_raw(
+        &self,
+        m: usize,
+        n: usize,
+        k: usize,
+        at: (usize, usize),
+        a: Mat,
+        c: *mut f32,
+        c_rs: usize,
+        accumulate: bool,
+    ) {
+        if m == 0 || n == 0 {
+            return;
+        }
+        assert!(
+            k == 0 || a.data.len() > (m - 1) * a.rs + (k - 1) * a.cs,
+            "PackedB::gemm_raw: A too small"
+        );
+        #[cfg(target_arch = "x86_64")]
+        {
+            let c = SharedMut::from_raw(c, (m - 1) * c_rs + n);
+            self.tiles.gemm(m, n, k, at, c, c_rs, accumulate, a);
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = (m, n, k, at, a, c, c_rs, accumulate);
+            unreachable!("PackedB exists only with AMX");
+        }
+    }
+}
+
 /// C rows start `c_rs` apart and B rows `b_rs` apart; both have `n` contiguous columns.
 /// `bf16`: on the AMX tile unit where the CPU has one (f32 elsewhere).
 #[allow(clippy::too_many_arguments)]
