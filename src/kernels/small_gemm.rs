@@ -91,10 +91,7 @@ impl PackedB<'_> {
         if m == 0 || n == 0 {
             return;
         }
-        assert!(
-            k == 0 || a.data.len() > (m - 1) * a.rs + (k - 1) * a.cs,
-            "PackedB::gemm_raw: A too small"
-        );
+        assert!(a_fits(&a, m, k), "PackedB::gemm_raw: A too small");
         #[cfg(target_arch = "x86_64")]
         {
             let c = SharedMut::from_raw(c, (m - 1) * c_rs + n);
@@ -106,6 +103,11 @@ impl PackedB<'_> {
             unreachable!("PackedB exists only with AMX");
         }
     }
+}
+
+/// Whether a holds m × k elements at its strides (m ≥ 1).
+fn a_fits(a: &Mat, m: usize, k: usize) -> bool {
+    k == 0 || a.data.len() > (m - 1) * a.rs + (k - 1) * a.cs
 }
 
 /// C rows start `c_rs` apart and B rows `b_rs` apart; both have `n` contiguous columns.
@@ -153,10 +155,7 @@ pub unsafe fn small_gemm_raw(
     if m == 0 || n == 0 {
         return;
     }
-    assert!(
-        k == 0 || a.data.len() > (m - 1) * a.rs + (k - 1) * a.cs,
-        "small_gemm: A too small"
-    );
+    assert!(a_fits(&a, m, k), "small_gemm: A too small");
     assert!(
         k == 0 || b.len() >= (k - 1) * b_rs + n,
         "small_gemm: B too small"

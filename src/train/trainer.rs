@@ -375,35 +375,39 @@ pub fn train(
         }
         let t0 = Instant::now();
         let lr = lr_at(step, tc.steps, tc.lr, tc.min_lr, tc.warmup);
-        opt.zero_grad();
-        let mut loss_sum = 0f32;
-        for _ in 0..tc.grad_accum {
-            sampler.fill(&data.train, &mut x, &mut y, b, t);
-            let loss = opt.accumulate(&model, &mut ws, &x, &y, b, t)?;
-            if !loss.is_finite() {
+        // The step's compute is one call on the pool, its workers kept awake (kernels::on_pool).
+        let (loss, grad_norm) = crate::kernels::on_pool(|| -> Result<(f32, f32)> {
+            opt.zero_grad();
+            let mut loss_sum = 0f32;
+            for _ in 0..tc.grad_accum {
+                sampler.fill(&data.train, &mut x, &mut y, b, t);
+                let loss = opt.accumulate(&model, &mut ws, &x, &y, b, t)?;
+                if !loss.is_finite() {
+                    return Err(Error::Invalid(format!(
+                        "step {}: the loss is {loss}; the first non-finite value is in {}; stopped without saving (last good checkpoint: {})",
+                        step + 1,
+                        locate_forward(&model, &ws, b * t),
+                        last_saved.as_ref().map_or("none".into(), |(s, _)| checkpoint_name(*s))
+                    )));
+                }
+                loss_sum += loss;
+            }
+            let loss = loss_sum / tc.grad_accum as f32;
+            if tc.grad_accum > 1 {
+                opt.scale_grads(1.0 / tc.grad_accum as f32);
+            }
+            let grad_norm = opt.grad_norm();
+            if !grad_norm.is_finite() {
                 return Err(Error::Invalid(format!(
-                    "step {}: the loss is {loss}; the first non-finite value is in {}; stopped without saving (last good checkpoint: {})",
+                    "step {}: the gradient norm is {grad_norm}; the first non-finite gradient is in {}; stopped without saving (last good checkpoint: {})",
                     step + 1,
-                    locate_forward(&model, &ws, b * t),
+                    locate_grad(&model, &opt.grads),
                     last_saved.as_ref().map_or("none".into(), |(s, _)| checkpoint_name(*s))
                 )));
             }
-            loss_sum += loss;
-        }
-        let loss = loss_sum / tc.grad_accum as f32;
-        if tc.grad_accum > 1 {
-            opt.scale_grads(1.0 / tc.grad_accum as f32);
-        }
-        let grad_norm = opt.grad_norm();
-        if !grad_norm.is_finite() {
-            return Err(Error::Invalid(format!(
-                "step {}: the gradient norm is {grad_norm}; the first non-finite gradient is in {}; stopped without saving (last good checkpoint: {})",
-                step + 1,
-                locate_grad(&model, &opt.grads),
-                last_saved.as_ref().map_or("none".into(), |(s, _)| checkpoint_name(*s))
-            )));
-        }
-        opt.apply(&mut model, grad_norm, lr);
+            opt.apply(&mut model, grad_norm, lr);
+            Ok((loss, grad_norm))
+        })?;
         step += 1;
         tokens_seen += tokens_per_step;
         layer_lambdas(&model, &ws, b * t, &mut lambdas);
