@@ -6,8 +6,7 @@
 //! about a tenth of a bf16 training step. While a step runs, the other workers instead poll
 //! for work.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// Runs `f` on a rayon worker thread. Called from outside the pool, every parallel op would
@@ -27,6 +26,8 @@ pub fn on_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
 /// Whether some `on_pool` call keeps the workers awake now: one at a time, so that two
 /// callers' polling loops can never each wait for the other's to end.
 static SESSION: AtomicBool = AtomicBool::new(false);
+/// Counts the sessions ended: a poller runs until it moves past the value it started with.
+static ENDED: AtomicU64 = AtomicU64::new(0);
 
 /// A poller stops after this long without finding work (a long serial stretch), so that an
 /// unforeseen wait never spins a core for long.
@@ -34,33 +35,32 @@ const IDLE_LIMIT: Duration = Duration::from_millis(20);
 
 /// The other workers poll for work until this is dropped.
 struct KeepAwake {
-    stop: Option<Arc<AtomicBool>>,
+    owner: bool,
 }
 
 impl KeepAwake {
     fn start() -> KeepAwake {
-        let Some(owner) = rayon::current_thread_index() else {
-            return KeepAwake { stop: None };
+        let Some(runner) = rayon::current_thread_index() else {
+            return KeepAwake { owner: false };
         };
         if rayon::current_num_threads() < 2 || !claim() {
-            return KeepAwake { stop: None };
+            return KeepAwake { owner: false };
         }
-        let stop = Arc::new(AtomicBool::new(false));
-        let done = stop.clone();
+        let session = ENDED.load(Ordering::Acquire);
         // Queued before `f` forks anything: each worker finds its copy before any of f's work.
         rayon::spawn_broadcast(move |_| {
-            if rayon::current_thread_index() != Some(owner) {
-                poll(&done);
+            if rayon::current_thread_index() != Some(runner) {
+                poll(session);
             }
         });
-        KeepAwake { stop: Some(stop) }
+        KeepAwake { owner: true }
     }
 }
 
 impl Drop for KeepAwake {
     fn drop(&mut self) {
-        if let Some(stop) = &self.stop {
-            stop.store(true, Ordering::Release);
+        if self.owner {
+            ENDED.fetch_add(1, Ordering::AcqRel);
             SESSION.store(false, Ordering::Release);
         }
     }
@@ -72,11 +72,11 @@ fn claim() -> bool {
         .is_ok()
 }
 
-/// Runs whatever work the pool has until `stop`, spinning in between.
-fn poll(stop: &AtomicBool) {
+/// Runs whatever work the pool has until session `session` ends, spinning in between.
+fn poll(session: u64) {
     let mut last_work = Instant::now();
     let mut spins = 0u32;
-    while !stop.load(Ordering::Acquire) {
+    while ENDED.load(Ordering::Acquire) == session {
         if rayon::yield_now() == Some(rayon::Yield::Executed) {
             spins = 0;
             last_work = Instant::now();
