@@ -1,14 +1,17 @@
-//! RMSNorm: out = x / sqrt(mean(x²) + eps) · w.
+//! RMSNorm: out = x / sqrt(mean(x²) + eps) · w, times a constant `gain` (1 but for diff_v1's
+//! subln, whose fixed (1 − λ_init) scale rides along instead of taking a pass of its own).
 
 use super::{Grad, ROW_CHUNK};
 use rayon::prelude::*;
 
 /// x: (N, C) rows, w: (C), out: (N, C); rstd: (N) saved for the backward.
+#[allow(clippy::too_many_arguments)]
 pub fn rmsnorm_forward(
     out: &mut [f32],
     rstd: &mut [f32],
     x: &[f32],
     w: &[f32],
+    gain: f32,
     c: usize,
     eps: f32,
 ) {
@@ -20,14 +23,15 @@ pub fn rmsnorm_forward(
                 let ms = x.iter().map(|v| v * v).sum::<f32>() / c as f32;
                 *r = 1.0 / (ms + eps).sqrt();
                 for ((o, &x), &w) in o.iter_mut().zip(x).zip(w) {
-                    *o = x * *r * w;
+                    *o = x * *r * w * gain;
                 }
             }
         });
 }
 
 /// Writes or accumulates dx (`Grad`) and accumulates dw. In the forward pass
-/// `out = x · r · w` with r = rstd, so dx = r·(w·dout) − x·r³/C·Σ(w·dout·x) and dw += dout·x·r.
+/// `out = x · r · w · gain` with r = rstd, so with d = gain · dout,
+/// dx = r·(w·d) − x·r³/C·Σ(w·d·x) and dw += d·x·r.
 #[allow(clippy::too_many_arguments)]
 pub fn rmsnorm_backward(
     dx: Grad,
@@ -35,6 +39,7 @@ pub fn rmsnorm_backward(
     dout: &[f32],
     x: &[f32],
     w: &[f32],
+    gain: f32,
     rstd: &[f32],
     c: usize,
 ) {
@@ -50,10 +55,12 @@ pub fn rmsnorm_backward(
                 .zip(x.chunks(c))
                 .zip(rstd)
             {
-                let dot: f32 = dout.iter().zip(w).zip(x).map(|((d, w), x)| d * w * x).sum();
+                let dot: f32 = (dout.iter().zip(w).zip(x))
+                    .map(|((d, w), x)| d * gain * w * x)
+                    .sum();
                 let k = dot * r * r * r / c as f32;
                 for (((dx, &d), &w), &x) in dx.iter_mut().zip(dout).zip(w).zip(x) {
-                    let g = r * w * d - k * x;
+                    let g = r * w * (d * gain) - k * x;
                     *dx = if add { *dx + g } else { g };
                 }
             }
@@ -61,7 +68,7 @@ pub fn rmsnorm_backward(
     // dw is a reduction over rows: one ordered pass keeps it deterministic.
     for ((dout, x), &r) in dout.chunks(c).zip(x.chunks(c)).zip(rstd) {
         for ((dw, &d), &x) in dw.iter_mut().zip(dout).zip(x) {
-            *dw += d * x * r;
+            *dw += d * gain * x * r;
         }
     }
 }
@@ -77,23 +84,26 @@ mod tests {
         let x = randn(n * c, 1, 1.0);
         let w = randn(c, 2, 1.0);
         let r = randn(n * c, 3, 1.0);
-        let f = |x: &[f32], w: &[f32]| {
-            let (mut out, mut rstd) = (vec![0.0; n * c], vec![0.0; n]);
-            rmsnorm_forward(&mut out, &mut rstd, x, w, c, eps);
-            (out, rstd)
-        };
-        let (_, rstd) = f(&x, &w);
-        let (mut dx, mut dw) = (vec![0.0; n * c], vec![0.0; c]);
-        rmsnorm_backward(Grad::Add(&mut dx), &mut dw, &r, &x, &w, &rstd, c);
-        check_grad("rmsnorm dx", &x, &dx, |x| dot64(&f(x, &w).0, &r));
-        check_grad("rmsnorm dw", &w, &dw, |w| dot64(&f(&x, w).0, &r));
-        // Set overwrites stale values; Add adds to what is there
-        let (mut set, mut add) = (vec![7.0; n * c], vec![1.0; n * c]);
-        rmsnorm_backward(Grad::Set(&mut set), &mut dw, &r, &x, &w, &rstd, c);
-        rmsnorm_backward(Grad::Add(&mut add), &mut dw, &r, &x, &w, &rstd, c);
-        for ((s, a), d) in set.iter().zip(&add).zip(&dx) {
-            assert_eq!(s, d);
-            assert!((a - (d + 1.0)).abs() < 1e-6, "{a} vs {d} + 1");
+        // 1 for the block norms; 0.2 as diff_v1's subln carries (1 − λ_init) at λ_init 0.8
+        for gain in [1.0, 0.2] {
+            let f = |x: &[f32], w: &[f32]| {
+                let (mut out, mut rstd) = (vec![0.0; n * c], vec![0.0; n]);
+                rmsnorm_forward(&mut out, &mut rstd, x, w, gain, c, eps);
+                (out, rstd)
+            };
+            let (_, rstd) = f(&x, &w);
+            let (mut dx, mut dw) = (vec![0.0; n * c], vec![0.0; c]);
+            rmsnorm_backward(Grad::Add(&mut dx), &mut dw, &r, &x, &w, gain, &rstd, c);
+            check_grad("rmsnorm dx", &x, &dx, |x| dot64(&f(x, &w).0, &r));
+            check_grad("rmsnorm dw", &w, &dw, |w| dot64(&f(&x, w).0, &r));
+            // Set overwrites stale values; Add adds to what is there
+            let (mut set, mut add) = (vec![7.0; n * c], vec![1.0; n * c]);
+            rmsnorm_backward(Grad::Set(&mut set), &mut dw, &r, &x, &w, gain, &rstd, c);
+            rmsnorm_backward(Grad::Add(&mut add), &mut dw, &r, &x, &w, gain, &rstd, c);
+            for ((s, a), d) in set.iter().zip(&add).zip(&dx) {
+                assert_eq!(s, d);
+                assert!((a - (d + 1.0)).abs() < 1e-6, "{a} vs {d} + 1");
+            }
         }
     }
 
@@ -102,7 +112,7 @@ mod tests {
         let (n, c) = (3, 64);
         let x = randn(n * c, 4, 3.0);
         let (mut out, mut rstd) = (vec![0.0; n * c], vec![0.0; n]);
-        rmsnorm_forward(&mut out, &mut rstd, &x, &vec![1.0; c], c, 1e-5);
+        rmsnorm_forward(&mut out, &mut rstd, &x, &vec![1.0; c], 1.0, c, 1e-5);
         for row in out.chunks(c) {
             let ms: f32 = row.iter().map(|v| v * v).sum::<f32>() / c as f32;
             assert!((ms - 1.0).abs() < 1e-4, "{ms}");

@@ -207,6 +207,7 @@ pub fn block_forward(
         &mut a.rstd1[..n],
         x,
         &w[p.input_layernorm.clone()],
+        1.0,
         c,
         d.eps,
     );
@@ -266,13 +267,13 @@ pub fn block_forward(
             a.lambda_parts = attn::lambda_full(lambdas, lambda_init);
             let comb = &mut a.comb[..n * d.out];
             attn::diff_combine_forward(comb, o, Lambda::Layer(a.lambda_parts.0), d.h, s.dv);
-            // subln: RMSNorm over each head's 2d outputs, then the fixed (1 − λ_init) scale.
-            // Ablated (d.subln false), both go: the paper ties the scale to the norm.
+            // subln: RMSNorm over each head's 2d outputs, with the fixed (1 − λ_init) scale
+            // as its gain. Ablated (d.subln false), both go: the paper ties the scale to the norm.
             if d.subln {
                 let y = &mut a.y[..n * d.out];
                 let subln = &w[p.subln.clone().expect("diff_v1 layer has subln")];
-                rmsnorm_forward(y, &mut a.sub_rstd[..n * d.h], comb, subln, s.dv, d.eps);
-                crate::kernels::scale(y, 1.0 - lambda_init);
+                let sub_rstd = &mut a.sub_rstd[..n * d.h];
+                rmsnorm_forward(y, sub_rstd, comb, subln, 1.0 - lambda_init, s.dv, d.eps);
             }
         }
         AttentionKind::DiffV2 => {
@@ -310,6 +311,7 @@ pub fn block_forward(
         &mut a.rstd2[..n],
         x,
         &w[p.post_attention_layernorm.clone()],
+        1.0,
         c,
         d.eps,
     );
@@ -375,6 +377,7 @@ pub fn block_backward(
         dln,
         &a.x_mid[..n * c],
         &w[pal],
+        1.0,
         &a.rstd2[..n],
         c,
     );
@@ -403,7 +406,6 @@ pub fn block_backward(
             let dcomb: &[f32] = if d.subln {
                 let lambda_init = lambda_init_at(d.lambda_init, layer);
                 // in the forward pass this was `y = (1 − λ_init) · subln(comb)`
-                crate::kernels::scale(dattn, 1.0 - lambda_init);
                 let dcomb = &mut sc.dcomb[..n * d.out];
                 let sub = p.subln.clone().expect("diff_v1 layer has subln");
                 rmsnorm_backward(
@@ -412,6 +414,7 @@ pub fn block_backward(
                     dattn,
                     &a.comb[..n * d.out],
                     &w[sub],
+                    1.0 - lambda_init,
                     &a.sub_rstd[..n * d.h],
                     s.dv,
                 );
@@ -494,6 +497,7 @@ pub fn block_backward(
         dln,
         &a.x_in[..n * c],
         &w[il],
+        1.0,
         &a.rstd1[..n],
         c,
     );

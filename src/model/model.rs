@@ -264,6 +264,7 @@ impl Model {
             &mut ws.rstdf[..rows],
             xin,
             &w[self.layout.norm.clone()],
+            1.0,
             dm,
             self.dims.eps,
         );
@@ -358,6 +359,7 @@ impl Model {
             dlnf,
             &ws.x[..n * dm],
             &w[nr],
+            1.0,
             &ws.rstdf[..n],
             dm,
         );
