@@ -437,13 +437,8 @@ pub(crate) unsafe fn gemm_shared(
     b: Mat,
     threads: usize,
 ) {
-    let bt = Mat {
-        data: b.data,
-        rs: b.cs,
-        cs: b.rs,
-    };
     with_thread_buffer(&PACK_B, |pb| {
-        pack_b(pb, bt, n, k, threads);
+        pack_b(pb, b.transposed(), n, k, threads);
         products(m, n, k, dst, dst_rs, accumulate, a, pb, b_row(k), threads);
     });
 }
@@ -557,12 +552,7 @@ pub(crate) struct PackedB<'a> {
 impl<'a> PackedB<'a> {
     /// Packs b (k × n) into buf, one thread. The caller bounds-checked b and `available()`.
     pub(crate) fn pack(buf: &'a mut Vec<u16>, b: Mat, k: usize, n: usize) -> PackedB<'a> {
-        let bt = Mat {
-            data: b.data,
-            rs: b.cs,
-            cs: b.rs,
-        };
-        pack_b(buf, bt, n, k, 1);
+        pack_b(buf, b.transposed(), n, k, 1);
         PackedB {
             tiles: &buf[..packed_len(n, k)],
             row: b_row(k),

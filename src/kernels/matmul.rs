@@ -35,6 +35,18 @@ impl<'a> Mat<'a> {
             cs: cols,
         }
     }
+    /// This matrix transposed: the same elements, strides swapped.
+    pub fn transposed(self) -> Self {
+        Mat {
+            data: self.data,
+            rs: self.cs,
+            cs: self.rs,
+        }
+    }
+    /// Whether `data` holds every element of a (rows, cols) matrix at these strides.
+    pub fn fits(&self, rows: usize, cols: usize) -> bool {
+        self.data.len() >= extent(rows, cols, self.rs, self.cs)
+    }
 }
 
 fn extent(rows: usize, cols: usize, rs: usize, cs: usize) -> usize {
@@ -121,14 +133,8 @@ pub fn sgemm_with(
     b: Mat,
 ) {
     assert!(dst.len() >= extent(m, n, dst_rs, 1), "sgemm: dst too small");
-    assert!(
-        a.data.len() >= extent(m, k, a.rs, a.cs),
-        "sgemm: lhs too small"
-    );
-    assert!(
-        b.data.len() >= extent(k, n, b.rs, b.cs),
-        "sgemm: rhs too small"
-    );
+    assert!(a.fits(m, k), "sgemm: lhs too small");
+    assert!(b.fits(k, n), "sgemm: rhs too small");
     if m == 0 || n == 0 {
         return;
     }

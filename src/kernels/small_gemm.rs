@@ -48,7 +48,7 @@ pub fn with_packed_pair<R>(
     if bf16 && super::bf16_amx::available() {
         for (b, k, n) in [(b1, k1, n1), (b2, k2, n2)] {
             assert!(
-                k > 0 && n > 0 && b.data.len() > (k - 1) * b.rs + (n - 1) * b.cs,
+                k > 0 && n > 0 && b.fits(k, n),
                 "with_packed_pair: B too small"
             );
         }
@@ -91,7 +91,7 @@ impl PackedB<'_> {
         if m == 0 || n == 0 {
             return;
         }
-        assert!(a_fits(&a, m, k), "PackedB::gemm_raw: A too small");
+        assert!(a.fits(m, k), "PackedB::gemm_raw: A too small");
         #[cfg(target_arch = "x86_64")]
         {
             let c = SharedMut::from_raw(c, (m - 1) * c_rs + n);
@@ -103,11 +103,6 @@ impl PackedB<'_> {
             unreachable!("PackedB exists only with AMX");
         }
     }
-}
-
-/// Whether a holds m × k elements at its strides (m ≥ 1).
-fn a_fits(a: &Mat, m: usize, k: usize) -> bool {
-    k == 0 || a.data.len() > (m - 1) * a.rs + (k - 1) * a.cs
 }
 
 /// C rows start `c_rs` apart and B rows `b_rs` apart; both have `n` contiguous columns.
@@ -155,21 +150,18 @@ pub unsafe fn small_gemm_raw(
     if m == 0 || n == 0 {
         return;
     }
-    assert!(a_fits(&a, m, k), "small_gemm: A too small");
-    assert!(
-        k == 0 || b.len() >= (k - 1) * b_rs + n,
-        "small_gemm: B too small"
-    );
+    let b_mat = Mat {
+        data: b,
+        rs: b_rs,
+        cs: 1,
+    };
+    assert!(a.fits(m, k), "small_gemm: A too small");
+    assert!(b_mat.fits(k, n), "small_gemm: B too small");
     #[cfg(target_arch = "x86_64")]
     if bf16 && super::bf16_amx::available() {
-        let b = Mat {
-            data: b,
-            rs: b_rs,
-            cs: 1,
-        };
         let c = SharedMut::from_raw(c, (m - 1) * c_rs + n);
         // SAFETY: the caller vouches for C; AMX is available (checked above).
-        super::bf16_amx::gemm_shared(m, n, k, c, c_rs, accumulate, a, b, 1);
+        super::bf16_amx::gemm_shared(m, n, k, c, c_rs, accumulate, a, b_mat, 1);
         return;
     }
     #[cfg(target_arch = "x86_64")]
