@@ -257,123 +257,122 @@ pub fn attention_forward(
             tkv,
         );
         let values = (Mat::rows(&v[(bi * tkv * nv + vh) * dv..], nv * dv), tkv, dv);
-        tile_session(bf16, || {
-            with_packed_pair(bf16, keys, values, |kv| {
-                with_scratch(dk, dv, group, |sc| {
-                    for q0 in (0..tq).step_by(BQ) {
-                        let rows = BQ.min(tq - q0);
-                        sc.m[..ng * BQ].fill(f32::NEG_INFINITY);
-                        sc.l[..ng * BQ].fill(0.0);
-                        sc.o_acc[..ng * BQ * dv].fill(0.0);
-                        let kv_end = q_offset + q0 + rows;
-                        for t0 in (0..kv_end).step_by(BK) {
-                            let len = BK.min(kv_end - t0);
-                            if kv.is_none() {
-                                load_tile_t(sc.kt, k, bi * tkv + t0, len, nk, kh, dk);
-                            }
-                            // A block of many queries streams the V tile again and again, from a
-                            // copy; a few queries (decoding) read each row once, in place.
-                            let (vt, vt_rs): (&[f32], usize) = if kv.is_some() {
-                                (&[], 0)
-                            } else if rows >= 16 {
-                                load_tile(sc.vt, v, bi * tkv + t0, len, nv, vh, dv);
-                                (sc.vt, dv)
-                            } else {
-                                (&v[((bi * tkv + t0) * nv + vh) * dv..], nv * dv)
-                            };
-                            for (gi, &j) in heads.iter().enumerate() {
-                                let q_blk = Mat {
-                                    data: &q[((bi * tq + q0) * nq + j) * dk..],
-                                    rs: nq * dk,
-                                    cs: 1,
-                                };
-                                match &kv {
-                                    // SAFETY: sc.s holds rows × BK.
-                                    Some((kp, _)) => unsafe {
-                                        let s = sc.s.as_mut_ptr();
-                                        kp.gemm_raw(rows, len, dk, (t0, 0), q_blk, s, BK, false)
-                                    },
-                                    None => small_gemm(
-                                        rows, len, dk, q_blk, sc.kt, BK, sc.s, BK, false, bf16,
-                                    ),
-                                }
-                                let (m, l) = (
-                                    &mut sc.m[gi * BQ..(gi + 1) * BQ],
-                                    &mut sc.l[gi * BQ..(gi + 1) * BQ],
-                                );
-                                let oacc = &mut sc.o_acc[gi * BQ * dv..(gi * BQ + rows) * dv];
-                                for r in 0..rows {
-                                    // The whole BK-wide row (masked past `valid`), so that the lane-wise
-                                    // reductions group the same keys whatever the tile's length: a query's
-                                    // result does not depend on which block or call it came in.
-                                    let row = &mut sc.s[r * BK..(r + 1) * BK];
-                                    // causal: query q0 + r sees keys < q_offset + q0 + r + 1
-                                    let valid = (q_offset + q0 + r + 1).saturating_sub(t0).min(len);
-                                    if valid == 0 {
-                                        row.fill(0.0);
-                                        continue;
-                                    }
-                                    // Each pass is a plain map or a lane-wise reduction, so all vectorise.
-                                    for (c, x) in row.iter_mut().enumerate() {
-                                        *x = if c < valid {
-                                            *x * scale
-                                        } else {
-                                            f32::NEG_INFINITY
-                                        };
-                                    }
-                                    let m_new = m[r].max(max_lanes(row));
-                                    let corr = exp_nonpos(m[r] - m_new);
-                                    for x in row.iter_mut() {
-                                        *x = exp_nonpos(*x - m_new);
-                                    }
-                                    let sum = sum_lanes(row);
-                                    l[r] = l[r] * corr + sum;
-                                    m[r] = m_new;
-                                    if corr != 1.0 {
-                                        oacc[r * dv..(r + 1) * dv]
-                                            .iter_mut()
-                                            .for_each(|x| *x *= corr);
-                                    }
-                                }
-                                let p = Mat {
-                                    data: sc.s,
-                                    rs: BK,
-                                    cs: 1,
-                                };
-                                match &kv {
-                                    // SAFETY: oacc holds rows × dv.
-                                    Some((_, vp)) => unsafe {
-                                        let o = oacc.as_mut_ptr();
-                                        vp.gemm_raw(rows, dv, len, (0, t0), p, o, dv, true)
-                                    },
-                                    None => small_gemm(
-                                        rows, dv, len, p, vt, vt_rs, oacc, dv, true, bf16,
-                                    ),
-                                }
-                            }
+        // Without them (f32, or no AMX) the products run on f32 tiles of k and v.
+        with_packed_pair(bf16, keys, values, |kv| {
+            with_scratch(dk, dv, group, |sc| {
+                for q0 in (0..tq).step_by(BQ) {
+                    let rows = BQ.min(tq - q0);
+                    sc.m[..ng * BQ].fill(f32::NEG_INFINITY);
+                    sc.l[..ng * BQ].fill(0.0);
+                    sc.o_acc[..ng * BQ * dv].fill(0.0);
+                    let kv_end = q_offset + q0 + rows;
+                    for t0 in (0..kv_end).step_by(BK) {
+                        let len = BK.min(kv_end - t0);
+                        if kv.is_none() {
+                            load_tile_t(sc.kt, k, bi * tkv + t0, len, nk, kh, dk);
                         }
+                        // A block of many queries streams the V tile again and again, from a
+                        // copy; a few queries (decoding) read each row once, in place.
+                        let (vt, vt_rs): (&[f32], usize) = if kv.is_some() {
+                            (&[], 0)
+                        } else if rows >= 16 {
+                            load_tile(sc.vt, v, bi * tkv + t0, len, nv, vh, dv);
+                            (sc.vt, dv)
+                        } else {
+                            (&v[((bi * tkv + t0) * nv + vh) * dv..], nv * dv)
+                        };
                         for (gi, &j) in heads.iter().enumerate() {
+                            let q_blk = Mat {
+                                data: &q[((bi * tq + q0) * nq + j) * dk..],
+                                rs: nq * dk,
+                                cs: 1,
+                            };
+                            match &kv {
+                                // SAFETY: sc.s holds rows × BK.
+                                Some((kp, _)) => unsafe {
+                                    let s = sc.s.as_mut_ptr();
+                                    kp.gemm_raw(rows, len, dk, (t0, 0), q_blk, s, BK, false)
+                                },
+                                None => small_gemm(
+                                    rows, len, dk, q_blk, sc.kt, BK, sc.s, BK, false, bf16,
+                                ),
+                            }
+                            let (m, l) = (
+                                &mut sc.m[gi * BQ..(gi + 1) * BQ],
+                                &mut sc.l[gi * BQ..(gi + 1) * BQ],
+                            );
+                            let oacc = &mut sc.o_acc[gi * BQ * dv..(gi * BQ + rows) * dv];
                             for r in 0..rows {
-                                // SAFETY: rows of head j (in o and lse) belong to this task alone.
-                                let (orow, lse_r) = unsafe {
-                                    (
-                                        o_ptr.slice(((bi * tq + q0 + r) * nq + j) * dv, dv),
-                                        lse_ptr.slice((bi * nq + j) * tq + q0 + r, 1),
-                                    )
-                                };
-                                let (m, l) = (sc.m[gi * BQ + r], sc.l[gi * BQ + r]);
-                                let inv = 1.0 / l;
-                                for (o, &a) in orow
-                                    .iter_mut()
-                                    .zip(&sc.o_acc[(gi * BQ + r) * dv..(gi * BQ + r + 1) * dv])
-                                {
-                                    *o = a * inv;
+                                // The whole BK-wide row (masked past `valid`), so that the lane-wise
+                                // reductions group the same keys whatever the tile's length: a query's
+                                // result does not depend on which block or call it came in.
+                                let row = &mut sc.s[r * BK..(r + 1) * BK];
+                                // causal: query q0 + r sees keys < q_offset + q0 + r + 1
+                                let valid = (q_offset + q0 + r + 1).saturating_sub(t0).min(len);
+                                if valid == 0 {
+                                    row.fill(0.0);
+                                    continue;
                                 }
-                                lse_r[0] = m + l.ln();
+                                // Each pass is a plain map or a lane-wise reduction, so all vectorise.
+                                for (c, x) in row.iter_mut().enumerate() {
+                                    *x = if c < valid {
+                                        *x * scale
+                                    } else {
+                                        f32::NEG_INFINITY
+                                    };
+                                }
+                                let m_new = m[r].max(max_lanes(row));
+                                let corr = exp_nonpos(m[r] - m_new);
+                                for x in row.iter_mut() {
+                                    *x = exp_nonpos(*x - m_new);
+                                }
+                                let sum = sum_lanes(row);
+                                l[r] = l[r] * corr + sum;
+                                m[r] = m_new;
+                                if corr != 1.0 {
+                                    oacc[r * dv..(r + 1) * dv]
+                                        .iter_mut()
+                                        .for_each(|x| *x *= corr);
+                                }
+                            }
+                            let p = Mat {
+                                data: sc.s,
+                                rs: BK,
+                                cs: 1,
+                            };
+                            match &kv {
+                                // SAFETY: oacc holds rows × dv.
+                                Some((_, vp)) => unsafe {
+                                    let o = oacc.as_mut_ptr();
+                                    vp.gemm_raw(rows, dv, len, (0, t0), p, o, dv, true)
+                                },
+                                None => {
+                                    small_gemm(rows, dv, len, p, vt, vt_rs, oacc, dv, true, bf16)
+                                }
                             }
                         }
                     }
-                })
+                    for (gi, &j) in heads.iter().enumerate() {
+                        for r in 0..rows {
+                            // SAFETY: rows of head j (in o and lse) belong to this task alone.
+                            let (orow, lse_r) = unsafe {
+                                (
+                                    o_ptr.slice(((bi * tq + q0 + r) * nq + j) * dv, dv),
+                                    lse_ptr.slice((bi * nq + j) * tq + q0 + r, 1),
+                                )
+                            };
+                            let (m, l) = (sc.m[gi * BQ + r], sc.l[gi * BQ + r]);
+                            let inv = 1.0 / l;
+                            for (o, &a) in orow
+                                .iter_mut()
+                                .zip(&sc.o_acc[(gi * BQ + r) * dv..(gi * BQ + r + 1) * dv])
+                            {
+                                *o = a * inv;
+                            }
+                            lse_r[0] = m + l.ln();
+                        }
+                    }
+                }
             })
         });
     });

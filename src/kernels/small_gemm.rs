@@ -35,8 +35,8 @@ pub struct PackedB<'a> {
     _none: std::marker::PhantomData<&'a ()>,
 }
 
-/// Runs f with b1 (k1 × n1) and b2 (k2 × n2) packed (`PackedB`) where `bf16` and the CPU
-/// has AMX, with `None` otherwise.
+/// Runs f with b1 (k1 × n1) and b2 (k2 × n2) packed (`PackedB`) and the tile unit configured
+/// for their products, where `bf16` and the CPU has AMX; with `None` otherwise.
 #[allow(clippy::too_many_arguments)]
 pub fn with_packed_pair<R>(
     bf16: bool,
@@ -57,7 +57,7 @@ pub fn with_packed_pair<R>(
             let [x, y] = &mut bufs;
             let p1 = super::bf16_amx::PackedB::pack(x, b1, k1, n1);
             let p2 = super::bf16_amx::PackedB::pack(y, b2, k2, n2);
-            f(Some((PackedB { tiles: p1 }, PackedB { tiles: p2 })))
+            super::bf16_amx::with_tiles(|| f(Some((PackedB { tiles: p1 }, PackedB { tiles: p2 }))))
         };
         PACKED.with(|p| {
             let [x, y] = bufs;
@@ -71,8 +71,8 @@ pub fn with_packed_pair<R>(
 }
 
 impl PackedB<'_> {
-    /// C (m × n) (+)= A (m × k) · B[p0..p0 + k, j0..j0 + n], on the tile unit (inside
-    /// `tile_session`); j0 and p0 multiples of 32.
+    /// C (m × n) (+)= A (m × k) · B[p0..p0 + k, j0..j0 + n], on the tile unit (configured by
+    /// `with_packed_pair`); j0 and p0 multiples of 32.
     ///
     /// # Safety
     /// As for `small_gemm_raw`'s C.
