@@ -42,47 +42,53 @@ fn pack_b(bp: &mut [f32], b: &Mat, p0: usize, kc: usize, n: usize, threads: usiz
     if threads > 1 && kc * n >= 1 << 15 {
         bp.par_chunks_mut(kc * NR)
             .enumerate()
-            .for_each(|(jp, panel)| pack_b_panel(panel, jp, b, p0, kc, n));
+            .for_each(|(jp, panel)| {
+                pack_panel::<NR>(panel, b, p0, kc, jp * NR, NR.min(n - jp * NR))
+            });
     } else {
         for (jp, panel) in bp.chunks_mut(kc * NR).enumerate() {
-            pack_b_panel(panel, jp, b, p0, kc, n);
+            pack_panel::<NR>(panel, b, p0, kc, jp * NR, NR.min(n - jp * NR));
         }
     }
 }
 
-/// Panel jp of `pack_b`: columns jp·NR.. of B, kc rows from p0.
-fn pack_b_panel(panel: &mut [f32], jp: usize, b: &Mat, p0: usize, kc: usize, n: usize) {
-    {
-        let j0 = jp * NR;
-        let w = NR.min(n - j0);
-        if b.cs == 1 && w == NR {
-            // A fixed-size row copies inline (a variable one calls memmove per row).
-            for (p, dst) in panel.chunks_exact_mut(NR).enumerate() {
-                let src: &[f32; NR] = b.data[(p0 + p) * b.rs + j0..][..NR].try_into().unwrap();
-                dst.copy_from_slice(src);
-            }
-        } else if b.cs == 1 {
+/// panel[p][c] = x(p0 + p, j0 + c) for p < kc and c < w, zero past w: one panel of R columns,
+/// a B panel (R = NR) or, with x = Aᵀ, an A panel (R = MR).
+fn pack_panel<const R: usize>(
+    panel: &mut [f32],
+    x: &Mat,
+    p0: usize,
+    kc: usize,
+    j0: usize,
+    w: usize,
+) {
+    if x.cs == 1 && w == R {
+        // A fixed-size row copies inline (a variable one calls memmove per row).
+        for (p, dst) in panel.chunks_exact_mut(R).enumerate() {
+            let src: &[f32; R] = x.data[(p0 + p) * x.rs + j0..][..R].try_into().unwrap();
+            dst.copy_from_slice(src);
+        }
+    } else if x.cs == 1 {
+        for p in 0..kc {
+            let src = &x.data[(p0 + p) * x.rs + j0..][..w];
+            let dst = &mut panel[p * R..(p + 1) * R];
+            dst[..w].copy_from_slice(src);
+            dst[w..].fill(0.0);
+        }
+    } else if w == R && x.rs == 1 {
+        // xᵀ stored row-major (a weight W with B = Wᵀ, or a row-major A): the panel is R of
+        // its rows transposed.
+        let rows: [&[f32]; R] = std::array::from_fn(|c| &x.data[(j0 + c) * x.cs + p0..][..kc]);
+        // SAFETY: AVX-512F is this module's precondition; every row holds kc values.
+        unsafe { transpose_rows::<R>(panel, &rows, kc) };
+    } else {
+        if w < R {
+            panel.fill(0.0);
+        }
+        for c in 0..w {
+            let col = (j0 + c) * x.cs;
             for p in 0..kc {
-                let src = &b.data[(p0 + p) * b.rs + j0..][..w];
-                let dst = &mut panel[p * NR..(p + 1) * NR];
-                dst[..w].copy_from_slice(src);
-                dst[w..].fill(0.0);
-            }
-        } else if w == NR && b.rs == 1 {
-            // Bᵀ stored row-major (a weight W with B = Wᵀ): the panel is W's NR rows transposed.
-            let rows: [&[f32]; NR] =
-                std::array::from_fn(|jj| &b.data[(j0 + jj) * b.cs + p0..][..kc]);
-            // SAFETY: AVX-512F is this module's precondition; every row holds kc values.
-            unsafe { transpose_rows::<NR>(panel, &rows, kc) };
-        } else {
-            if w < NR {
-                panel.fill(0.0);
-            }
-            for jj in 0..w {
-                let col = (j0 + jj) * b.cs;
-                for p in 0..kc {
-                    panel[p * NR + jj] = b.data[col + (p0 + p) * b.rs];
-                }
+                panel[p * R + c] = x.data[col + (p0 + p) * x.rs];
             }
         }
     }
@@ -123,37 +129,10 @@ unsafe fn transpose_rows<const R: usize>(panel: &mut [f32], rows: &[&[f32]; R], 
 
 /// Packs A[i0..i0+mc, p0..p0+kc] as ceil(mc/MR) panels of kc columns × MR rows, zero-padded.
 fn pack_a(ap: &mut [f32], a: &Mat, i0: usize, mc: usize, p0: usize, kc: usize) {
+    let at = a.transposed();
     for (ip, panel) in ap.chunks_mut(kc * MR).enumerate() {
         let r0 = i0 + ip * MR;
-        let h = MR.min(i0 + mc - r0);
-        if a.rs == 1 && h == MR {
-            for (p, dst) in panel.chunks_exact_mut(MR).enumerate() {
-                let src: &[f32; MR] = a.data[(p0 + p) * a.cs + r0..][..MR].try_into().unwrap();
-                dst.copy_from_slice(src);
-            }
-        } else if a.rs == 1 {
-            for p in 0..kc {
-                let src = &a.data[(p0 + p) * a.cs + r0..][..h];
-                let dst = &mut panel[p * MR..(p + 1) * MR];
-                dst[..h].copy_from_slice(src);
-                dst[h..].fill(0.0);
-            }
-        } else if h == MR && a.cs == 1 {
-            // Row-major A: the panel is its MR rows transposed.
-            let rows: [&[f32]; MR] = std::array::from_fn(|r| &a.data[(r0 + r) * a.rs + p0..][..kc]);
-            // SAFETY: AVX-512F is this module's precondition; every row holds kc values.
-            unsafe { transpose_rows::<MR>(panel, &rows, kc) };
-        } else {
-            if h < MR {
-                panel.fill(0.0);
-            }
-            for r in 0..h {
-                let row = (r0 + r) * a.rs;
-                for p in 0..kc {
-                    panel[p * MR + r] = a.data[row + (p0 + p) * a.cs];
-                }
-            }
-        }
+        pack_panel::<MR>(panel, &at, p0, kc, r0, MR.min(i0 + mc - r0));
     }
 }
 
