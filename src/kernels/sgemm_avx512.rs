@@ -229,8 +229,11 @@ pub fn sgemm(
     threads: usize,
 ) {
     let n_panels = n.div_ceil(NR);
-    // Row blocks: about four per thread for balance, a multiple of MR, at most 16 panels.
-    let mc = (m.div_ceil(4 * threads).div_ceil(MR) * MR).clamp(MR, MAX_MC);
+    // Row blocks: the fewest of at most 16 panels each in a multiple of `threads`, of equal
+    // panel counts: every B panel is then reused across as many A panels as the split allows.
+    let panels = m.div_ceil(MR);
+    let blocks = threads * panels.div_ceil(threads * (MAX_MC / MR));
+    let mc = panels.div_ceil(blocks) * MR;
     let dst_ptr = DstPtr(dst.as_mut_ptr());
     with_thread_buffer(&PACK_B, |pb| {
         for p0 in (0..k).step_by(KC) {
