@@ -7,7 +7,7 @@
 
 use super::matmul::Mat;
 use super::small_gemm::{small_gemm, small_gemm_raw, tile_session, with_packed_pair};
-use super::{dot, exp_nonpos, max_lanes, sum_lanes, SharedMut};
+use super::{dot, exp_nonpos, map_lanes, SharedMut, MAX, SUM};
 use rayon::prelude::*;
 
 /// Query rows per block and keys per tile; a tile of k and v rows stays in L1 across a block.
@@ -313,20 +313,17 @@ pub fn attention_forward(
                                     row.fill(0.0);
                                     continue;
                                 }
-                                // Each pass is a plain map or a lane-wise reduction, so all vectorise.
-                                for (c, x) in row.iter_mut().enumerate() {
-                                    *x = if c < valid {
-                                        *x * scale
+                                // Two passes that vectorise: scale, mask and max; exp and sum.
+                                let masked = |c: usize, x: f32| {
+                                    if c < valid {
+                                        x * scale
                                     } else {
                                         f32::NEG_INFINITY
-                                    };
-                                }
-                                let m_new = m[r].max(max_lanes(row));
+                                    }
+                                };
+                                let m_new = m[r].max(map_lanes(row, masked, MAX));
                                 let corr = exp_nonpos(m[r] - m_new);
-                                for x in row.iter_mut() {
-                                    *x = exp_nonpos(*x - m_new);
-                                }
-                                let sum = sum_lanes(row);
+                                let sum = map_lanes(row, |_, x| exp_nonpos(x - m_new), SUM);
                                 l[r] = l[r] * corr + sum;
                                 m[r] = m_new;
                                 if corr != 1.0 {

@@ -212,26 +212,51 @@ pub fn sum_lanes(x: &[f32]) -> f32 {
             acc[i] += c[i];
         }
     }
-    acc.iter().sum::<f32>() + rest
+    fold_lanes(acc, |a, b| a + b) + rest
 }
 
-/// max x with 16 partial maxima (−∞ for an empty slice).
-#[inline]
-pub fn max_lanes(x: &[f32]) -> f32 {
-    let mut acc = [f32::NEG_INFINITY; 16];
-    let chunks = x.chunks_exact(16);
-    let rest = chunks
-        .remainder()
-        .iter()
-        .copied()
-        .fold(f32::NEG_INFINITY, f32::max);
-    for c in chunks {
+/// The 16 lanes folded in halves (8, 4, 2, 1 apart): four vector steps, where a lane-by-lane
+/// chain would be fifteen dependent ones.
+#[inline(always)]
+fn fold_lanes(mut acc: [f32; 16], f: impl Fn(f32, f32) -> f32) -> f32 {
+    let mut w = 8;
+    while w > 0 {
+        for i in 0..w {
+            acc[i] = f(acc[i], acc[i + w]);
+        }
+        w /= 2;
+    }
+    acc[0]
+}
+
+/// x[i] = f(i, x[i]) for every element, and the new values reduced by `op` (identity `id`)
+/// in 16 lanes, as `sum_lanes` sums: one pass that vectorises.
+#[inline(always)]
+pub fn map_lanes(
+    x: &mut [f32],
+    f: impl Fn(usize, f32) -> f32,
+    (id, op): (f32, fn(f32, f32) -> f32),
+) -> f32 {
+    let mut acc = [id; 16];
+    let base = x.len() / 16 * 16;
+    let mut chunks = x.chunks_exact_mut(16);
+    for (c, xs) in (&mut chunks).enumerate() {
         for i in 0..16 {
-            acc[i] = if c[i] > acc[i] { c[i] } else { acc[i] };
+            xs[i] = f(16 * c + i, xs[i]);
+            acc[i] = op(acc[i], xs[i]);
         }
     }
-    acc.iter().copied().fold(rest, f32::max)
+    let mut rest = id;
+    for (i, x) in chunks.into_remainder().iter_mut().enumerate() {
+        *x = f(base + i, *x);
+        rest = op(rest, *x);
+    }
+    op(fold_lanes(acc, op), rest)
 }
+
+/// `map_lanes`'s reductions.
+pub const SUM: (f32, fn(f32, f32) -> f32) = (0.0, |a, b| a + b);
+pub const MAX: (f32, fn(f32, f32) -> f32) = (f32::NEG_INFINITY, |a, b| if b > a { b } else { a });
 
 /// v *= s, across the pool (a whole activation: one thread alone would be memory-bound).
 pub fn scale(v: &mut [f32], s: f32) {
@@ -352,7 +377,11 @@ mod tests {
     fn lane_reductions_match_plain_ones() {
         let x: Vec<f32> = (0..37).map(|i| ((i * 17 % 11) as f32) - 5.0).collect();
         assert_eq!(sum_lanes(&x), x.iter().sum::<f32>());
-        assert_eq!(max_lanes(&x), 5.0);
-        assert_eq!(max_lanes(&[]), f32::NEG_INFINITY);
+        let mut y = x.clone();
+        let want = (0..37).map(|i| x[i] * i as f32).fold(f32::MIN, f32::max);
+        assert_eq!(map_lanes(&mut y, |i, v| v * i as f32, MAX), want);
+        assert!(y.iter().enumerate().all(|(i, &v)| v == x[i] * i as f32));
+        assert_eq!(map_lanes(&mut [], |_, v| v, MAX), f32::NEG_INFINITY);
+        assert_eq!(map_lanes(&mut x.clone(), |_, v| v, SUM), sum_lanes(&x));
     }
 }
