@@ -550,6 +550,9 @@ pub(crate) struct PackedB<'a> {
 }
 
 impl<'a> PackedB<'a> {
+    /// No operand: a placeholder, never multiplied.
+    pub(crate) const EMPTY: PackedB<'static> = PackedB { tiles: &[], row: 0 };
+
     /// Packs b (k × n) into buf, one thread. The caller bounds-checked b and `available()`.
     pub(crate) fn pack(buf: &'a mut Vec<u16>, b: Mat, k: usize, n: usize) -> PackedB<'a> {
         pack_b(buf, b.transposed(), n, k, 1);

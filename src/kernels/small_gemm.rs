@@ -19,11 +19,13 @@ pub fn tile_session<R>(bf16: bool, f: impl FnOnce() -> R) -> R {
 
 #[cfg(target_arch = "x86_64")]
 thread_local! {
-    /// The two operands of `with_packed_pair`.
-    static PACKED: [std::cell::Cell<Vec<u16>>; 2] = const {
-        [std::cell::Cell::new(Vec::new()), std::cell::Cell::new(Vec::new())]
-    };
+    /// The operands of `with_packed`.
+    static PACKED: std::cell::Cell<Vec<Vec<u16>>> = const { std::cell::Cell::new(Vec::new()) };
 }
+
+/// The most operands `with_packed` packs at once (an attention task's keys, values and the
+/// queries and output gradients of its heads).
+pub const MAX_PACKED: usize = 16;
 
 /// A B operand (k × n) packed once in bf16 tiles, for many products over ranges of its
 /// columns and depth: an attention task's keys and values, against each of its query blocks
@@ -35,44 +37,42 @@ pub struct PackedB<'a> {
     _none: std::marker::PhantomData<&'a ()>,
 }
 
-/// Runs f with b1 (k1 × n1) and b2 (k2 × n2) packed (`PackedB`) and the tile unit configured
-/// for their products, where `bf16` and the CPU has AMX; with `None` otherwise.
-#[allow(clippy::too_many_arguments)]
-pub fn with_packed_pair<R>(
+/// Runs f with every operand b (k × n) of `ops` packed (`PackedB`, in order) and the tile unit
+/// configured for their products, where `bf16` and the CPU has AMX; with `None` otherwise (or
+/// for more than MAX_PACKED operands).
+pub fn with_packed<R>(
     bf16: bool,
-    (b1, k1, n1): (Mat, usize, usize),
-    (b2, k2, n2): (Mat, usize, usize),
-    f: impl FnOnce(Option<(PackedB, PackedB)>) -> R,
+    ops: &[(Mat, usize, usize)],
+    f: impl FnOnce(Option<&[PackedB]>) -> R,
 ) -> R {
     #[cfg(target_arch = "x86_64")]
-    if bf16 && super::bf16_amx::available() {
-        for (b, k, n) in [(b1, k1, n1), (b2, k2, n2)] {
-            assert!(
-                k > 0 && n > 0 && b.fits(k, n),
-                "with_packed_pair: B too small"
-            );
+    if bf16 && super::bf16_amx::available() && ops.len() <= MAX_PACKED {
+        for &(b, k, n) in ops {
+            assert!(k > 0 && n > 0 && b.fits(k, n), "with_packed: B too small");
         }
-        let mut bufs = PACKED.with(|p| [p[0].take(), p[1].take()]);
+        let mut bufs = PACKED.take();
+        if bufs.len() < ops.len() {
+            bufs.resize_with(ops.len(), Vec::new);
+        }
         let r = {
-            let [x, y] = &mut bufs;
-            let p1 = super::bf16_amx::PackedB::pack(x, b1, k1, n1);
-            let p2 = super::bf16_amx::PackedB::pack(y, b2, k2, n2);
-            super::bf16_amx::with_tiles(|| f(Some((PackedB { tiles: p1 }, PackedB { tiles: p2 }))))
+            let mut packed: [PackedB; MAX_PACKED] = std::array::from_fn(|_| PackedB {
+                tiles: super::bf16_amx::PackedB::EMPTY,
+            });
+            for ((slot, buf), &(b, k, n)) in packed.iter_mut().zip(bufs.iter_mut()).zip(ops) {
+                slot.tiles = super::bf16_amx::PackedB::pack(buf, b, k, n);
+            }
+            super::bf16_amx::with_tiles(|| f(Some(&packed[..ops.len()])))
         };
-        PACKED.with(|p| {
-            let [x, y] = bufs;
-            p[0].set(x);
-            p[1].set(y);
-        });
+        PACKED.set(bufs);
         return r;
     }
-    let _ = (bf16, b1, k1, n1, b2, k2, n2);
+    let _ = (bf16, ops);
     f(None)
 }
 
 impl PackedB<'_> {
     /// C (m × n) (+)= A (m × k) · B[p0..p0 + k, j0..j0 + n], on the tile unit (configured by
-    /// `with_packed_pair`); j0 and p0 multiples of 32.
+    /// `with_packed`); j0 and p0 multiples of 32.
     ///
     /// # Safety
     /// As for `small_gemm_raw`'s C.
