@@ -6,7 +6,7 @@
 //! in how the outputs are combined afterwards (model/attention.rs).
 
 use super::matmul::Mat;
-use super::small_gemm::{small_gemm_raw, tile_session, with_packed, PackedB, MAX_PACKED};
+use super::small_gemm::{small_gemm_raw, with_packed, PackedB, MAX_PACKED};
 use super::{dot, exp_nonpos, map_lanes, SharedMut, MAX, SUM};
 use rayon::prelude::*;
 
@@ -247,18 +247,11 @@ pub fn attention_forward(
         let vh = s.v_head(heads[0]);
         // Under bf16 the task's keys (as Kᵀ) and values are packed into tiles once, for all
         // its query blocks and heads.
-        let keys = (
-            Mat {
-                data: &k[(bi * tkv * nk + kh) * dk..],
-                rs: 1,
-                cs: nk * dk,
-            },
-            dk,
-            tkv,
-        );
-        let values = (Mat::rows(&v[(bi * tkv * nv + vh) * dv..], nv * dv), tkv, dv);
+        let keys = (head_rows(k, bi * tkv, nk, kh, dk).transposed(), dk, tkv);
+        let values = (head_rows(v, bi * tkv, nv, vh, dv), tkv, dv);
         // Without them (f32, or no AMX) the products run on f32 tiles of k and v.
         with_packed(bf16, &[keys, values], |kv| {
+            let src = Src { packed: kv, bf16 };
             with_scratch(dk, dv, group, |sc| {
                 for q0 in (0..tq).step_by(BQ) {
                     let rows = BQ.min(tq - q0);
@@ -282,17 +275,10 @@ pub fn attention_forward(
                             (&v[((bi * tkv + t0) * nv + vh) * dv..], nv * dv)
                         };
                         for (gi, &j) in heads.iter().enumerate() {
-                            let q_blk = Mat {
-                                data: &q[((bi * tq + q0) * nq + j) * dk..],
-                                rs: nq * dk,
-                                cs: 1,
-                            };
+                            let q_blk = head_rows(q, bi * tq + q0, nq, j, dk);
+                            let (kt, c_s) = ((&*sc.kt, BK), (sc.s.as_mut_ptr(), BK, false));
                             // SAFETY: sc.s holds rows × BK.
-                            unsafe {
-                                let (mnk, kt) = ((rows, len, dk), (&*sc.kt, BK));
-                                let s = sc.s.as_mut_ptr();
-                                product(kv, 0, (t0, 0), mnk, q_blk, kt, s, BK, false, bf16);
-                            }
+                            unsafe { src.product(0, (t0, 0), (rows, len, dk), q_blk, kt, c_s) };
                             let (m, l) = (
                                 &mut sc.m[gi * BQ..(gi + 1) * BQ],
                                 &mut sc.l[gi * BQ..(gi + 1) * BQ],
@@ -333,11 +319,11 @@ pub fn attention_forward(
                                 rs: BK,
                                 cs: 1,
                             };
+                            let c_o = (oacc.as_mut_ptr(), dv, true);
                             // SAFETY: oacc holds rows × dv.
                             unsafe {
-                                let (mnk, o) = ((rows, dv, len), oacc.as_mut_ptr());
-                                product(kv, 1, (0, t0), mnk, p, (vt, vt_rs), o, dv, true, bf16);
-                            }
+                                src.product(1, (0, t0), (rows, dv, len), p, (vt, vt_rs), c_o)
+                            };
                         }
                     }
                     for (gi, &j) in heads.iter().enumerate() {
@@ -446,10 +432,11 @@ pub fn attention_backward(
         heads.sort_by_key(|&j| (s.k_head(j), j));
         let heads = &*heads;
         // Under bf16 every B operand is packed once for the task, instead of a tile of it per
-        // product: Vᵀ, then per head its Q, dO, Kᵀ and K (`product`'s operand i).
+        // product: Vᵀ, then per head its Q, dO, Kᵀ and K (`Src::product`'s operand i).
         let mut ops = [(Mat::rows(&[], 0), 0, 0); MAX_PACKED];
         let n_ops = 1 + 4 * group;
-        if n_ops <= MAX_PACKED {
+        let n_ops = if n_ops <= MAX_PACKED { n_ops } else { 0 };
+        if n_ops > 0 {
             ops[0] = (head_rows(v, bi * t, nv, g, d_v).transposed(), d_v, t);
             for (hi, &j) in heads.iter().enumerate() {
                 let kh = s.k_head(j);
@@ -459,200 +446,130 @@ pub fn attention_backward(
                 ops[4 + 4 * hi] = (head_rows(k, bi * t, nk, kh, d_k), t, d_k);
             }
         }
-        let ops = &ops[..n_ops.min(MAX_PACKED)];
-        tile_session(bf16, || {
-            with_packed(bf16 && n_ops <= MAX_PACKED, ops, |packed| {
-                with_scratch(d_k, d_v, 1, |sc| {
-                    for t0 in (0..t).step_by(BK) {
-                        let len = BK.min(t - t0);
-                        if packed.is_none() {
-                            load_tile_t(sc.vt, v, bi * t + t0, len, nv, g, d_v);
+        with_packed(bf16, &ops[..n_ops], |packed| {
+            let src = Src { packed, bf16 };
+            with_scratch(d_k, d_v, 1, |sc| {
+                for t0 in (0..t).step_by(BK) {
+                    let len = BK.min(t - t0);
+                    if packed.is_none() {
+                        load_tile_t(sc.vt, v, bi * t + t0, len, nv, g, d_v);
+                    }
+                    sc.acc_v[..len * d_v].fill(0.0);
+                    for (hi, &j) in heads.iter().enumerate() {
+                        let kh = s.k_head(j);
+                        if hi == 0 || s.k_head(heads[hi - 1]) != kh {
+                            if packed.is_none() {
+                                load_tile_t(sc.kt, k, bi * t + t0, len, nk, kh, d_k);
+                            }
+                            sc.acc_k[..len * d_k].fill(0.0);
                         }
-                        sc.acc_v[..len * d_v].fill(0.0);
-                        for (hi, &j) in heads.iter().enumerate() {
-                            let kh = s.k_head(j);
-                            if hi == 0 || s.k_head(heads[hi - 1]) != kh {
-                                if packed.is_none() {
-                                    load_tile_t(sc.kt, k, bi * t + t0, len, nk, kh, d_k);
-                                }
-                                sc.acc_k[..len * d_k].fill(0.0);
+                        // This head's packed operands: Q, dO, Kᵀ, K.
+                        let op = 1 + 4 * hi;
+                        let lse = &lse[(bi * nq + j) * t..][..t];
+                        // Only queries at or after the tile's first key see it.
+                        for q0 in (t0..t).step_by(BQ) {
+                            let rows = BQ.min(t - q0);
+                            let q_blk = head_rows(q, bi * t + q0, nq, j, d_k);
+                            let do_blk = head_rows(dout, bi * t + q0, nq, j, d_v);
+                            let (kt, vt) = ((&*sc.kt, BK), (&*sc.vt, BK));
+                            let c_s = (sc.s.as_mut_ptr(), BK, false);
+                            let c_ds = (sc.ds.as_mut_ptr(), BK, false);
+                            // SAFETY: both C are this thread's scratch tiles, rows × BK.
+                            unsafe {
+                                src.product(op + 2, (t0, 0), (rows, len, d_k), q_blk, kt, c_s);
+                                src.product(0, (t0, 0), (rows, len, d_v), do_blk, vt, c_ds);
                             }
-                            // Operands: packed (Q, dO, Kᵀ, K of this head; Vᵀ), or f32 rows.
-                            let op = 1 + 4 * hi;
-                            let lse = &lse[(bi * nq + j) * t..][..t];
-                            // Only queries at or after the tile's first key see it.
-                            for q0 in (t0..t).step_by(BQ) {
-                                let rows = BQ.min(t - q0);
-                                let q_blk = Mat {
-                                    data: &q[at(q0, nq, j, d_k)..],
-                                    rs: nq * d_k,
-                                    cs: 1,
-                                };
-                                let do_blk = Mat {
-                                    data: &dout[at(q0, nq, j, d_v)..],
-                                    rs: nq * d_v,
-                                    cs: 1,
-                                };
-                                // SAFETY (the products below): each C is a scratch tile of this
-                                // thread's, or rows of dq that only this task writes.
-                                unsafe {
-                                    let (s_p, ds_p) = (sc.s.as_mut_ptr(), sc.ds.as_mut_ptr());
-                                    let kt = (&*sc.kt, BK);
-                                    let mnk = (rows, len, d_k);
-                                    product(
-                                        packed,
-                                        op + 2,
-                                        (t0, 0),
-                                        mnk,
-                                        q_blk,
-                                        kt,
-                                        s_p,
-                                        BK,
-                                        false,
-                                        bf16,
-                                    );
-                                    let vt = (&*sc.vt, BK);
-                                    let mnk = (rows, len, d_v);
-                                    product(
-                                        packed,
-                                        0,
-                                        (t0, 0),
-                                        mnk,
-                                        do_blk,
-                                        vt,
-                                        ds_p,
-                                        BK,
-                                        false,
-                                        bf16,
-                                    );
+                            for r in 0..rows {
+                                let i = q0 + r;
+                                let valid = (i + 1 - t0).min(len);
+                                let (p, ds) = (
+                                    &mut sc.s[r * BK..r * BK + len],
+                                    &mut sc.ds[r * BK..r * BK + len],
+                                );
+                                let (li, di) = (lse[i], delta[(bi * t + i) * nq + j]);
+                                for (pc, dsc) in p[..valid].iter_mut().zip(ds[..valid].iter_mut()) {
+                                    *pc = exp_nonpos(*pc * scale - li);
+                                    *dsc = *pc * (*dsc - di) * scale;
                                 }
-                                for r in 0..rows {
-                                    let i = q0 + r;
-                                    let valid = (i + 1 - t0).min(len);
-                                    let (p, ds) = (
-                                        &mut sc.s[r * BK..r * BK + len],
-                                        &mut sc.ds[r * BK..r * BK + len],
-                                    );
-                                    let (li, di) = (lse[i], delta[(bi * t + i) * nq + j]);
-                                    for (pc, dsc) in
-                                        p[..valid].iter_mut().zip(ds[..valid].iter_mut())
-                                    {
-                                        *pc = exp_nonpos(*pc * scale - li);
-                                        *dsc = *pc * (*dsc - di) * scale;
-                                    }
-                                    p[valid..].fill(0.0);
-                                    ds[valid..].fill(0.0);
-                                }
-                                let p_t = Mat {
-                                    data: sc.s,
-                                    rs: 1,
-                                    cs: BK,
-                                };
-                                let ds_t = Mat {
-                                    data: sc.ds,
-                                    rs: 1,
-                                    cs: BK,
-                                };
-                                let ds_rows = Mat {
-                                    data: sc.ds,
-                                    rs: BK,
-                                    cs: 1,
-                                };
-                                // SAFETY: as above; query head j's rows of dq are this task's.
-                                unsafe {
-                                    let (acc_v, acc_k) =
-                                        (sc.acc_v.as_mut_ptr(), sc.acc_k.as_mut_ptr());
-                                    let dq_blk =
-                                        dq_ptr.ptr(at(q0, nq, j, d_k), (rows - 1) * nq * d_k + d_k);
-                                    let d_o = (&dout[at(q0, nq, j, d_v)..], nq * d_v);
-                                    let mnk = (len, d_v, rows);
-                                    product(
-                                        packed,
-                                        op + 1,
-                                        (0, q0),
-                                        mnk,
-                                        p_t,
-                                        d_o,
-                                        acc_v,
-                                        d_v,
-                                        true,
-                                        bf16,
-                                    );
-                                    let q_rows = (&q[at(q0, nq, j, d_k)..], nq * d_k);
-                                    let mnk = (len, d_k, rows);
-                                    product(
-                                        packed,
-                                        op,
-                                        (0, q0),
-                                        mnk,
-                                        ds_t,
-                                        q_rows,
-                                        acc_k,
-                                        d_k,
-                                        true,
-                                        bf16,
-                                    );
-                                    let k_rows = (&k[at(t0, nk, kh, d_k)..], nk * d_k);
-                                    let mnk = (rows, d_k, len);
-                                    // every query block meets the first key tile
-                                    let acc = t0 > 0;
-                                    product(
-                                        packed,
-                                        op + 3,
-                                        (0, t0),
-                                        mnk,
-                                        ds_rows,
-                                        k_rows,
-                                        dq_blk,
-                                        nq * d_k,
-                                        acc,
-                                        bf16,
-                                    );
-                                }
+                                p[valid..].fill(0.0);
+                                ds[valid..].fill(0.0);
                             }
-                            if hi + 1 == group || s.k_head(heads[hi + 1]) != kh {
-                                for (c, row) in sc.acc_k[..len * d_k].chunks_exact(d_k).enumerate()
-                                {
-                                    // SAFETY: key head kh belongs to this task's group.
-                                    unsafe { dk_ptr.slice(at(t0 + c, nk, kh, d_k), d_k) }
-                                        .copy_from_slice(row);
-                                }
+                            let p_t = Mat {
+                                data: sc.s,
+                                rs: 1,
+                                cs: BK,
+                            };
+                            let ds_t = Mat {
+                                data: sc.ds,
+                                rs: 1,
+                                cs: BK,
+                            };
+                            let ds_r = Mat {
+                                data: sc.ds,
+                                rs: BK,
+                                cs: 1,
+                            };
+                            let d_o = (&dout[at(q0, nq, j, d_v)..], nq * d_v);
+                            let q_rows = (&q[at(q0, nq, j, d_k)..], nq * d_k);
+                            let k_rows = (&k[at(t0, nk, kh, d_k)..], nk * d_k);
+                            let c_dv = (sc.acc_v.as_mut_ptr(), d_v, true);
+                            let c_dk = (sc.acc_k.as_mut_ptr(), d_k, true);
+                            let (dq_at, span) = (at(q0, nq, j, d_k), (rows - 1) * nq * d_k + d_k);
+                            // SAFETY: dV and dK gather in this thread's scratch (len rows); query
+                            // head j's rows of dq are written by this task only.
+                            unsafe {
+                                // every query block meets the first key tile
+                                let c_dq = (dq_ptr.ptr(dq_at, span), nq * d_k, t0 > 0);
+                                src.product(op + 1, (0, q0), (len, d_v, rows), p_t, d_o, c_dv);
+                                src.product(op, (0, q0), (len, d_k, rows), ds_t, q_rows, c_dk);
+                                src.product(op + 3, (0, t0), (rows, d_k, len), ds_r, k_rows, c_dq);
                             }
                         }
-                        for (c, row) in sc.acc_v[..len * d_v].chunks_exact(d_v).enumerate() {
-                            // SAFETY: value head g belongs to this task.
-                            unsafe { dv_ptr.slice(at(t0 + c, nv, g, d_v), d_v) }
-                                .copy_from_slice(row);
+                        if hi + 1 == group || s.k_head(heads[hi + 1]) != kh {
+                            for (c, row) in sc.acc_k[..len * d_k].chunks_exact(d_k).enumerate() {
+                                // SAFETY: key head kh belongs to this task's group.
+                                unsafe { dk_ptr.slice(at(t0 + c, nk, kh, d_k), d_k) }
+                                    .copy_from_slice(row);
+                            }
                         }
                     }
-                })
+                    for (c, row) in sc.acc_v[..len * d_v].chunks_exact(d_v).enumerate() {
+                        // SAFETY: value head g belongs to this task.
+                        unsafe { dv_ptr.slice(at(t0 + c, nv, g, d_v), d_v) }.copy_from_slice(row);
+                    }
+                }
             })
         });
     });
 }
 
-/// C (m × n, rows `c_rs` apart) (+)= A (m × k) · B: B at `at` (column, depth) of the task's
-/// packed operand `i` where it packed them (`with_packed`), else the f32 rows `b` (k × n, rows
-/// `b.1` apart).
-///
-/// # Safety
-/// As for `small_gemm_raw`'s C.
-#[allow(clippy::too_many_arguments)]
-unsafe fn product(
-    packed: Option<&[PackedB]>,
-    i: usize,
-    at: (usize, usize),
-    (m, n, k): (usize, usize, usize),
-    a: Mat,
-    (b, b_rs): (&[f32], usize),
-    c: *mut f32,
-    c_rs: usize,
-    accumulate: bool,
+/// Where an attention task's products take their B operands from: the task's packed operands
+/// (`with_packed`, under bf16), or f32 rows.
+#[derive(Clone, Copy)]
+struct Src<'p, 'a> {
+    packed: Option<&'p [PackedB<'a>]>,
     bf16: bool,
-) {
-    match packed {
-        Some(p) => p[i].gemm_raw(m, n, k, at, a, c, c_rs, accumulate),
-        None => small_gemm_raw(m, n, k, a, b, b_rs, c, c_rs, accumulate, bf16),
+}
+
+impl Src<'_, '_> {
+    /// C (m × n, rows `c.1` apart; added to where `c.2`) (+)= A (m × k) · B: B at `at`
+    /// (column, depth) of packed operand `i`, or else the f32 rows `b` (k × n, `b.1` apart).
+    ///
+    /// # Safety
+    /// As for `small_gemm_raw`'s C.
+    unsafe fn product(
+        self,
+        i: usize,
+        at: (usize, usize),
+        (m, n, k): (usize, usize, usize),
+        a: Mat,
+        (b, b_rs): (&[f32], usize),
+        (c, c_rs, accumulate): (*mut f32, usize, bool),
+    ) {
+        match self.packed {
+            Some(p) => p[i].gemm_raw(m, n, k, at, a, c, c_rs, accumulate),
+            None => small_gemm_raw(m, n, k, a, b, b_rs, c, c_rs, accumulate, self.bf16),
+        }
     }
 }
 

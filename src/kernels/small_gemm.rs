@@ -7,16 +7,6 @@
 use super::matmul::Mat;
 use super::SharedMut;
 
-/// Runs f, under `bf16` with the tile unit configured once for all of f's products.
-pub fn tile_session<R>(bf16: bool, f: impl FnOnce() -> R) -> R {
-    #[cfg(target_arch = "x86_64")]
-    if bf16 && super::bf16_amx::available() {
-        return super::bf16_amx::with_tiles(f);
-    }
-    let _ = bf16;
-    f()
-}
-
 #[cfg(target_arch = "x86_64")]
 thread_local! {
     /// The operands of `with_packed`.
@@ -38,15 +28,19 @@ pub struct PackedB<'a> {
 }
 
 /// Runs f with every operand b (k × n) of `ops` packed (`PackedB`, in order) and the tile unit
-/// configured for their products, where `bf16` and the CPU has AMX; with `None` otherwise (or
-/// for more than MAX_PACKED operands).
+/// configured for their products, where `bf16` and the CPU has AMX; with `None` otherwise, and
+/// for no operands or more than MAX_PACKED (under bf16 with the tile unit still configured, for
+/// products that pack their own operands).
 pub fn with_packed<R>(
     bf16: bool,
     ops: &[(Mat, usize, usize)],
     f: impl FnOnce(Option<&[PackedB]>) -> R,
 ) -> R {
     #[cfg(target_arch = "x86_64")]
-    if bf16 && super::bf16_amx::available() && ops.len() <= MAX_PACKED {
+    if bf16 && super::bf16_amx::available() {
+        if ops.is_empty() || ops.len() > MAX_PACKED {
+            return super::bf16_amx::with_tiles(|| f(None));
+        }
         for &(b, k, n) in ops {
             assert!(k > 0 && n > 0 && b.fits(k, n), "with_packed: B too small");
         }
