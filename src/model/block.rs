@@ -100,7 +100,7 @@ pub struct LayerActs {
 
 impl LayerActs {
     pub fn new(d: &Dims, n: usize, b: usize, t: usize) -> Self {
-        let z = |len: usize| vec![0.0f32; len];
+        let z = crate::kernels::zeroed;
         let diff = d.kind.is_diff();
         LayerActs {
             x_in: z(n * d.c),
@@ -159,7 +159,7 @@ pub struct Scratch {
 
 impl Scratch {
     pub fn new(d: &Dims, n: usize) -> Self {
-        let z = |len: usize| vec![0.0f32; len];
+        let z = crate::kernels::zeroed;
         Scratch {
             dln: z(n * d.c),
             dattn: z(n * d.out),

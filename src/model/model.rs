@@ -97,7 +97,7 @@ impl Model {
             config.rope_theta,
         );
         Ok(Model {
-            params: vec![0.0; layout.total],
+            params: crate::kernels::zeroed(layout.total),
             layout,
             config,
             dims,
@@ -405,7 +405,7 @@ impl Workspace {
         let group = c.n_query_heads() / c.n_key_heads();
         crate::kernels::prepare_threads(widest, batch * seq, c.head_dim, c.value_head_dim(), group);
         let n = batch * seq;
-        let z = |len: usize| vec![0.0f32; len];
+        let z = crate::kernels::zeroed;
         Workspace {
             batch,
             seq,

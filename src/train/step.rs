@@ -34,9 +34,9 @@ impl Optimizer {
         let n = model.num_params();
         Optimizer {
             hp,
-            grads: vec![0.0; n],
-            m: vec![0.0; n],
-            v: vec![0.0; n],
+            grads: crate::kernels::zeroed(n),
+            m: crate::kernels::zeroed(n),
+            v: crate::kernels::zeroed(n),
             t: 0,
             clip,
             norm_parts: Vec::new(),
