@@ -212,7 +212,7 @@ pub fn sum_lanes(x: &[f32]) -> f32 {
             acc[i] += c[i];
         }
     }
-    fold_lanes(acc, |a, b| a + b) + rest
+    fold_lanes(acc, SUM.1) + rest
 }
 
 /// The 16 lanes folded in halves (8, 4, 2, 1 apart): four vector steps, where a lane-by-lane
