@@ -235,19 +235,18 @@ fn prefill_with_prepacked_tiles_equals_packing_per_product() {
 
 /// Under bf16 the attention kernel's products run on the tile unit for calls of at least 16
 /// queries: outputs and gradients move by about bf16's rounding (and do move), while a
-/// decoding call of a few queries keeps the f32 products, bit for bit.
+/// decoding call of a few queries keeps the f32 products, bit for bit. Both with the backward's
+/// operands packed once per task (diff_v1's layout) and, for a GQA group too wide for that,
+/// packed per product.
 #[test]
 fn bf16_attention_moves_outputs_and_gradients_by_rounding_only() {
-    use difftx::kernels::attention::{
-        attention_backward, attention_delta, attention_forward, AttnShape,
-    };
-    use difftx::kernels::matmul::set_bf16;
+    use difftx::kernels::attention::AttnShape;
     if skip_without_amx() {
         return;
     }
     let _turn = SWITCH.lock().unwrap_or_else(|e| e.into_inner());
     // diff_v1's layout: 4 sub-heads in pairs over 2 value heads of twice the width
-    let s = AttnShape {
+    let diff_v1 = AttnShape {
         nq: 4,
         nk: 4,
         nv: 2,
@@ -255,6 +254,24 @@ fn bf16_attention_moves_outputs_and_gradients_by_rounding_only() {
         dv: 64,
         diff_pairs: true,
     };
+    // 8 query heads over 2 key/value heads: 17 operands per backward task, past MAX_PACKED
+    let wide_gqa = AttnShape {
+        nq: 8,
+        nk: 2,
+        nv: 2,
+        dk: 32,
+        dv: 32,
+        diff_pairs: false,
+    };
+    for s in [diff_v1, wide_gqa] {
+        attention_moves_by_rounding_only(&s);
+    }
+}
+
+fn attention_moves_by_rounding_only(s: &difftx::kernels::attention::AttnShape) {
+    use difftx::kernels::attention::{attention_backward, attention_delta, attention_forward};
+    use difftx::kernels::matmul::set_bf16;
+    let s = *s;
     let (b, t) = (2, 150);
     let mut seed = 12345u64;
     let mut randn = |n: usize| -> Vec<f32> {
@@ -273,15 +290,22 @@ fn bf16_attention_moves_outputs_and_gradients_by_rounding_only() {
         randn(b * t * s.nv * s.dv),
     );
     let dout = randn(b * t * s.nq * s.dv);
-    let run = |bf16: bool| {
+    let forward = |bf16: bool| {
         assert_eq!(set_bf16(bf16), bf16);
         let (mut o, mut lse) = (vec![0.0; dout.len()], vec![0.0; b * s.nq * t]);
         attention_forward(&mut o, &mut lse, &q, &k, &v, b, t, t, 0, &s);
+        (o, lse)
+    };
+    // The backward starts from the f32 forward's outputs either way, so that the gradients
+    // move only by the backward's own products.
+    let (o32, lse32) = forward(false);
+    let mut delta = vec![0.0; b * t * s.nq];
+    attention_delta(&mut delta, &dout, &o32, s.nq, s.dv);
+    let run = |bf16: bool| {
+        let (o, _) = forward(bf16);
         let (mut dq, mut dk, mut dv) = (vec![0.0; q.len()], vec![0.0; k.len()], vec![0.0; v.len()]);
-        let mut delta = vec![0.0; b * t * s.nq];
-        attention_delta(&mut delta, &dout, &o, s.nq, s.dv);
         attention_backward(
-            &mut dq, &mut dk, &mut dv, &dout, &q, &k, &v, &delta, &lse, b, t, &s,
+            &mut dq, &mut dk, &mut dv, &dout, &q, &k, &v, &delta, &lse32, b, t, &s,
         );
         // the last 3 queries as a decoding step over the cached keys
         let tail = 3;
@@ -306,11 +330,11 @@ fn bf16_attention_moves_outputs_and_gradients_by_rounding_only() {
     for (name, (f, h)) in ["o", "dq", "dk", "dv"].iter().zip(f.iter().zip(&h)) {
         let scale = f.iter().fold(0f32, |m, x| m.max(x.abs()));
         let err = f.iter().zip(h).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
-        assert!(err > 0.0, "{name}: bf16 changed nothing");
+        assert!(err > 0.0, "{s:?} {name}: bf16 changed nothing");
         assert!(
             err < 0.01 * scale,
-            "{name}: error {err} against a scale of {scale}"
+            "{s:?} {name}: error {err} against a scale of {scale}"
         );
     }
-    assert_eq!(f[4], h[4], "a 3-query decoding call left f32");
+    assert_eq!(f[4], h[4], "{s:?}: a 3-query decoding call left f32");
 }
