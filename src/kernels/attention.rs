@@ -6,7 +6,7 @@
 //! in how the outputs are combined afterwards (model/attention.rs).
 
 use super::matmul::Mat;
-use super::small_gemm::{small_gemm_raw, with_packed, PackedB, MAX_PACKED};
+use super::small_gemm::{small_gemm, with_packed, PackedB, MAX_PACKED};
 use super::{dot, exp_nonpos, map_lanes, SharedMut, MAX, SUM};
 use rayon::prelude::*;
 
@@ -266,17 +266,17 @@ pub fn attention_forward(
                         }
                         // A block of many queries streams the V tile again and again, from a
                         // copy; a few queries (decoding) read each row once, in place.
-                        let (vt, vt_rs): (&[f32], usize) = if kv.is_some() {
-                            (&[], 0)
+                        let vt = if kv.is_some() {
+                            Mat::rows(&[], 0)
                         } else if rows >= 16 {
                             load_tile(sc.vt, v, bi * tkv + t0, len, nv, vh, dv);
-                            (sc.vt, dv)
+                            Mat::rows(sc.vt, dv)
                         } else {
-                            (&v[((bi * tkv + t0) * nv + vh) * dv..], nv * dv)
+                            head_rows(v, bi * tkv + t0, nv, vh, dv)
                         };
                         for (gi, &j) in heads.iter().enumerate() {
                             let q_blk = head_rows(q, bi * tq + q0, nq, j, dk);
-                            let (kt, c_s) = ((&*sc.kt, BK), (sc.s.as_mut_ptr(), BK, false));
+                            let (kt, c_s) = (Mat::rows(sc.kt, BK), (sc.s.as_mut_ptr(), BK, false));
                             // SAFETY: sc.s holds rows × BK.
                             unsafe { src.product(0, (t0, 0), (rows, len, dk), q_blk, kt, c_s) };
                             let (m, l) = (
@@ -321,9 +321,7 @@ pub fn attention_forward(
                             };
                             let c_o = (oacc.as_mut_ptr(), dv, true);
                             // SAFETY: oacc holds rows × dv.
-                            unsafe {
-                                src.product(1, (0, t0), (rows, dv, len), p, (vt, vt_rs), c_o)
-                            };
+                            unsafe { src.product(1, (0, t0), (rows, dv, len), p, vt, c_o) };
                         }
                     }
                     for (gi, &j) in heads.iter().enumerate() {
@@ -471,7 +469,7 @@ pub fn attention_backward(
                             let rows = BQ.min(t - q0);
                             let q_blk = head_rows(q, bi * t + q0, nq, j, d_k);
                             let do_blk = head_rows(dout, bi * t + q0, nq, j, d_v);
-                            let (kt, vt) = ((&*sc.kt, BK), (&*sc.vt, BK));
+                            let (kt, vt) = (Mat::rows(sc.kt, BK), Mat::rows(sc.vt, BK));
                             let c_s = (sc.s.as_mut_ptr(), BK, false);
                             let c_ds = (sc.ds.as_mut_ptr(), BK, false);
                             // SAFETY: both C are this thread's scratch tiles, rows × BK.
@@ -509,9 +507,7 @@ pub fn attention_backward(
                                 rs: BK,
                                 cs: 1,
                             };
-                            let d_o = (&dout[at(q0, nq, j, d_v)..], nq * d_v);
-                            let q_rows = (&q[at(q0, nq, j, d_k)..], nq * d_k);
-                            let k_rows = (&k[at(t0, nk, kh, d_k)..], nk * d_k);
+                            let k_rows = head_rows(k, bi * t + t0, nk, kh, d_k);
                             let c_dv = (sc.acc_v.as_mut_ptr(), d_v, true);
                             let c_dk = (sc.acc_k.as_mut_ptr(), d_k, true);
                             let (dq_at, span) = (at(q0, nq, j, d_k), (rows - 1) * nq * d_k + d_k);
@@ -520,8 +516,8 @@ pub fn attention_backward(
                             unsafe {
                                 // every query block meets the first key tile
                                 let c_dq = (dq_ptr.ptr(dq_at, span), nq * d_k, t0 > 0);
-                                src.product(op + 1, (0, q0), (len, d_v, rows), p_t, d_o, c_dv);
-                                src.product(op, (0, q0), (len, d_k, rows), ds_t, q_rows, c_dk);
+                                src.product(op + 1, (0, q0), (len, d_v, rows), p_t, do_blk, c_dv);
+                                src.product(op, (0, q0), (len, d_k, rows), ds_t, q_blk, c_dk);
                                 src.product(op + 3, (0, t0), (rows, d_k, len), ds_r, k_rows, c_dq);
                             }
                         }
@@ -553,22 +549,26 @@ struct Src<'p, 'a> {
 
 impl Src<'_, '_> {
     /// C (m × n, rows `c.1` apart; added to where `c.2`) (+)= A (m × k) · B: B at `at`
-    /// (column, depth) of packed operand `i`, or else the f32 rows `b` (k × n, `b.1` apart).
+    /// (column, depth) of packed operand `i`, or else the f32 rows of `b` (k × n, contiguous
+    /// columns), which are not read when the operands are packed.
     ///
     /// # Safety
-    /// As for `small_gemm_raw`'s C.
+    /// As for `small_gemm`'s C.
     unsafe fn product(
         self,
         i: usize,
         at: (usize, usize),
         (m, n, k): (usize, usize, usize),
         a: Mat,
-        (b, b_rs): (&[f32], usize),
+        b: Mat,
         (c, c_rs, accumulate): (*mut f32, usize, bool),
     ) {
         match self.packed {
             Some(p) => p[i].gemm_raw(m, n, k, at, a, c, c_rs, accumulate),
-            None => small_gemm_raw(m, n, k, a, b, b_rs, c, c_rs, accumulate, self.bf16),
+            None => {
+                assert_eq!(b.cs, 1, "attention: B's columns must be contiguous");
+                small_gemm(m, n, k, a, b.data, b.rs, c, c_rs, accumulate, self.bf16)
+            }
         }
     }
 }

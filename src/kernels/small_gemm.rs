@@ -69,7 +69,7 @@ impl PackedB<'_> {
     /// `with_packed`); j0 and p0 multiples of 32.
     ///
     /// # Safety
-    /// As for `small_gemm_raw`'s C.
+    /// As for `small_gemm`'s C.
     #[allow(clippy::too_many_arguments)]
     pub unsafe fn gemm_raw(
         &self,
@@ -99,37 +99,16 @@ impl PackedB<'_> {
     }
 }
 
-/// C rows start `c_rs` apart and B rows `b_rs` apart; both have `n` contiguous columns.
-/// `bf16`: on the AMX tile unit where the CPU has one (f32 elsewhere).
-#[allow(clippy::too_many_arguments)]
-pub fn small_gemm(
-    m: usize,
-    n: usize,
-    k: usize,
-    a: Mat,
-    b: &[f32],
-    b_rs: usize,
-    c: &mut [f32],
-    c_rs: usize,
-    accumulate: bool,
-    bf16: bool,
-) {
-    if m == 0 || n == 0 {
-        return;
-    }
-    assert!(c.len() >= (m - 1) * c_rs + n, "small_gemm: C too small");
-    // SAFETY: `c` covers every row and column written.
-    unsafe { small_gemm_raw(m, n, k, a, b, b_rs, c.as_mut_ptr(), c_rs, accumulate, bf16) }
-}
-
-/// `small_gemm` into C through a raw pointer, for a C whose rows interleave with data that
-/// other threads own (one head of a (T, NH, d) tensor).
+/// C (m × n, rows `c_rs` apart) (+)= A (m × k) · B (k × n, rows `b_rs` apart; both B and C
+/// have `n` contiguous columns); `bf16`: on the AMX tile unit where the CPU has one (f32
+/// elsewhere). C comes as a raw pointer, for a C whose rows interleave with data that other
+/// threads own (one head of a (T, NH, d) tensor).
 ///
 /// # Safety
 /// `c` must be valid for writes of rows `0..m` (`c_rs` apart) of `n` columns, and no other
 /// thread may access those elements meanwhile.
 #[allow(clippy::too_many_arguments)]
-pub unsafe fn small_gemm_raw(
+pub unsafe fn small_gemm(
     m: usize,
     n: usize,
     k: usize,
@@ -352,7 +331,8 @@ mod tests {
                     cs: 2 * m,
                 };
                 let mut c = vec![1.0f32; m * (n + 2)];
-                small_gemm(m, n, k, at, &b, n + 5, &mut c, n + 2, true, bf16);
+                // SAFETY: c holds m rows of n + 2.
+                unsafe { small_gemm(m, n, k, at, &b, n + 5, c.as_mut_ptr(), n + 2, true, bf16) };
                 for row in 0..m {
                     for j in 0..n + 2 {
                         let want: f32 = if j < n {
