@@ -228,6 +228,11 @@ pub fn attention_forward(
     assert_eq!(o.len(), b * tq * nq * dv);
     assert_eq!(lse.len(), b * nq * tq);
     assert!(k.len() >= b * tkv * nk * dk && v.len() >= b * tkv * nv * dv);
+    if tq == 1 {
+        // Decoding: one query per sequence, nothing for a tile to be reused by.
+        let visible = q_offset + 1;
+        return super::attention_decode::attention_decode(o, lse, q, k, v, b, tkv, visible, s);
+    }
     let scale = 1.0 / (dk as f32).sqrt();
     let bf16 = on_tiles(tq);
     let (o_ptr, lse_ptr) = (SharedMut::new(o), SharedMut::new(lse));
@@ -670,6 +675,47 @@ mod tests {
         let qt = &q[(t - tail) * s.nq * s.dk..];
         attention_forward(&mut ot, &mut lt, qt, &k, &v, 1, tail, t, t - tail, &s);
         assert_eq!(&o[(t - tail) * s.nq * s.dv..], &ot[..]);
+    }
+
+    /// One query per sequence (decoding: `attention_decode`) against the naive softmax's row
+    /// for that position: caches of one, a chunk, a chunk and one, and several chunks; a query
+    /// that sees only a prefix of its cache; the log-sum-exp against the tile kernel's.
+    #[test]
+    fn one_query_matches_the_naive_softmax_and_the_tile_kernel() {
+        for s in shapes() {
+            for t in [1usize, 31, 32, 33, 70] {
+                for visible in [t, t.div_ceil(2)] {
+                    let b = 2;
+                    let q = randn(b * t * s.nq * s.dk, 8, 1.0);
+                    let k = randn(b * t * s.nk * s.dk, 9, 1.0);
+                    let v = randn(b * t * s.nv * s.dv, 10, 1.0);
+                    // each sequence's query at position visible − 1
+                    let (qw, ow) = (s.nq * s.dk, s.nq * s.dv);
+                    let q1: Vec<f32> = (0..b)
+                        .flat_map(|bi| q[(bi * t + visible - 1) * qw..][..qw].to_vec())
+                        .collect();
+                    let (mut o, mut lse) = (vec![0.0; b * ow], vec![0.0; b * s.nq]);
+                    attention_forward(&mut o, &mut lse, &q1, &k, &v, b, 1, t, visible - 1, &s);
+                    let want = naive(&q, &k, &v, b, t, &s);
+                    let (mut o_t, mut lse_t) = (vec![0.0; b * t * ow], vec![0.0; b * s.nq * t]);
+                    attention_forward(&mut o_t, &mut lse_t, &q, &k, &v, b, t, t, 0, &s);
+                    for bi in 0..b {
+                        let row = &want[(bi * t + visible - 1) * ow..][..ow];
+                        for (x, y) in o[bi * ow..(bi + 1) * ow].iter().zip(row) {
+                            assert!(
+                                (x - y).abs() < 1e-5,
+                                "{s:?} t {t} visible {visible}: {x} vs {y}"
+                            );
+                        }
+                        for j in 0..s.nq {
+                            let (x, y) =
+                                (lse[bi * s.nq + j], lse_t[(bi * s.nq + j) * t + visible - 1]);
+                            assert!((x - y).abs() < 1e-5, "{s:?} t {t} lse: {x} vs {y}");
+                        }
+                    }
+                }
+            }
+        }
     }
 
     #[test]

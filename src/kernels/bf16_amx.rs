@@ -457,37 +457,23 @@ pub fn packed_len(oc: usize, c: usize) -> usize {
     oc.div_ceil(BLOCK) * 2 * c.div_ceil(TK) * TILE
 }
 
-/// out (n, oc) (+)= x (n, c) · wᵀ for a few rows of x (decoding), reading w from its tiles
-/// (`pack_weight`) so that one bf16 copy serves prefill and decode: a tile row holds two
-/// depths of 16 outputs, widened exactly to f32 and multiplied by the f32 inputs; across the
-/// pool when `parallel`.
-#[allow(clippy::too_many_arguments)]
-pub fn gemv_tiles(
-    out: &mut [f32],
-    x: &[f32],
-    tiles: &[u16],
-    n: usize,
-    c: usize,
-    oc: usize,
-    accumulate: bool,
-    parallel: bool,
-) {
-    assert!(out.len() >= n * oc && x.len() >= n * c && tiles.len() >= packed_len(oc, c));
-    let kts = c.div_ceil(TK);
-    // SAFETY: AVX-512F is present wherever tiles exist; tile row o0 / 16 of `tiles` is in
-    // bounds (asserted above).
-    super::matmul::gemv_blocks16(out, n, oc, accumulate, parallel, |o0, _| unsafe {
-        let rt = o0 / TR;
-        tile_row_dot(x, &tiles[rt * kts * TILE..(rt + 1) * kts * TILE], n, c)
-    });
-}
-
-/// The 16 outputs of one tile row of a packed weight for each of the n ≤ 4 rows of x.
+/// Outputs o0..o0 + 16 of x (n ≤ 4 rows of c) · wᵀ, one register per row, for decoding: read
+/// from the tile row o0 / 16 of w's tiles (`pack_weight`), so that one bf16 copy serves prefill
+/// and decode. A tile row holds two depths of 16 outputs, widened exactly to f32 and
+/// multiplied by the f32 inputs.
 ///
 /// # Safety
-/// Needs AVX-512F; `row` holds the row's tiles over the depth c.
+/// Needs AVX-512F; `tiles` holds w packed by `pack_weight`, with o0 < its outputs.
 #[target_feature(enable = "avx512f")]
-unsafe fn tile_row_dot(x: &[f32], row: &[u16], n: usize, c: usize) -> [__m512; 4] {
+pub(crate) unsafe fn tile_row_sums(
+    x: &[f32],
+    tiles: &[u16],
+    o0: usize,
+    n: usize,
+    c: usize,
+) -> [__m512; 4] {
+    let (kts, rt) = (c.div_ceil(TK), o0 / TR);
+    let row = &tiles[rt * kts * TILE..(rt + 1) * kts * TILE];
     let mut acc = [_mm512_setzero_ps(); 4];
     let high = _mm512_set1_epi32(0xffff_0000u32 as i32);
     for p in (0..c).step_by(2) {
@@ -721,21 +707,24 @@ mod tests {
         }
         // decoding reads the same tiles: rows of x against the bf16-rounded weight
         for rows in 1..=4 {
-            for parallel in [false, true] {
-                let mut y = vec![0.25f32; rows * oc];
-                gemv_tiles(&mut y, &x, &packed, rows, c, oc, true, parallel);
-                for r in 0..rows {
-                    for o in 0..oc {
-                        let want: f64 = 0.25
-                            + (0..c)
-                                .map(|p| x[r * c + p] as f64 * round(w[o * c + p]))
-                                .sum::<f64>();
-                        let got = y[r * oc + o] as f64;
-                        assert!(
-                            (got - want).abs() < 1e-4 * (1.0 + want.abs()),
-                            "{r},{o}: {got} vs {want}"
-                        );
-                    }
+            let mut y = vec![0.25f32; rows * oc];
+            let weight = crate::kernels::matmul::Weight {
+                f32: &w,
+                bf16: None,
+                tiles: Some(&packed),
+            };
+            crate::kernels::matmul::matmul_forward(&mut y, &x, weight, rows, c, oc, true);
+            for r in 0..rows {
+                for o in 0..oc {
+                    let want: f64 = 0.25
+                        + (0..c)
+                            .map(|p| x[r * c + p] as f64 * round(w[o * c + p]))
+                            .sum::<f64>();
+                    let got = y[r * oc + o] as f64;
+                    assert!(
+                        (got - want).abs() < 1e-4 * (1.0 + want.abs()),
+                        "{r},{o}: {got} vs {want}"
+                    );
                 }
             }
         }

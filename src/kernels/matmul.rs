@@ -5,6 +5,7 @@
 use super::Grad;
 use gemm::Parallelism;
 use rayon::prelude::*;
+use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Products smaller than this many multiply-adds run on one thread.
@@ -223,21 +224,8 @@ pub fn matmul_forward<'a>(
     accumulate: bool,
 ) {
     let w = w.into();
-    #[cfg(target_arch = "x86_64")]
-    if let (Some(tiles), true) = (w.tiles, n <= GEMV_ROWS) {
-        let parallel = oc * c >= GEMV_PARALLEL_THRESHOLD;
-        return super::bf16_amx::gemv_tiles(out, inp, tiles, n, c, oc, accumulate, parallel);
-    }
-    #[cfg(target_arch = "x86_64")]
-    if n == 1 && w.bf16.is_none() && super::sgemm_avx512::available() {
-        let parallel = oc * c >= GEMV_PARALLEL_THRESHOLD;
-        return gemv1_avx512(out, inp, w.f32, c, oc, accumulate, parallel);
-    }
     if n <= GEMV_ROWS {
-        return match w.bf16 {
-            Some(wb) => gemv(out, inp, wb, n, c, oc, accumulate, super::dot_bf16),
-            None => gemv(out, inp, w.f32, n, c, oc, accumulate, super::dot),
-        };
+        return gemv(&[Gemv::new(out, inp, w, n, c, oc, accumulate)]);
     }
     #[cfg(target_arch = "x86_64")]
     if let (Some(tiles), true) = (w.tiles, bf16()) {
@@ -261,6 +249,28 @@ pub fn matmul_forward<'a>(
     );
 }
 
+/// out (N, OC) = inp (N, C) · wᵀ for each (out, w, OC) of `parts`, weights that read the same
+/// input (q, k and v; gate and up). Decoding's matrix-vector products all run in one parallel
+/// region, where one region per weight would wait for the slowest task three times; longer
+/// inputs run the products one after another.
+pub fn matmul_forward_each(
+    parts: &mut [(&mut [f32], Weight, usize)],
+    inp: &[f32],
+    n: usize,
+    c: usize,
+) {
+    if n <= GEMV_ROWS {
+        let jobs: Vec<Gemv> = parts
+            .iter_mut()
+            .map(|(out, w, oc)| Gemv::new(out, inp, *w, n, c, *oc, false))
+            .collect();
+        return gemv(&jobs);
+    }
+    for (out, w, oc) in parts.iter_mut() {
+        matmul_forward(out, inp, *w, n, c, *oc, false);
+    }
+}
+
 /// Up to this many input rows (decoding), a product is a few matrix-vector products: each weight
 /// row is read once and dotted with every input row, with no packing.
 const GEMV_ROWS: usize = 4;
@@ -273,112 +283,112 @@ const GEMV_CHUNK: usize = 64;
 /// projections at the bench preset, 128 × 256, ran on one thread and cost decode 15%).
 const GEMV_PARALLEL_THRESHOLD: usize = PARALLEL_THRESHOLD / 4;
 
-/// out (N, OC) (+)= inp (N, C) · wᵀ for N ≤ GEMV_ROWS, parallel over output features; `dot`
-/// reads a weight row of either element type.
-#[allow(clippy::too_many_arguments)]
-fn gemv<T: Sync>(
-    out: &mut [f32],
-    inp: &[f32],
-    w: &[T],
+/// One matrix-vector product of decoding: out (n, oc) (+)= x (n, c) · wᵀ for n ≤ GEMV_ROWS, in
+/// tasks of GEMV_CHUNK outputs (`run`).
+struct Gemv<'a> {
+    out: super::SharedMut,
+    x: &'a [f32],
+    w: Weight<'a>,
     n: usize,
     c: usize,
     oc: usize,
     accumulate: bool,
-    dot: impl Fn(&[f32], &[T]) -> f32 + Sync,
-) {
-    assert!(out.len() >= n * oc && inp.len() >= n * c && w.len() >= oc * c);
-    let dst = super::SharedMut::new(out);
-    let tasks = oc.div_ceil(GEMV_CHUNK);
-    let run = |ti: usize| {
-        for o in ti * GEMV_CHUNK..((ti + 1) * GEMV_CHUNK).min(oc) {
+}
+
+impl<'a> Gemv<'a> {
+    fn new(
+        out: &'a mut [f32],
+        x: &'a [f32],
+        w: Weight<'a>,
+        n: usize,
+        c: usize,
+        oc: usize,
+        accumulate: bool,
+    ) -> Self {
+        assert!(n <= GEMV_ROWS && out.len() >= n * oc && x.len() >= n * c);
+        assert!(w.f32.len() >= oc * c, "matmul_forward: weight too small");
+        Gemv {
+            out: super::SharedMut::new(out),
+            x,
+            w,
+            n,
+            c,
+            oc,
+            accumulate,
+        }
+    }
+
+    fn tasks(&self) -> usize {
+        self.oc.div_ceil(GEMV_CHUNK)
+    }
+
+    /// Outputs ti·GEMV_CHUNK.. of every row. The weight's form picks the kernel: its AMX tiles
+    /// (`--bf16` on AMX), f32 rows sixteen at a time for one input row, else a dot per output
+    /// over its bf16 or f32 row.
+    fn run(&self, ti: usize) {
+        let outs = ti * GEMV_CHUNK..((ti + 1) * GEMV_CHUNK).min(self.oc);
+        let (x, n, c) = (self.x, self.n, self.c);
+        #[cfg(target_arch = "x86_64")]
+        if let Some(tiles) = self.w.tiles {
+            // SAFETY: AVX-512F is present wherever tiles exist.
+            return self.blocks16(outs, |o0, _| unsafe {
+                super::bf16_amx::tile_row_sums(x, tiles, o0, n, c)
+            });
+        }
+        #[cfg(target_arch = "x86_64")]
+        if n == 1 && self.w.bf16.is_none() && super::sgemm_avx512::available() {
+            use std::arch::x86_64::_mm512_setzero_ps;
+            let w = self.w.f32;
+            // SAFETY: AVX-512F was detected; rows o0..o0+h of w are in bounds (Gemv::new).
+            return self.blocks16(outs, |o0, h| unsafe {
+                let z = _mm512_setzero_ps();
+                [
+                    super::dot_rows16(&x[..c], w.as_ptr().add(o0 * c), c, h),
+                    z,
+                    z,
+                    z,
+                ]
+            });
+        }
+        match self.w.bf16 {
+            Some(wb) => self.dots(outs, wb, super::dot_bf16),
+            None => self.dots(outs, self.w.f32, super::dot),
+        }
+    }
+
+    /// The outputs `outs`, one `dot` of a weight row (f32 or bf16) per output and input row.
+    fn dots<T>(&self, outs: Range<usize>, w: &[T], dot: impl Fn(&[f32], &[T]) -> f32) {
+        let (n, c, oc) = (self.n, self.c, self.oc);
+        for o in outs {
             let row = &w[o * c..(o + 1) * c];
             for r in 0..n {
-                let v = dot(&inp[r * c..(r + 1) * c], row);
-                // SAFETY: output feature o belongs to task ti alone.
-                let y = unsafe { dst.slice(r * oc + o, 1) };
-                y[0] = if accumulate { y[0] + v } else { v };
+                let v = dot(&self.x[r * c..(r + 1) * c], row);
+                // SAFETY: output o belongs to this task alone.
+                let y = unsafe { self.out.slice(r * oc + o, 1) };
+                y[0] = if self.accumulate { y[0] + v } else { v };
             }
         }
-    };
-    if tasks > 1 && oc * c >= GEMV_PARALLEL_THRESHOLD {
-        (0..tasks).into_par_iter().for_each(run);
-    } else {
-        (0..tasks).for_each(run);
     }
-}
 
-/// out (OC) (+)= w (OC, C) · x for one input row (batch-1 decoding): sixteen weight rows at a
-/// time, one accumulator register each, then one 16 × 16 transpose turns the sixteen
-/// registers into the sixteen sums, instead of reducing each row's partial sums apart.
-#[cfg(target_arch = "x86_64")]
-fn gemv1_avx512(
-    out: &mut [f32],
-    x: &[f32],
-    w: &[f32],
-    c: usize,
-    oc: usize,
-    accumulate: bool,
-    parallel: bool,
-) {
-    use std::arch::x86_64::*;
-    assert!(out.len() >= oc && x.len() >= c && w.len() >= oc * c);
-    /// # Safety
-    /// AVX-512F; rows o0..o0 + h of w and outputs o0..o0 + h are in bounds.
-    #[target_feature(enable = "avx512f")]
-    unsafe fn rows16(x: &[f32], w: &[f32], c: usize, o0: usize, h: usize) -> __m512 {
-        let mut acc = [_mm512_setzero_si512(); 16];
-        for p in (0..c).step_by(16) {
-            let m = super::lane_mask(c - p);
-            let xv = _mm512_maskz_loadu_ps(m, x.as_ptr().add(p));
-            for (i, a) in acc.iter_mut().enumerate().take(h) {
-                let wv = _mm512_maskz_loadu_ps(m, w.as_ptr().add((o0 + i) * c + p));
-                *a = _mm512_castps_si512(_mm512_fmadd_ps(wv, xv, _mm512_castsi512_ps(*a)));
-            }
-        }
-        super::transpose16(&mut acc);
-        acc.iter().fold(_mm512_setzero_ps(), |s, v| {
-            _mm512_add_ps(s, _mm512_castsi512_ps(*v))
-        })
-    }
-    // SAFETY: AVX-512F was detected by the caller; rows o0..o0+h of w are in bounds
-    // (asserted above).
-    gemv_blocks16(out, 1, oc, accumulate, parallel, |o0, h| unsafe {
-        [
-            rows16(x, w, c, o0, h),
-            _mm512_setzero_ps(),
-            _mm512_setzero_ps(),
-            _mm512_setzero_ps(),
-        ]
-    });
-}
-
-/// The output side of the AVX-512 matrix-vector products (`gemv1_avx512`, and
-/// `bf16_amx::gemv_tiles`): for each block of 16 outputs o0..o0 + h, `sums(o0, h)` gives one
-/// register per input row r < n, stored (or added) into out (n, oc), in tasks of
-/// `GEMV_CHUNK` outputs, across the pool when `parallel`.
-#[cfg(target_arch = "x86_64")]
-pub(crate) fn gemv_blocks16(
-    out: &mut [f32],
-    n: usize,
-    oc: usize,
-    accumulate: bool,
-    parallel: bool,
-    sums: impl Fn(usize, usize) -> [std::arch::x86_64::__m512; 4] + Sync,
-) {
-    use std::arch::x86_64::*;
-    assert!(n <= 4 && out.len() >= n * oc, "gemv_blocks16: {n} rows");
-    let dst = super::SharedMut::new(out);
-    let run = |ti: usize| {
-        for o0 in (ti * GEMV_CHUNK..((ti + 1) * GEMV_CHUNK).min(oc)).step_by(16) {
-            let h = 16.min(oc - o0);
+    /// The outputs `outs` sixteen at a time: `sums(o0, h)` gives one register per input row
+    /// for outputs o0..o0 + h, stored (or added) into out.
+    #[cfg(target_arch = "x86_64")]
+    fn blocks16(
+        &self,
+        outs: Range<usize>,
+        sums: impl Fn(usize, usize) -> [std::arch::x86_64::__m512; 4],
+    ) {
+        use std::arch::x86_64::*;
+        for o0 in outs.clone().step_by(16) {
+            let h = 16.min(outs.end - o0);
             let y = sums(o0, h);
             let m = super::lane_mask(h);
-            for (r, y) in y.iter().enumerate().take(n) {
+            for (r, y) in y.iter().enumerate().take(self.n) {
                 // SAFETY: AVX-512F is present (the callers checked); outputs o0..o0+h of row r
-                // are in bounds (asserted above) and belong to task ti alone.
+                // are in bounds (Gemv::new) and belong to this task alone.
                 unsafe {
-                    let o = dst.ptr(r * oc + o0, h);
-                    let v = if accumulate {
+                    let o = self.out.ptr(r * self.oc + o0, h);
+                    let v = if self.accumulate {
                         _mm512_add_ps(*y, _mm512_maskz_loadu_ps(m, o))
                     } else {
                         *y
@@ -387,9 +397,23 @@ pub(crate) fn gemv_blocks16(
                 }
             }
         }
+    }
+}
+
+/// Runs every task of `jobs`, across the pool when they read enough weights to need more than
+/// one core's memory bandwidth.
+fn gemv(jobs: &[Gemv]) {
+    let tasks: usize = jobs.iter().map(Gemv::tasks).sum();
+    let run = |mut t: usize| {
+        for j in jobs {
+            if t < j.tasks() {
+                return j.run(t);
+            }
+            t -= j.tasks();
+        }
     };
-    let tasks = oc.div_ceil(GEMV_CHUNK);
-    if parallel && tasks > 1 {
+    let weights: usize = jobs.iter().map(|j| j.oc * j.c).sum();
+    if tasks > 1 && weights >= GEMV_PARALLEL_THRESHOLD {
         (0..tasks).into_par_iter().for_each(run);
     } else {
         (0..tasks).for_each(run);
@@ -488,6 +512,45 @@ mod tests {
             (1, 5, 3),
         ] {
             check_matmul(n, c, oc);
+        }
+    }
+
+    /// Weights that share an input give, together, the bits each gives alone: decoding's
+    /// single parallel region (n ≤ GEMV_ROWS, here large enough to run in parallel, with
+    /// ragged chunks) and longer inputs alike; stale outputs are overwritten.
+    #[test]
+    fn products_sharing_an_input_match_each_alone() {
+        let (c, ocs) = (100, [70, 130, 35]);
+        let ws: Vec<Vec<f32>> = ocs
+            .iter()
+            .enumerate()
+            .map(|(i, &oc)| {
+                (0..oc * c)
+                    .map(|j| ((j * 7 + i) % 17) as f32 - 8.0)
+                    .collect()
+            })
+            .collect();
+        for n in [1, 3, 9] {
+            let inp: Vec<f32> = (0..n * c).map(|i| ((i * 5) % 13) as f32 / 4.0).collect();
+            let mut outs: Vec<Vec<f32>> = ocs.iter().map(|&oc| vec![7.0; n * oc]).collect();
+            let [a, b, d] = &mut outs[..] else {
+                unreachable!()
+            };
+            matmul_forward_each(
+                &mut [
+                    (&mut a[..], Weight::from(&ws[0][..]), ocs[0]),
+                    (&mut b[..], Weight::from(&ws[1][..]), ocs[1]),
+                    (&mut d[..], Weight::from(&ws[2][..]), ocs[2]),
+                ],
+                &inp,
+                n,
+                c,
+            );
+            for ((got, w), &oc) in outs.iter().zip(&ws).zip(&ocs) {
+                let mut want = vec![0.0; n * oc];
+                matmul_forward(&mut want, &inp, &w[..], n, c, oc, false);
+                assert_eq!(got, &want, "n {n}, oc {oc}");
+            }
         }
     }
 

@@ -4,6 +4,7 @@
 
 pub mod adamw;
 pub mod attention;
+mod attention_decode;
 #[cfg(target_arch = "x86_64")]
 pub mod bf16_amx;
 pub mod cross_entropy;
@@ -97,6 +98,57 @@ pub(crate) fn transpose16(r: &mut [std::arch::x86_64::__m512i; 16]) {
         r[4 + c] = _mm512_shuffle_i32x4::<0xdd>(e0, e2);
         r[8 + c] = _mm512_shuffle_i32x4::<0x88>(e1, e3);
         r[12 + c] = _mm512_shuffle_i32x4::<0xdd>(e1, e3);
+    }
+}
+
+/// Lane i is Σ_p x[p]·w[i·rs + p] for the rows i < h ≤ 16 (0 past h): one accumulator
+/// register per row, then one 16 × 16 transpose turns the sixteen registers into the sixteen
+/// sums, instead of reducing each row's partial sums apart. Serves the batch-1 matrix-vector
+/// products (rows of a weight) and decoding's attention scores (a key head's cached rows).
+///
+/// # Safety
+/// AVX-512F; rows 0..h of w, each x.len() long at stride rs, are in bounds.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+pub(crate) unsafe fn dot_rows16(
+    x: &[f32],
+    w: *const f32,
+    rs: usize,
+    h: usize,
+) -> std::arch::x86_64::__m512 {
+    use std::arch::x86_64::*;
+    /// With ALL the row loop has a fixed count, so the sixteen sums stay in registers.
+    #[inline(always)]
+    unsafe fn sums<const ALL: bool>(x: &[f32], w: *const f32, rs: usize, h: usize) -> __m512 {
+        let mut acc = [_mm512_setzero_si512(); 16];
+        for p in (0..x.len()).step_by(16) {
+            let m = lane_mask(x.len() - p);
+            let xv = _mm512_maskz_loadu_ps(m, x.as_ptr().add(p));
+            for (i, a) in acc.iter_mut().enumerate() {
+                if ALL || i < h {
+                    let wv = _mm512_maskz_loadu_ps(m, w.add(i * rs + p));
+                    *a = _mm512_castps_si512(_mm512_fmadd_ps(wv, xv, _mm512_castsi512_ps(*a)));
+                }
+            }
+        }
+        transpose16(&mut acc);
+        // Summed in halves (a tree of four levels), not as one chain of fifteen additions.
+        let mut n = 16;
+        while n > 1 {
+            n /= 2;
+            for i in 0..n {
+                acc[i] = _mm512_castps_si512(_mm512_add_ps(
+                    _mm512_castsi512_ps(acc[i]),
+                    _mm512_castsi512_ps(acc[i + n]),
+                ));
+            }
+        }
+        _mm512_castsi512_ps(acc[0])
+    }
+    if h == 16 {
+        sums::<true>(x, w, rs, h)
+    } else {
+        sums::<false>(x, w, rs, h)
     }
 }
 

@@ -13,7 +13,7 @@ use crate::config::{lambda_init_at, AttentionKind, ModelConfig};
 use crate::kernels::attention::{
     attention_backward, attention_delta, attention_forward, AttnShape,
 };
-use crate::kernels::matmul::{matmul_backward, matmul_forward};
+use crate::kernels::matmul::{matmul_backward, matmul_forward, matmul_forward_each};
 use crate::kernels::rmsnorm::{rmsnorm_backward, rmsnorm_forward};
 use crate::kernels::rope::{rope_backward, rope_forward, RopeTable};
 use crate::kernels::sigmoid;
@@ -217,9 +217,16 @@ pub fn block_forward(
         &mut a.k[..n * d.k_width()],
         &mut a.v[..n * d.v_width()],
     );
-    matmul_forward(q, ln1, weight(p.q_proj.clone()), n, c, d.q_width(), false);
-    matmul_forward(k, ln1, weight(p.k_proj.clone()), n, c, d.k_width(), false);
-    matmul_forward(v, ln1, weight(p.v_proj.clone()), n, c, d.v_width(), false);
+    matmul_forward_each(
+        &mut [
+            (&mut *q, weight(p.q_proj.clone()), d.q_width()),
+            (&mut *k, weight(p.k_proj.clone()), d.k_width()),
+            (&mut *v, weight(p.v_proj.clone()), d.v_width()),
+        ],
+        ln1,
+        n,
+        c,
+    );
     let o = &mut a.o[..n * d.o_width()];
     let lse = &mut a.lse[..b * s.nq * t];
     match cache {
@@ -320,8 +327,15 @@ pub fn block_forward(
         &mut a.up[..n * d.f],
         &mut a.hid[..n * d.f],
     );
-    matmul_forward(gate, ln2, weight(p.gate_proj.clone()), n, c, d.f, false);
-    matmul_forward(up, ln2, weight(p.up_proj.clone()), n, c, d.f, false);
+    matmul_forward_each(
+        &mut [
+            (&mut *gate, weight(p.gate_proj.clone()), d.f),
+            (&mut *up, weight(p.up_proj.clone()), d.f),
+        ],
+        ln2,
+        n,
+        c,
+    );
     swiglu_forward(hid, gate, up);
     matmul_forward(x, hid, weight(p.down_proj.clone()), n, d.f, c, true);
 }
