@@ -1,6 +1,6 @@
 //! Softmax cross-entropy of logits against target tokens.
 
-use super::exp_nonpos;
+use super::{exp_nonpos, reduce_lanes, MAX, SUM};
 use rayon::prelude::*;
 
 const CHUNK: usize = 16;
@@ -27,8 +27,8 @@ pub fn cross_entropy_forward(
             for (((loss, lse), row), &t) in
                 loss.iter_mut().zip(lse).zip(logits.chunks(v)).zip(targets)
             {
-                let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                let sum: f32 = row.iter().map(|&x| exp_nonpos(x - max)).sum();
+                let max = reduce_lanes(row, |x| x, MAX);
+                let sum = reduce_lanes(row, |x| exp_nonpos(x - max), SUM);
                 *lse = max + sum.ln();
                 *loss = if t == IGNORE {
                     0.0

@@ -256,12 +256,43 @@ pub fn sigmoid(x: f32) -> f32 {
 /// Σ x with 16 partial sums (vectorises, unlike a serial float sum).
 #[inline]
 pub fn sum_lanes(x: &[f32]) -> f32 {
-    let mut acc = [0f32; 16];
+    reduce_lanes(x, |v| v, SUM)
+}
+
+/// f(x) over every element reduced by `op` (identity `id`) in 16 lanes, as `sum_lanes` sums: a
+/// row's maximum or its sum of exps, where a serial fold would be one chain of dependent
+/// operations.
+#[inline(always)]
+pub fn reduce_lanes(
+    x: &[f32],
+    f: impl Fn(f32) -> f32,
+    (id, op): (f32, fn(f32, f32) -> f32),
+) -> f32 {
+    let mut acc = [id; 16];
     let chunks = x.chunks_exact(16);
-    let rest: f32 = chunks.remainder().iter().sum();
+    let rest = chunks.remainder().iter().fold(id, |r, &v| op(r, f(v)));
     for c in chunks {
         for i in 0..16 {
-            acc[i] += c[i];
+            acc[i] = op(acc[i], f(c[i]));
+        }
+    }
+    op(fold_lanes(acc, op), rest)
+}
+
+/// Σ a·b·c in 16 lanes (RMSNorm's backward).
+#[inline]
+pub fn dot3(a: &[f32], b: &[f32], c: &[f32]) -> f32 {
+    assert!(a.len() == b.len() && b.len() == c.len());
+    let mut acc = [0f32; 16];
+    let n = a.len() / 16 * 16;
+    let rest: f32 = (n..a.len()).map(|i| a[i] * b[i] * c[i]).sum();
+    for ((x, y), z) in a[..n]
+        .chunks_exact(16)
+        .zip(b[..n].chunks_exact(16))
+        .zip(c[..n].chunks_exact(16))
+    {
+        for i in 0..16 {
+            acc[i] = (x[i] * y[i]).mul_add(z[i], acc[i]);
         }
     }
     fold_lanes(acc, SUM.1) + rest

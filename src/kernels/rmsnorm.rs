@@ -1,7 +1,7 @@
 //! RMSNorm: out = x / sqrt(mean(x²) + eps) · w, times a constant `gain` (1 but for diff_v1's
 //! subln, whose fixed (1 − λ_init) scale rides along instead of taking a pass of its own).
 
-use super::{Grad, ROW_CHUNK};
+use super::{dot, dot3, Grad, ROW_CHUNK};
 use rayon::prelude::*;
 
 /// x: (N, C) rows, w: (C), out: (N, C); rstd: (N) saved for the backward.
@@ -20,7 +20,7 @@ pub fn rmsnorm_forward(
         .zip(x.par_chunks(c * ROW_CHUNK))
         .for_each(|((out, rstd), x)| {
             for ((o, r), x) in out.chunks_mut(c).zip(rstd.iter_mut()).zip(x.chunks(c)) {
-                let ms = x.iter().map(|v| v * v).sum::<f32>() / c as f32;
+                let ms = dot(x, x) / c as f32;
                 *r = 1.0 / (ms + eps).sqrt();
                 for ((o, &x), &w) in o.iter_mut().zip(x).zip(w) {
                     *o = x * *r * w * gain;
@@ -55,10 +55,7 @@ pub fn rmsnorm_backward(
                 .zip(x.chunks(c))
                 .zip(rstd)
             {
-                let dot: f32 = (dout.iter().zip(w).zip(x))
-                    .map(|((d, w), x)| d * gain * w * x)
-                    .sum();
-                let k = dot * r * r * r / c as f32;
+                let k = gain * dot3(dout, w, x) * r * r * r / c as f32;
                 for (((dx, &d), &w), &x) in dx.iter_mut().zip(dout).zip(w).zip(x) {
                     let g = r * w * (d * gain) - k * x;
                     *dx = if add { *dx + g } else { g };
