@@ -417,22 +417,64 @@ pub fn fma_peak_gflops() -> Option<f64> {
     None
 }
 
-/// Read bandwidth of main memory in GB/s: the median of 5 parallel sums over a 1 GiB buffer
-/// (much larger than any cache), with every pool thread reading its share.
+/// Read bandwidth of main memory in GB/s: `read_gbs` over 1 GiB, much larger than any cache.
 pub fn memory_read_gbs() -> f64 {
+    read_gbs(1 << 30)
+}
+
+/// Read rate in GB/s over a buffer of `bytes`, every pool thread summing its share: the median
+/// of 5 timed rounds (after one that faults the pages in), each reading the buffer as many
+/// times as 256 MB takes. Over a decoding step's bytes (weights and KV cache) it is the rate
+/// at which those bytes come back token after token, from the L3 cache where they fit.
+pub fn read_gbs(bytes: usize) -> f64 {
     use rayon::prelude::*;
-    let buf = vec![1.0f32; 1 << 28];
+    let buf = vec![1.0f32; (bytes / 4).max(1 << 16)];
+    let passes = (256usize << 20).div_ceil(buf.len() * 4);
+    // one contiguous share per thread, as the hardware prefetchers like best
+    let share = buf.len().div_ceil(rayon::current_num_threads());
     let mut rates = Vec::new();
-    for _ in 0..6 {
-        let t0 = Instant::now();
-        let s: f32 = buf.par_chunks(1 << 16).map(crate::kernels::sum_lanes).sum();
-        let secs = t0.elapsed().as_secs_f64();
-        std::hint::black_box(s);
-        rates.push((buf.len() * 4) as f64 / secs / 1e9);
-    }
-    rates.remove(0); // the first pass also faults the pages in
+    // on the pool, as decoding runs: passes fork inside it instead of waking it each time
+    crate::kernels::on_pool(|| {
+        for _ in 0..6 {
+            let t0 = Instant::now();
+            for _ in 0..passes {
+                let s: f32 = buf.par_chunks(share).map(sum_wide).sum();
+                std::hint::black_box(s);
+            }
+            let secs = t0.elapsed().as_secs_f64();
+            rates.push((passes * buf.len() * 4) as f64 / secs / 1e9);
+        }
+    });
+    rates.remove(0); // the first round also faults the pages in
     rates.sort_by(|a, b| a.total_cmp(b));
     rates[rates.len() / 2]
+}
+
+/// Σ x in four AVX-512 registers: enough independent additions that the sum keeps up with
+/// any cache's read rate, where one register's chain would not.
+fn sum_wide(x: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if crate::kernels::sgemm_avx512::available() {
+        /// # Safety
+        /// AVX-512F.
+        #[target_feature(enable = "avx512f")]
+        unsafe fn sum4(x: &[f32]) -> f32 {
+            use std::arch::x86_64::*;
+            let mut acc = [_mm512_setzero_ps(); 4];
+            let chunks = x.chunks_exact(64);
+            let rest: f32 = chunks.remainder().iter().sum();
+            for c in chunks {
+                for (i, a) in acc.iter_mut().enumerate() {
+                    *a = _mm512_add_ps(*a, _mm512_loadu_ps(c.as_ptr().add(16 * i)));
+                }
+            }
+            let s = _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]));
+            _mm512_reduce_add_ps(s) + rest
+        }
+        // SAFETY: AVX-512F was detected.
+        return unsafe { sum4(x) };
+    }
+    crate::kernels::sum_lanes(x)
 }
 
 /// One run of `bench_bf16`: per-step training losses, median step time, validation loss.
