@@ -217,16 +217,16 @@ pub fn block_forward(
         &mut a.k[..n * d.k_width()],
         &mut a.v[..n * d.v_width()],
     );
-    matmul_forward_each(
-        &mut [
-            (&mut *q, weight(p.q_proj.clone()), d.q_width()),
-            (&mut *k, weight(p.k_proj.clone()), d.k_width()),
-            (&mut *v, weight(p.v_proj.clone()), d.v_width()),
-        ],
-        ln1,
-        n,
-        c,
-    );
+    // diff_v2's λ projection reads ln1 too: it joins the q, k and v products.
+    let lambda = p.lambda_proj.clone().map(|r| weight(r));
+    let mut parts = [
+        (&mut *q, weight(p.q_proj.clone()), d.q_width()),
+        (&mut *k, weight(p.k_proj.clone()), d.k_width()),
+        (&mut *v, weight(p.v_proj.clone()), d.v_width()),
+        (&mut a.lam[..], lambda.unwrap_or((&[][..]).into()), d.h),
+    ];
+    let count = if lambda.is_some() { 4 } else { 3 };
+    matmul_forward_each(&mut parts[..count], ln1, n, c);
     let o = &mut a.o[..n * d.o_width()];
     let lse = &mut a.lse[..b * s.nq * t];
     match cache {
@@ -285,12 +285,6 @@ pub fn block_forward(
         }
         AttentionKind::DiffV2 => {
             let lam = &mut a.lam[..n * d.h];
-            let wl = weight(
-                p.lambda_proj
-                    .clone()
-                    .expect("diff_v2 layer has lambda_proj"),
-            );
-            matmul_forward(lam, ln1, wl, n, c, d.h, false);
             lam.iter_mut().for_each(|z| *z = sigmoid(*z));
             attn::diff_combine_forward(
                 &mut a.comb[..n * d.out],
