@@ -218,7 +218,7 @@ pub fn block_forward(
         &mut a.v[..n * d.v_width()],
     );
     // diff_v2's λ projection reads ln1 too: it joins the q, k and v products.
-    let lambda = p.lambda_proj.clone().map(|r| weight(r));
+    let lambda = p.lambda_proj.clone().map(&weight);
     let mut parts = [
         (&mut *q, weight(p.q_proj.clone()), d.q_width()),
         (&mut *k, weight(p.k_proj.clone()), d.k_width()),
