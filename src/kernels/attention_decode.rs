@@ -160,19 +160,16 @@ unsafe fn weighted_rows_avx512(acc: &mut [f32], p: &[f32], v: &[f32], rs: usize)
     for c0 in (0..w).step_by(64) {
         let masks: [__mmask16; 4] =
             std::array::from_fn(|i| super::lane_mask((w - c0).saturating_sub(16 * i)));
-        // Even and odd rows in separate registers: two chains of FMAs where one would wait on
-        // each FMA's latency.
-        let mut sums = [[_mm512_setzero_ps(); 4]; 2];
+        let mut sums = [_mm512_setzero_ps(); 4];
         for (t, &pt) in p.iter().enumerate() {
             let (pv, row) = (_mm512_set1_ps(pt), v.as_ptr().add(t * rs + c0));
-            for (i, s) in sums[t % 2].iter_mut().enumerate() {
+            for (i, s) in sums.iter_mut().enumerate() {
                 let x = _mm512_maskz_loadu_ps(masks[i], row.add(16 * i));
                 *s = _mm512_fmadd_ps(pv, x, *s);
             }
         }
-        for i in 0..4 {
-            let s = _mm512_add_ps(sums[0][i], sums[1][i]);
-            _mm512_mask_storeu_ps(acc.as_mut_ptr().add(c0 + 16 * i), masks[i], s);
+        for (i, s) in sums.iter().enumerate() {
+            _mm512_mask_storeu_ps(acc.as_mut_ptr().add(c0 + 16 * i), masks[i], *s);
         }
     }
 }
