@@ -462,6 +462,8 @@ mod tests {
             (64, 96, 64),
             // packs B in parallel (kc·n ≥ 2^15)
             (40, 200, 300),
+            // deep and short: the depth is split across the threads, with a ragged last slice
+            (40, 33, 1100),
         ];
         for (m, n, k) in shapes {
             let a: Vec<f32> = (0..m * k)
@@ -485,16 +487,19 @@ mod tests {
             let rhs = [Mat::rows(&b, n), Mat::t(&bt, k)];
             for (li, l) in lhs.iter().enumerate() {
                 for (ri, r) in rhs.iter().enumerate() {
-                    let mut out = vec![0.5f32; m * (n + 3)];
-                    sgemm(m, n, k, &mut out, n + 3, true, *l, *r);
-                    for i in 0..m {
-                        for j in 0..n + 3 {
-                            let got = out[i * (n + 3) + j] as f64;
-                            let exp = if j < n { 0.5 + want[i * n + j] } else { 0.5 };
-                            assert!(
-                                (got - exp).abs() < 1e-4 * (1.0 + exp.abs()),
-                                "{m}x{n}x{k} lhs{li} rhs{ri} ({i},{j}): {got} vs {exp}"
-                            );
+                    // accumulating onto 0.5, or overwriting it
+                    for (acc, base) in [(true, 0.5), (false, 0.0)] {
+                        let mut out = vec![0.5f32; m * (n + 3)];
+                        sgemm(m, n, k, &mut out, n + 3, acc, *l, *r);
+                        for i in 0..m {
+                            for j in 0..n + 3 {
+                                let got = out[i * (n + 3) + j] as f64;
+                                let exp = if j < n { base + want[i * n + j] } else { 0.5 };
+                                assert!(
+                                    (got - exp).abs() < 1e-4 * (1.0 + exp.abs()),
+                                    "{m}x{n}x{k} lhs{li} rhs{ri} acc {acc} ({i},{j}): {got} vs {exp}"
+                                );
+                            }
                         }
                     }
                 }

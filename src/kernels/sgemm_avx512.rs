@@ -1,7 +1,8 @@
 //! f32 matrix multiply for AVX-512 CPUs, BLIS style: B is packed into panels of NR columns,
 //! A into panels of MR rows (both in buffers allocated once per thread and reused), and a
 //! register-blocked MR×NR micro-kernel accumulates each tile of C over a KC-deep slice.
-//! Row blocks of C are spread over the rayon pool; each task packs its own A block.
+//! Row blocks of C are spread over the rayon pool; each task packs its own A block. Short,
+//! deep products (weight gradients) split their depth across the pool instead.
 
 use super::matmul::Mat;
 use super::with_thread_buffer;
@@ -22,6 +23,8 @@ thread_local! {
     static PACK_A: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
     /// Packed B slice of the call made from this thread.
     static PACK_B: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
+    /// Partial products of a depth-split call made from this thread (`sgemm_split_depth`).
+    static PARTIAL: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
 }
 
 pub fn available() -> bool {
@@ -201,6 +204,10 @@ pub(crate) fn reserve(n_max: usize) {
     with_thread_buffer(&PACK_B, |pb| {
         ensure(pb, n_max.div_ceil(NR) * KC * NR);
     });
+    let others = rayon::current_num_threads().saturating_sub(1);
+    with_thread_buffer(&PARTIAL, |partial| {
+        ensure(partial, (others * MAX_SPLIT_M * n_max).min(MAX_PARTIAL));
+    });
 }
 
 #[derive(Clone, Copy)]
@@ -218,6 +225,92 @@ impl DstPtr {
 /// and that AVX-512F is available.
 #[allow(clippy::too_many_arguments)]
 pub fn sgemm(
+    m: usize,
+    n: usize,
+    k: usize,
+    dst: &mut [f32],
+    dst_rs: usize,
+    accumulate: bool,
+    a: Mat,
+    b: Mat,
+    threads: usize,
+) {
+    let deep = k >= threads * MIN_SPLIT_SLICES * KC;
+    if threads > 1 && deep && m <= MAX_SPLIT_M && (threads - 1) * m * n <= MAX_PARTIAL {
+        return sgemm_split_depth(m, n, k, dst, dst_rs, accumulate, a, b, threads);
+    }
+    sgemm_rows(m, n, k, dst, dst_rs, accumulate, a, b, threads)
+}
+
+/// Products of at most this many rows with a deep k (the weight gradients, whose depth is the
+/// token count) split their depth across the threads instead of their rows...
+const MAX_SPLIT_M: usize = 1024;
+/// ... when every thread gets at least this many KC slices ...
+const MIN_SPLIT_SLICES: usize = 2;
+/// ... and the other threads' partial products fit this many values.
+const MAX_PARTIAL: usize = 1 << 20;
+
+/// `sgemm` with the depth cut into one contiguous share per thread: each share runs on one
+/// thread from packing to kernel with no synchronisation per KC slice (a weight gradient of
+/// 256 rows split by rows had two row blocks and two parallel regions per slice), thread 0
+/// into dst and the others into partial products that are added to dst in order at the end.
+#[allow(clippy::too_many_arguments)]
+fn sgemm_split_depth(
+    m: usize,
+    n: usize,
+    k: usize,
+    dst: &mut [f32],
+    dst_rs: usize,
+    accumulate: bool,
+    a: Mat,
+    b: Mat,
+    threads: usize,
+) {
+    let slices = k.div_ceil(KC);
+    // share t covers slices [t·slices/threads, (t+1)·slices/threads)
+    let depth = |t: usize| (t * slices / threads * KC).min(k);
+    with_thread_buffer(&PARTIAL, |partial| {
+        let partial = ensure(partial, (threads - 1) * m * n);
+        let (dst_ptr, part_ptr) = (DstPtr(dst.as_mut_ptr()), DstPtr(partial.as_mut_ptr()));
+        (0..threads).into_par_iter().for_each(|t| {
+            let (p0, p1) = (depth(t), depth(t + 1));
+            let a = Mat {
+                data: &a.data[p0 * a.cs..],
+                ..a
+            };
+            let b = Mat {
+                data: &b.data[p0 * b.rs..],
+                ..b
+            };
+            // SAFETY: share 0 alone writes dst (borrowed mutably by this call), share t > 0
+            // alone writes its m × n part of the partial buffer.
+            let (out, out_rs, acc) = unsafe {
+                if t == 0 {
+                    let len = (m - 1) * dst_rs + n;
+                    (
+                        std::slice::from_raw_parts_mut(dst_ptr.at(0), len),
+                        dst_rs,
+                        accumulate,
+                    )
+                } else {
+                    let at = part_ptr.at((t - 1) * m * n);
+                    (std::slice::from_raw_parts_mut(at, m * n), n, false)
+                }
+            };
+            sgemm_rows(m, n, p1 - p0, out, out_rs, acc, a, b, 1);
+        });
+        for t in 1..threads {
+            let part = &partial[(t - 1) * m * n..t * m * n];
+            for (i, row) in part.chunks_exact(n).enumerate() {
+                super::axpy(&mut dst[i * dst_rs..i * dst_rs + n], 1.0, row);
+            }
+        }
+    });
+}
+
+/// `sgemm` with the rows of C split across the threads.
+#[allow(clippy::too_many_arguments)]
+fn sgemm_rows(
     m: usize,
     n: usize,
     k: usize,
