@@ -17,6 +17,8 @@ const NR: usize = 32;
 const KC: usize = 256;
 /// Largest row block: a packed A block of MAX_MC × KC stays in L2.
 const MAX_MC: usize = 16 * MR;
+/// Most values of packed B per pass over the row blocks (1 MiB: half of L2).
+const MAX_PASS_B: usize = 1 << 18;
 
 thread_local! {
     /// Packed A block of the task running on this thread.
@@ -37,22 +39,6 @@ fn ensure(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
         v.resize(n, 0.0);
     }
     &mut v[..n]
-}
-
-/// Packs B[p0..p0+kc, 0..n] as ceil(n/NR) panels of kc rows × NR columns, zero-padded.
-fn pack_b(bp: &mut [f32], b: &Mat, p0: usize, kc: usize, n: usize, threads: usize) {
-    // Large slices (the weight-gradient products pack the activations) are packed in parallel.
-    if threads > 1 && kc * n >= 1 << 15 {
-        bp.par_chunks_mut(kc * NR)
-            .enumerate()
-            .for_each(|(jp, panel)| {
-                pack_panel::<NR>(panel, b, p0, kc, jp * NR, NR.min(n - jp * NR))
-            });
-    } else {
-        for (jp, panel) in bp.chunks_mut(kc * NR).enumerate() {
-            pack_panel::<NR>(panel, b, p0, kc, jp * NR, NR.min(n - jp * NR));
-        }
-    }
 }
 
 /// panel[p][c] = x(p0 + p, j0 + c) for p < kc and c < w, zero past w: one panel of R columns,
@@ -202,7 +188,7 @@ pub(crate) fn reserve(n_max: usize) {
         ensure(pa, MAX_MC * KC);
     });
     with_thread_buffer(&PACK_B, |pb| {
-        ensure(pb, n_max.div_ceil(NR) * KC * NR);
+        ensure(pb, (n_max.div_ceil(NR) * KC * NR).max(MAX_PASS_B));
     });
     let others = rayon::current_num_threads().saturating_sub(1);
     with_thread_buffer(&PARTIAL, |partial| {
@@ -328,41 +314,63 @@ fn sgemm_rows(
     let blocks = threads * panels.div_ceil(threads * (MAX_MC / MR));
     let mc = panels.div_ceil(blocks) * MR;
     let dst_ptr = DstPtr(dst.as_mut_ptr());
+    // Consecutive KC slices of B are packed together as long as they fit MAX_PASS_B: a row
+    // block then runs through all of them while its rows of C stay in L2, and a pass takes two
+    // parallel regions where each slice took two. Panel (slice s, column panel jp) of a pass
+    // sits at (s · n_panels + jp) · KC · NR.
+    let slice_len = n_panels * KC * NR;
+    let per_pass = (MAX_PASS_B / slice_len).max(1);
     with_thread_buffer(&PACK_B, |pb| {
-        for p0 in (0..k).step_by(KC) {
-            let kc = KC.min(k - p0);
-            let bp = ensure(pb, n_panels * kc * NR);
-            pack_b(bp, &b, p0, kc, n, threads);
+        for q0 in (0..k).step_by(per_pass * KC) {
+            let q1 = (q0 + per_pass * KC).min(k);
+            let bp = ensure(pb, (q1 - q0).div_ceil(KC) * slice_len);
+            let pack = |(i, panel): (usize, &mut [f32])| {
+                let (p0, jp) = (q0 + i / n_panels * KC, i % n_panels);
+                let kc = KC.min(k - p0);
+                let panel = &mut panel[..kc * NR];
+                pack_panel::<NR>(panel, &b, p0, kc, jp * NR, NR.min(n - jp * NR));
+            };
+            // Large passes (the weight-gradient products pack the activations) are packed in
+            // parallel.
+            if threads > 1 && (q1 - q0) * n >= 1 << 15 {
+                bp.par_chunks_mut(KC * NR).enumerate().for_each(pack);
+            } else {
+                bp.chunks_mut(KC * NR).enumerate().for_each(pack);
+            }
             let bp = &*bp;
-            let acc = accumulate || p0 > 0;
             let block = |i0: usize| {
                 let mc = mc.min(m - i0);
                 with_thread_buffer(&PACK_A, |pa| {
                     // Sized for the largest block at once, so that no later step allocates.
                     ensure(pa, MAX_MC * KC);
-                    let ap = ensure(pa, mc.div_ceil(MR) * kc * MR);
-                    pack_a(ap, &a, i0, mc, p0, kc);
-                    for jp in 0..n_panels {
-                        let (j0, w) = (jp * NR, NR.min(n - jp * NR));
-                        let bpanel = &bp[jp * kc * NR..(jp + 1) * kc * NR];
-                        for ip in 0..mc.div_ceil(MR) {
-                            let r0 = i0 + ip * MR;
-                            let h = MR.min(m - r0);
-                            // SAFETY: AVX-512F was detected by the caller; rows r0..r0+h and
-                            // columns j0..j0+w lie inside dst (bounds checked by the caller), and
-                            // row blocks handed to different tasks do not overlap.
-                            unsafe {
-                                let c = dst_ptr.at(r0 * dst_rs + j0);
-                                kernel(
-                                    kc,
-                                    &ap[ip * kc * MR..(ip + 1) * kc * MR],
-                                    bpanel,
-                                    c,
-                                    dst_rs,
-                                    h,
-                                    w,
-                                    acc,
-                                );
+                    for (si, p0) in (q0..q1).step_by(KC).enumerate() {
+                        let kc = KC.min(k - p0);
+                        let acc = accumulate || p0 > 0;
+                        let ap = ensure(pa, mc.div_ceil(MR) * kc * MR);
+                        pack_a(ap, &a, i0, mc, p0, kc);
+                        for jp in 0..n_panels {
+                            let (j0, w) = (jp * NR, NR.min(n - jp * NR));
+                            let bpanel = &bp[(si * n_panels + jp) * KC * NR..][..kc * NR];
+                            for ip in 0..mc.div_ceil(MR) {
+                                let r0 = i0 + ip * MR;
+                                let h = MR.min(m - r0);
+                                // SAFETY: AVX-512F was detected by the caller; rows r0..r0+h
+                                // and columns j0..j0+w lie inside dst (bounds checked by the
+                                // caller), and row blocks handed to different tasks do not
+                                // overlap.
+                                unsafe {
+                                    let c = dst_ptr.at(r0 * dst_rs + j0);
+                                    kernel(
+                                        kc,
+                                        &ap[ip * kc * MR..(ip + 1) * kc * MR],
+                                        bpanel,
+                                        c,
+                                        dst_rs,
+                                        h,
+                                        w,
+                                        acc,
+                                    );
+                                }
                             }
                         }
                     }
