@@ -287,6 +287,8 @@ const GEMV_PARALLEL_THRESHOLD: usize = PARALLEL_THRESHOLD / 4;
 /// tasks of GEMV_CHUNK outputs (`run`).
 struct Gemv<'a> {
     out: super::SharedMut,
+    /// `out` stays borrowed while the tasks write it through the raw pointer.
+    _out: std::marker::PhantomData<&'a mut [f32]>,
     x: &'a [f32],
     w: Weight<'a>,
     n: usize,
@@ -309,6 +311,7 @@ impl<'a> Gemv<'a> {
         assert!(w.f32.len() >= oc * c, "matmul_forward: weight too small");
         Gemv {
             out: super::SharedMut::new(out),
+            _out: std::marker::PhantomData,
             x,
             w,
             n,
