@@ -171,9 +171,7 @@ fn with_scratch<R>(dk: usize, dv: usize, group: usize, f: impl FnOnce(Scratch) -
         let w = dk.max(dv).max(256);
         let g = group.max(8);
         let need = 4 * w * BK + 2 * BQ * BK + g * BQ * (w + 2);
-        if buf.len() < need {
-            buf.resize(need, 0.0);
-        }
+        super::ensure(buf, need);
         let (kt, rest) = buf.split_at_mut(dk * BK);
         let (vt, rest) = rest.split_at_mut(dv * BK);
         let (s, rest) = rest.split_at_mut(BQ * BK);

@@ -20,7 +20,8 @@ thread_local! {
 
 /// o (B, NQ, DV) and lse (B, NQ) for one query per sequence, q (B, NQ, DK), that sees the
 /// first `visible` of the sequence's `tkv` cached rows in k (B, Tkv, NK, DK) and
-/// v (B, Tkv, NV, DV). Same results as the tile kernel, up to rounding.
+/// v (B, Tkv, NV, DV); `attention_forward`, its caller, checked these lengths. Same results as
+/// the tile kernel, up to rounding.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn attention_decode(
     o: &mut [f32],
@@ -33,21 +34,14 @@ pub(crate) fn attention_decode(
     visible: usize,
     s: &AttnShape,
 ) {
-    let AttnShape {
-        nq, nk, nv, dk, dv, ..
-    } = *s;
+    let AttnShape { nq, dk, dv, .. } = *s;
     assert!(visible >= 1 && visible <= tkv);
-    assert!(q.len() == b * nq * dk && o.len() == b * nq * dv && lse.len() == b * nq);
-    assert!(k.len() >= b * tkv * nk * dk && v.len() >= b * tkv * nv * dv);
     let chunks = visible.div_ceil(CHUNK);
     // Per (sequence, chunk, head): the chunk's max score, its sum of exp(score − max) and
     // the values weighted by those exps.
     let part = dv + 2;
     super::with_thread_buffer(&PARTIALS, |buf| {
-        if buf.len() < b * chunks * nq * part {
-            buf.resize(b * chunks * nq * part, 0.0);
-        }
-        let partials = SharedMut::new(buf);
+        let partials = SharedMut::new(super::ensure(buf, b * chunks * nq * part));
         let run = |task: usize| {
             let (bi, ci) = (task / chunks, task % chunks);
             let t0 = ci * CHUNK;
@@ -65,15 +59,16 @@ pub(crate) fn attention_decode(
             for j in 0..nq {
                 let at = |ci: usize| ((bi * chunks + ci) * nq + j) * part;
                 let m = (0..chunks).fold(f32::NEG_INFINITY, |m, ci| m.max(buf[at(ci) + dv]));
-                let l: f32 = (0..chunks)
-                    .map(|ci| buf[at(ci) + dv + 1] * exp_nonpos(buf[at(ci) + dv] - m))
-                    .sum();
+                // Each chunk rescaled from its own max to m, then everything divided by the sum.
                 let oj = &mut o[(bi * nq + j) * dv..][..dv];
                 oj.fill(0.0);
+                let mut l = 0.0;
                 for ci in 0..chunks {
-                    let w = exp_nonpos(buf[at(ci) + dv] - m) / l;
-                    axpy(oj, w, &buf[at(ci)..at(ci) + dv]);
+                    let e = exp_nonpos(buf[at(ci) + dv] - m);
+                    l += buf[at(ci) + dv + 1] * e;
+                    axpy(oj, e, &buf[at(ci)..at(ci) + dv]);
                 }
+                oj.iter_mut().for_each(|x| *x /= l);
                 lse[bi * nq + j] = m + l.ln();
             }
         }

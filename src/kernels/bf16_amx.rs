@@ -282,9 +282,7 @@ pub(crate) fn reserve(long: usize, short: usize) {
     let a = 2 * long.div_ceil(TK) * TILE;
     for (slot, n) in [(&PACK_A, a), (&PACK_B, b)] {
         with_thread_buffer(slot, |v| {
-            if v.len() < n {
-                v.resize(n, 0);
-            }
+            super::ensure(v, n);
         });
     }
 }
@@ -294,9 +292,7 @@ pub(crate) fn reserve(long: usize, short: usize) {
 fn pack_b(buf: &mut Vec<u16>, x: Mat, rows: usize, depth: usize, threads: usize) {
     let (rts, kts) = (rows.div_ceil(BLOCK) * 2, depth.div_ceil(TK));
     let len = rts * kts * TILE;
-    if buf.len() < len {
-        buf.resize(len, 0);
-    }
+    super::ensure(buf, len);
     // SAFETY: `available()` was checked by the caller; the caller bounds-checked x.
     let run = |(i, dst): (usize, &mut [u16])| unsafe {
         pack_tile_rows(dst, x, i * PACK_ROWS, rows, depth, true)
@@ -613,10 +609,7 @@ unsafe fn products(
     let row_block = |bi: usize| {
         // Each task packs its own two tile rows of A, which then stay in L1 for its products.
         with_thread_buffer(&PACK_A, |pa| {
-            if pa.len() < 2 * row {
-                pa.resize(2 * row, 0);
-            }
-            let a_rows = &mut pa[..2 * row];
+            let a_rows = super::ensure(pa, 2 * row);
             let i0 = bi * BLOCK;
             // SAFETY: AMX is available (checked by the caller) and configured on this thread
             // by the caller's session; the caller bounds-checked a; the tile pointers stay

@@ -36,6 +36,15 @@ pub(crate) fn with_thread_buffer<T, R>(
     r
 }
 
+/// Grows `v` to at least `n` elements (only the first calls allocate) and returns its first
+/// `n`: the kernels' reused thread-local buffers.
+pub(crate) fn ensure<T: Copy + Default>(v: &mut Vec<T>, n: usize) -> &mut [T] {
+    if v.len() < n {
+        v.resize(n, T::default());
+    }
+    &mut v[..n]
+}
+
 /// Sizes every pool thread's kernel buffers (and this thread's) for products up to `n_max`
 /// columns wide over up to `rows` rows (tokens) and attention heads of widths dk, dv, so that
 /// no step allocates them later, whichever thread a task lands on.

@@ -5,7 +5,7 @@
 //! deep products (weight gradients) split their depth across the pool instead.
 
 use super::matmul::Mat;
-use super::with_thread_buffer;
+use super::{ensure, with_thread_buffer};
 use rayon::prelude::*;
 use std::arch::x86_64::*;
 use std::cell::Cell;
@@ -31,14 +31,6 @@ thread_local! {
 
 pub fn available() -> bool {
     is_x86_feature_detected!("avx512f")
-}
-
-/// Grows `v` to at least `n` (only the first calls allocate) and returns it.
-fn ensure(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
-    if v.len() < n {
-        v.resize(n, 0.0);
-    }
-    &mut v[..n]
 }
 
 /// panel[p][c] = x(p0 + p, j0 + c) for p < kc and c < w, zero past w: one panel of R columns,
