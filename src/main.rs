@@ -499,7 +499,14 @@ fn repro(a: ReproArgs) -> Result<()> {
                 difftx::demo::DEMO_TEXT.len()
             ),
         },
-        (None, false) => Corpus::load(std::path::Path::new(FORTUNES_DIR))?,
+        // A dry run states the plan even where the default corpus is not installed yet.
+        (None, false) => match Corpus::load(std::path::Path::new(FORTUNES_DIR)) {
+            Err(e) if a.dry_run => Corpus {
+                text: Vec::new(),
+                line: format!("{e} (scripts/repro.sh installs it)"),
+            },
+            r => r?,
+        },
     };
     eprintln!("repro: corpus: {}", corpus.line);
     if a.dry_run {

@@ -121,7 +121,46 @@ fn dry_run_states_the_full_plan_without_training() {
     assert!(o.status.success(), "{err}");
     assert!(err.contains("full run: 3 kinds × 3 seed(s)"), "{err}");
     assert!(err.contains("2 needles"), "{err}");
+    // the default corpus, Debian's fortunes, is named whether or not this machine has it
+    assert!(
+        err.contains("corpus: ") && err.contains("fortunes"),
+        "{err}"
+    );
     assert!(!out.exists());
+    // a corpus given by hand is read and described
+    let demo = concat!(env!("CARGO_MANIFEST_DIR"), "/data/demo.txt");
+    let o = difftx(&[
+        "repro",
+        "--dry-run",
+        "--corpus",
+        demo,
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(
+        err.contains("corpus: ") && err.contains("demo.txt"),
+        "{err}"
+    );
+    assert!(!out.exists());
+    // ... and a missing one is a one-line error naming it
+    let gone = tmp.path().join("no-such-corpus.txt");
+    let o = difftx(&[
+        "repro",
+        "--dry-run",
+        "--corpus",
+        gone.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    let last = err.trim_end().lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with("error: ") && last.contains("no-such-corpus.txt"),
+        "{err}"
+    );
 }
 
 #[test]
