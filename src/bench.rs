@@ -34,7 +34,7 @@ pub struct TrainBench {
     pub state_bytes: u64,
     /// the activation and gradient workspace
     pub workspace_bytes: u64,
-    /// "f32", or "bf16" when `--bf16` routed the matrix products to AMX
+    /// "f32", or "bf16" when `--bf16` routed the matrix products to bf16
     pub precision: &'static str,
     pub losses: Vec<f32>,
 }
@@ -521,7 +521,7 @@ pub fn window_means(losses: &[f32]) -> Vec<f64> {
 }
 
 /// Trains `config` for `run.steps` steps on seeded random windows of `text` (training part),
-/// once with f32 products and once with bf16 on AMX, and compares the curves. Leaves the
+/// once with f32 products and once with bf16, and compares the curves. Leaves the
 /// process's precision at f32. `on_step(precision, step)` reports progress.
 pub fn bench_bf16(
     config: &ModelConfig,
@@ -547,7 +547,7 @@ pub fn bench_bf16(
         if set_bf16(bf16) != bf16 {
             set_bf16(false);
             return Err(Error::Invalid(
-                "bf16 needs AMX bf16 tiles, which this CPU or kernel lacks".into(),
+                "bf16 needs AVX512_BF16, which this CPU lacks".into(),
             ));
         }
         let tag = precision();

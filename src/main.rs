@@ -19,10 +19,10 @@ struct Cli {
     #[arg(long, global = true)]
     threads: Option<usize>,
     /// Matrix products (linear layers, LM head and the attention's tiles, forward and backward)
-    /// with bf16 operands on the CPU's AMX tile unit, accumulated in f32; weights, gradients,
-    /// AdamW state and the softmax stay f32.
+    /// with bf16 operands, accumulated in f32 (AVX512_BF16 dot products, or Intel's AMX tile
+    /// unit where the CPU has one); weights, gradients, AdamW state and the softmax stay f32.
     /// Decoding reads a bf16 copy of the weights (half the memory traffic). Off by default.
-    /// Needs an AMX CPU (Intel Sapphire Rapids or later) and Linux ≥ 5.16.
+    /// Needs a CPU with AVX512_BF16 (AMD Zen 4 or later, Intel Cooper Lake or later).
     #[arg(long, global = true)]
     bf16: bool,
     #[command(subcommand)]
@@ -276,8 +276,8 @@ struct InitArgs {
 enum BenchCmd {
     /// Median time of a full training step (forward, backward, AdamW) on random tokens.
     Train(BenchTrainArgs),
-    /// GFLOP/s of one matrix product, difftx's f32 kernel against the `gemm` crate (and bf16 on
-    /// AMX where the CPU has it), alternating.
+    /// GFLOP/s of one matrix product, difftx's f32 kernel against the `gemm` crate (and bf16
+    /// where the CPU has AVX512_BF16), alternating.
     Matmul(BenchMatmulArgs),
     /// Prefill and batch-1 greedy decode tokens/s (compare with bench/hf_decode.py).
     Decode(BenchDecodeArgs),
@@ -285,7 +285,7 @@ enum BenchCmd {
     Attention(BenchAttentionArgs),
     /// Peak memory of a training step against what the buffers add up to.
     Memory(BenchMemoryArgs),
-    /// The same short training run with f32 and with bf16 (AMX) matrix products: step times,
+    /// The same short training run with f32 and with bf16 matrix products: step times,
     /// how far apart the loss curves end up, and both curves in a PNG.
     Bf16(BenchBf16Args),
 }
@@ -782,7 +782,7 @@ fn train(a: TrainArgs) -> Result<()> {
     }
     // A run recorded with bf16 products (or `bf16 = true` in TOML) trains with them.
     if run.train.bf16 && !difftx::kernels::matmul::set_bf16(true) {
-        bail!("this run uses bf16 matrix products (--bf16), which need AMX bf16 tiles (an Intel Sapphire Rapids or later CPU, Linux ≥ 5.16); this machine has none");
+        bail!("this run uses bf16 matrix products (--bf16), which need a CPU with AVX512_BF16 (AMD Zen 4 or later, Intel Cooper Lake or later); this machine has none");
     }
     if run.data.data.is_empty() {
         bail!("no training data: pass --data FILE|FOLDER|GLOB");
@@ -1218,7 +1218,7 @@ fn run(cli: Cli) -> Result<()> {
             .build_global()?;
     }
     if cli.bf16 && !difftx::kernels::matmul::set_bf16(true) {
-        bail!("--bf16 needs AMX bf16 tiles (an Intel Sapphire Rapids or later CPU, Linux ≥ 5.16); this machine has none, so leave it off");
+        bail!("--bf16 needs a CPU with AVX512_BF16 (AMD Zen 4 or later, Intel Cooper Lake or later); this machine has none, so leave it off");
     }
     match cli.cmd {
         Cmd::Demo(a) => demo(a),

@@ -1,20 +1,20 @@
-//! The opt-in bf16 path (`--bf16`: matrix products with bf16 operands on AMX, f32 elsewhere).
+//! The opt-in bf16 path (`--bf16`: matrix products with bf16 operands, f32 elsewhere).
 //! It switches a process-wide setting, so these tests live in their own binary. On a machine
-//! without AMX they check the refusal instead.
+//! without AVX512_BF16 they check the refusal instead.
 
 use difftx::bench::bench_bf16;
-use difftx::kernels::matmul::bf16_available as amx;
+use difftx::kernels::matmul::bf16_available;
 use difftx::train::in_memory::ShortRun;
 use difftx::{AttentionKind, ModelConfig, Preset};
 use std::process::Command;
 use std::sync::Mutex;
 
-/// True (after saying so) on a machine without AMX bf16, where a test has nothing to run.
-fn skip_without_amx() -> bool {
-    if !amx() {
-        eprintln!("skipped: no AMX bf16 on this machine");
+/// True (after saying so) on a machine without AVX512_BF16, where a test has nothing to run.
+fn skip_without_bf16() -> bool {
+    if !bf16_available() {
+        eprintln!("skipped: no AVX512_BF16 on this machine");
     }
-    !amx()
+    !bf16_available()
 }
 
 /// Tests that switch the process-wide bf16 setting, or read it, take turns.
@@ -24,7 +24,7 @@ static SWITCH: Mutex<()> = Mutex::new(());
 /// f32 run under another name: the losses differ.
 #[test]
 fn bf16_training_follows_the_f32_loss_curve() {
-    if skip_without_amx() {
+    if skip_without_bf16() {
         return;
     }
     let _turn = SWITCH.lock().unwrap_or_else(|e| e.into_inner());
@@ -61,13 +61,16 @@ fn the_bf16_flag_runs_or_says_why_not() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr),
     );
-    if amx() {
+    if bf16_available() {
         assert!(out.status.success(), "{stderr}");
         assert!(stdout.contains("bf16 matrix products"), "{stdout}");
     } else {
         assert_eq!(out.status.code(), Some(1));
         assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
-        assert!(stderr.contains("--bf16 needs AMX"), "{stderr}");
+        assert!(
+            stderr.contains("--bf16 needs a CPU with AVX512_BF16"),
+            "{stderr}"
+        );
     }
 }
 
@@ -121,7 +124,7 @@ fn bf16_decode_weights_move_logits_by_rounding_only() {
 /// refuses to be resumed with `--bf16` (one line naming the setting).
 #[test]
 fn a_resumed_run_keeps_the_precision_it_started_with() {
-    if skip_without_amx() {
+    if skip_without_bf16() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -196,7 +199,7 @@ fn a_resumed_run_keeps_the_precision_it_started_with() {
 fn prefill_with_prepacked_tiles_equals_packing_per_product() {
     use difftx::kernels::matmul::set_bf16;
     use difftx::model::{KvCache, Model, Workspace};
-    if skip_without_amx() {
+    if skip_without_bf16() {
         return;
     }
     let _turn = SWITCH.lock().unwrap_or_else(|e| e.into_inner());
@@ -241,7 +244,7 @@ fn prefill_with_prepacked_tiles_equals_packing_per_product() {
 #[test]
 fn bf16_attention_moves_outputs_and_gradients_by_rounding_only() {
     use difftx::kernels::attention::AttnShape;
-    if skip_without_amx() {
+    if skip_without_bf16() {
         return;
     }
     let _turn = SWITCH.lock().unwrap_or_else(|e| e.into_inner());

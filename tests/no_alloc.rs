@@ -40,7 +40,7 @@ fn training_steps_allocate_nothing_after_warm_up() {
         subln: false,
         ..v1
     });
-    // f32, then bf16 products where the CPU has AMX (the only test in this binary, so the
+    // f32, then bf16 products where the CPU has AVX512_BF16 (the only test in this binary, so the
     // process-wide switch disturbs nothing)
     let precisions = if difftx::kernels::matmul::bf16_available() {
         vec![false, true]

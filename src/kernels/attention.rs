@@ -14,9 +14,9 @@ use rayon::prelude::*;
 const BQ: usize = 64;
 const BK: usize = 64;
 
-/// Whether a call's products run on the AMX tile unit: under `--bf16`, for calls of at least
-/// one tile of queries (training, prefill); decoding's few queries per call stay f32, where
-/// the tile unit would idle on 15 of its 16 rows.
+/// Whether a call's products run in bf16 tiles: under `--bf16`, for calls of at least one
+/// tile of queries (training, prefill); decoding's few queries per call stay f32, where a
+/// tile would hold 15 rows of padding.
 fn on_tiles(queries: usize) -> bool {
     super::matmul::bf16() && queries >= 16
 }
@@ -252,7 +252,7 @@ pub fn attention_forward(
         // its query blocks and heads.
         let keys = (head_rows(k, bi * tkv, nk, kh, dk).transposed(), dk, tkv);
         let values = (head_rows(v, bi * tkv, nv, vh, dv), tkv, dv);
-        // Without them (f32, or no AMX) the products run on f32 tiles of k and v.
+        // Without them (f32, or no AVX512_BF16) the products run on f32 tiles of k and v.
         with_packed(bf16, &[keys, values], |kv| {
             let src = Src { packed: kv, bf16 };
             with_scratch(dk, dv, group, |sc| {

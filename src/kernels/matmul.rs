@@ -1,6 +1,6 @@
 //! Linear layers. Every matrix product in difftx goes through `sgemm`: our own AVX-512 kernel
 //! (kernels/sgemm_avx512.rs) where the CPU has it, else the `gemm` crate; with `set_bf16(true)`
-//! and an AMX CPU, bf16 operands on the tile unit (kernels/bf16_amx.rs).
+//! and an AVX512_BF16 CPU, bf16 operands (kernels/bf16.rs: AMX tiles or VDPBF16PS).
 
 use super::Grad;
 use gemm::Parallelism;
@@ -70,32 +70,32 @@ fn threads_for(m: usize, n: usize, k: usize) -> usize {
 /// Which implementation runs a product.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Backend {
-    /// bf16 on AMX if `set_bf16(true)` took effect; else difftx's AVX-512 kernel where the CPU
+    /// bf16 if `set_bf16(true)` took effect; else difftx's AVX-512 kernel where the CPU
     /// has AVX-512F, else the `gemm` crate
     Auto,
     /// always the `gemm` crate (for comparison)
     GemmCrate,
     /// f32 on difftx's AVX-512 kernel (or the `gemm` crate), whatever `set_bf16` says
     F32,
-    /// bf16 on AMX where available (else as `F32`), whatever `set_bf16` says
+    /// bf16 where the CPU has AVX512_BF16 (else as `F32`), whatever `set_bf16` says
     Bf16,
 }
 
 static BF16: AtomicBool = AtomicBool::new(false);
 
 /// Routes every `sgemm` (the linear layers and the LM head, forward and backward) through bf16
-/// operands on AMX, or back to f32. Returns whether bf16 is now in effect: false on a CPU or
-/// kernel without AMX bf16 tiles, where products stay f32.
+/// operands, or back to f32. Returns whether bf16 is now in effect: false on a CPU without
+/// AVX512_BF16, where products stay f32.
 pub fn set_bf16(on: bool) -> bool {
     let on = on && bf16_available();
     BF16.store(on, Ordering::Relaxed);
     on
 }
 
-/// Whether this CPU and kernel can run the bf16 path (AMX bf16 tiles).
+/// Whether this CPU can run the bf16 path (AVX512_BF16, with or without AMX tiles).
 pub fn bf16_available() -> bool {
     #[cfg(target_arch = "x86_64")]
-    return super::bf16_amx::available();
+    return super::bf16::available();
     #[cfg(not(target_arch = "x86_64"))]
     false
 }
@@ -149,10 +149,9 @@ pub fn sgemm_with(
     }
     let threads = threads_for(m, n, k);
     #[cfg(target_arch = "x86_64")]
-    if (backend == Backend::Bf16 || backend == Backend::Auto && bf16())
-        && super::bf16_amx::available()
+    if (backend == Backend::Bf16 || backend == Backend::Auto && bf16()) && super::bf16::available()
     {
-        super::bf16_amx::gemm(m, n, k, dst, dst_rs, accumulate, a, b, threads);
+        super::bf16::gemm(m, n, k, dst, dst_rs, accumulate, a, b, threads);
         return;
     }
     #[cfg(target_arch = "x86_64")]
@@ -194,8 +193,8 @@ pub fn sgemm_with(
 
 /// A linear layer's weight (OC, C) as in torch `Linear`, and optionally the bf16 copies that
 /// inference reads with `--bf16` (see `Workspace::keep_bf16_weights`): its rows, which
-/// decoding's matrix-vector products read (half the bytes from memory), and its AMX tiles
-/// (`bf16_amx::pack_weight`), which longer forwards multiply without packing it again.
+/// decoding's matrix-vector products read (half the bytes from memory), and its bf16 tiles
+/// (`bf16::pack_weight`), which longer forwards multiply without packing it again.
 #[derive(Clone, Copy)]
 pub struct Weight<'a> {
     pub f32: &'a [f32],
@@ -235,7 +234,7 @@ pub fn matmul_forward<'a>(
         );
         let threads = threads_for(n, oc, c);
         let x = Mat::rows(inp, c);
-        return super::bf16_amx::gemm_packed(n, oc, c, out, oc, accumulate, x, tiles, threads);
+        return super::bf16::gemm_packed(n, oc, c, out, oc, accumulate, x, tiles, threads);
     }
     sgemm(
         n,
@@ -325,8 +324,8 @@ impl<'a> Gemv<'a> {
         self.oc.div_ceil(GEMV_CHUNK)
     }
 
-    /// Outputs ti·GEMV_CHUNK.. of every row. The weight's form picks the kernel: its AMX tiles
-    /// (`--bf16` on AMX), f32 rows sixteen at a time for one input row, else a dot per output
+    /// Outputs ti·GEMV_CHUNK.. of every row. The weight's form picks the kernel: its bf16 tiles
+    /// (`--bf16`), f32 rows sixteen at a time for one input row, else a dot per output
     /// over its bf16 or f32 row.
     fn run(&self, ti: usize) {
         let outs = ti * GEMV_CHUNK..((ti + 1) * GEMV_CHUNK).min(self.oc);
@@ -335,7 +334,7 @@ impl<'a> Gemv<'a> {
         if let Some(tiles) = self.w.tiles {
             // SAFETY: AVX-512F is present wherever tiles exist.
             return self.blocks16(outs, |o0, _| unsafe {
-                super::bf16_amx::tile_row_sums(x, tiles, o0, n, c)
+                super::bf16::tile_row_sums(x, tiles, o0, n, c)
             });
         }
         #[cfg(target_arch = "x86_64")]

@@ -6,7 +6,7 @@ pub mod adamw;
 pub mod attention;
 mod attention_decode;
 #[cfg(target_arch = "x86_64")]
-pub mod bf16_amx;
+pub mod bf16;
 pub mod cross_entropy;
 pub mod embedding;
 pub mod matmul;
@@ -57,7 +57,7 @@ pub fn prepare_threads(n_max: usize, rows: usize, dk: usize, dv: usize, group: u
         #[cfg(target_arch = "x86_64")]
         if matmul::bf16() {
             // an operand is at most (rows or n_max) × n_max, or n_max × rows
-            bf16_amx::reserve(rows.max(n_max), n_max);
+            bf16::reserve(rows.max(n_max), n_max);
         }
         attention::reserve_scratch(dk, dv, group);
     };

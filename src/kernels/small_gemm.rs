@@ -2,7 +2,7 @@
 //! attention kernel (a query block against a key tile). In f32 nothing is packed: A is read
 //! through strides (so Aᵀ costs nothing), B and C by rows, in AVX-512 register tiles of MR
 //! rows × 32 columns where the CPU has it, plain loops elsewhere. Under `--bf16` both
-//! operands are rounded to bf16 and multiplied on the AMX tile unit, like the linear layers.
+//! operands are rounded to bf16 and multiplied by kernels/bf16.rs, like the linear layers.
 
 use super::matmul::Mat;
 use super::SharedMut;
@@ -22,13 +22,13 @@ pub const MAX_PACKED: usize = 16;
 /// and heads in turn, instead of packing a key tile per block and head.
 pub struct PackedB<'a> {
     #[cfg(target_arch = "x86_64")]
-    tiles: super::bf16_amx::PackedB<'a>,
+    tiles: super::bf16::PackedB<'a>,
     #[cfg(not(target_arch = "x86_64"))]
     _none: std::marker::PhantomData<&'a ()>,
 }
 
 /// Runs f with every operand b (k × n) of `ops` packed (`PackedB`, in order) and the tile unit
-/// configured for their products, where `bf16` and the CPU has AMX; with `None` otherwise, and
+/// configured for their products, where `bf16` and the CPU has AVX512_BF16; with `None` otherwise, and
 /// for no operands or more than MAX_PACKED (under bf16 with the tile unit still configured, for
 /// products that pack their own operands).
 pub fn with_packed<R>(
@@ -37,9 +37,9 @@ pub fn with_packed<R>(
     f: impl FnOnce(Option<&[PackedB]>) -> R,
 ) -> R {
     #[cfg(target_arch = "x86_64")]
-    if bf16 && super::bf16_amx::available() {
+    if bf16 && super::bf16::available() {
         if ops.is_empty() || ops.len() > MAX_PACKED {
-            return super::bf16_amx::with_tiles(|| f(None));
+            return super::bf16::with_tiles(|| f(None));
         }
         for &(b, k, n) in ops {
             assert!(k > 0 && n > 0 && b.fits(k, n), "with_packed: B too small");
@@ -50,12 +50,12 @@ pub fn with_packed<R>(
         }
         let r = {
             let mut packed: [PackedB; MAX_PACKED] = std::array::from_fn(|_| PackedB {
-                tiles: super::bf16_amx::PackedB::EMPTY,
+                tiles: super::bf16::PackedB::EMPTY,
             });
             for ((slot, buf), &(b, k, n)) in packed.iter_mut().zip(bufs.iter_mut()).zip(ops) {
-                slot.tiles = super::bf16_amx::PackedB::pack(buf, b, k, n);
+                slot.tiles = super::bf16::PackedB::pack(buf, b, k, n);
             }
-            super::bf16_amx::with_tiles(|| f(Some(&packed[..ops.len()])))
+            super::bf16::with_tiles(|| f(Some(&packed[..ops.len()])))
         };
         PACKED.set(bufs);
         return r;
@@ -94,13 +94,13 @@ impl PackedB<'_> {
         #[cfg(not(target_arch = "x86_64"))]
         {
             let _ = (m, n, k, at, a, c, c_rs, accumulate);
-            unreachable!("PackedB exists only with AMX");
+            unreachable!("PackedB exists only with AVX512_BF16");
         }
     }
 }
 
 /// C (m × n, rows `c_rs` apart) (+)= A (m × k) · B (k × n, rows `b_rs` apart; both B and C
-/// have `n` contiguous columns); `bf16`: on the AMX tile unit where the CPU has one (f32
+/// have `n` contiguous columns); `bf16`: in bf16 where the CPU has AVX512_BF16 (f32
 /// elsewhere). C comes as a raw pointer, for a C whose rows interleave with data that other
 /// threads own (one head of a (T, NH, d) tensor).
 ///
@@ -131,10 +131,10 @@ pub unsafe fn small_gemm(
     assert!(a.fits(m, k), "small_gemm: A too small");
     assert!(b_mat.fits(k, n), "small_gemm: B too small");
     #[cfg(target_arch = "x86_64")]
-    if bf16 && super::bf16_amx::available() {
+    if bf16 && super::bf16::available() {
         let c = SharedMut::from_raw(c, (m - 1) * c_rs + n);
-        // SAFETY: the caller vouches for C; AMX is available (checked above).
-        super::bf16_amx::gemm_shared(m, n, k, c, c_rs, accumulate, a, b_mat, 1);
+        // SAFETY: the caller vouches for C; AVX512_BF16 is available (checked above).
+        super::bf16::gemm_shared(m, n, k, c, c_rs, accumulate, a, b_mat, 1);
         return;
     }
     #[cfg(target_arch = "x86_64")]
@@ -304,7 +304,7 @@ mod tests {
         let round = |x: f32| half::bf16::from_f32(x).to_f32();
         for bf16 in [false, true] {
             if bf16 && !crate::kernels::matmul::bf16_available() {
-                eprintln!("skipped bf16: this CPU or kernel has no AMX bf16");
+                eprintln!("skipped bf16: this CPU has no AVX512_BF16");
                 continue;
             }
             let r = |x: f32| if bf16 { round(x) } else { x };

@@ -1,5 +1,5 @@
 //! The bf16 copy of a model's weights that inference reads with `--bf16`, in one of two
-//! forms: on AMX CPUs every matrix packed once as tiles, which prefill multiplies without
+//! forms: on AVX512_BF16 CPUs every matrix packed once as tiles, which prefill multiplies without
 //! packing each weight again on every forward pass and decoding's matrix-vector products read
 //! (half the bytes of f32); elsewhere every parameter as bf16 rows for decoding only.
 
@@ -10,9 +10,9 @@ use std::ops::Range;
 pub struct Bf16Weights {
     /// parameters in the model's layout (to check the copy belongs to it)
     len: usize,
-    /// without AMX: every parameter rounded to bf16 (nearest even), in the model's layout
+    /// without AVX512_BF16: every parameter rounded to bf16 (nearest even), in the model's layout
     rows: Vec<u16>,
-    /// with AMX: (offset of the matrix in the layout, its tiles), by offset
+    /// with AVX512_BF16: (offset of the matrix in the layout, its tiles), by offset
     tiles: Vec<(usize, Vec<u16>)>,
 }
 
@@ -24,7 +24,7 @@ impl Bf16Weights {
             for spec in model.layout.specs.iter().filter(|s| s.shape.len() == 2) {
                 let (oc, c) = (spec.shape[0], spec.shape[1]);
                 let w = &model.params[spec.range()];
-                tiles.push((spec.offset, crate::kernels::bf16_amx::pack_weight(w, oc, c)));
+                tiles.push((spec.offset, crate::kernels::bf16::pack_weight(w, oc, c)));
             }
             tiles.sort_by_key(|t| t.0);
         }

@@ -437,7 +437,7 @@ impl Workspace {
     /// cached forwards (inference) then read: cached forwards of up to four tokens a sequence
     /// (decoding) read bf16 rows instead of the f32 weights, half the bytes, the bound of a
     /// batch-1 decode; longer ones (prefill) with bf16 products on (`--bf16`) multiply the
-    /// weights' AMX tiles, packed once here. Uncached forwards (training, evaluation) read the
+    /// weights' bf16 tiles, packed once here. Uncached forwards (training, evaluation) read the
     /// f32 weights. The copies do not follow later changes to `model.params`: take them again
     /// after training, or `drop_bf16_weights`.
     pub fn keep_bf16_weights(&mut self, model: &Model) {

@@ -134,7 +134,7 @@ pub struct TrainOptions {
     /// Checkpoints kept (older ones are deleted after a newer one is complete) [default: 3].
     #[arg(long)]
     pub keep_last: Option<usize>,
-    /// Matrix products in bf16 on AMX: set by the global `--bf16` flag (or TOML `bf16 = true`)
+    /// Matrix products in bf16: set by the global `--bf16` flag (or TOML `bf16 = true`)
     /// and recorded, so that a resumed run keeps the precision it started with.
     #[arg(skip)]
     pub bf16: Option<bool>,

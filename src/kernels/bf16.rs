@@ -1,11 +1,14 @@
-//! bf16 matrix multiply on Intel AMX, the opt-in `--bf16` path: both operands are rounded to
-//! bf16 (round to nearest even) while they are packed, the tile unit multiplies them
-//! (TDPBF16PS) and accumulates in f32, so weights, gradients and results all stay f32.
+//! bf16 matrix multiply, the opt-in `--bf16` path: both operands are rounded to bf16 (round to
+//! nearest even) while they are packed, the CPU multiplies them and accumulates in f32, so
+//! weights, gradients and results all stay f32.
 //!
-//! A tile holds 16 rows of 64 bytes: 16 × 32 bf16 of A, 16 pairs of depth × 16 columns of B
-//! (the "VNNI" layout: the two depths of a pair side by side), or 16 × 16 f32 of C. Both
-//! operands are packed whole, into tiles ordered by depth, and each task computes a 32 × 32
-//! block of C in four tile registers over the whole depth.
+//! Operands are packed into tiles of 16 rows of 64 bytes: 16 × 32 bf16 of A, or 16 pairs of
+//! depth × 16 columns of B (the "VNNI" layout: the two depths of a pair side by side). Both
+//! are packed into tiles ordered by depth (B whole, A two tile rows per task), and each task
+//! computes a 32 × 32 block of C
+//! over the whole depth. Two kernels read the same tiles: on Intel AMX, the tile unit
+//! (TDPBF16PS, four C tiles in tile registers: `block`); elsewhere AVX512_BF16 (AMD Zen 4 and
+//! others: VDPBF16PS, a B tile row per register against broadcast A pairs: `block_dot`).
 
 use super::matmul::Mat;
 use super::{lane_mask, transpose16, with_thread_buffer, SharedMut};
@@ -55,10 +58,11 @@ struct TileSession {
 
 impl TileSession {
     fn begin() -> TileSession {
-        if TILES_ON.get() {
+        // Without AMX there is nothing to configure: the products run on `block_dot`.
+        if TILES_ON.get() || !amx() {
             return TileSession { owner: false };
         }
-        // SAFETY: callers checked `available()`, which requested this process's tile data.
+        // SAFETY: `amx()` requested this process's tile data.
         unsafe { asm!("ldtilecfg [{}]", in(reg) &CONFIG as *const TileConfig) };
         TILES_ON.set(true);
         TileSession { owner: true }
@@ -76,17 +80,23 @@ impl Drop for TileSession {
     }
 }
 
-/// Whether this CPU and kernel run AMX bf16 tiles; the first call asks Linux for the
-/// tile-data state, which each process must request before its first tile instruction.
+/// Whether this CPU runs bf16 products at all: AVX512_BF16's dot products (AMD Zen 4, Intel
+/// Cooper Lake on), which also pack the operands, with or without the tile unit.
 pub fn available() -> bool {
     static OK: OnceLock<bool> = OnceLock::new();
     *OK.get_or_init(|| {
         is_x86_feature_detected!("avx512f")
             && is_x86_feature_detected!("avx512bw")
             && is_x86_feature_detected!("avx512bf16")
-            && amx_in_cpuid()
-            && request_tile_data()
     })
+}
+
+/// Whether the products run on AMX tiles (else on VDPBF16PS, `block_dot`); the first call
+/// asks Linux for the tile-data state, which each process must request before its first tile
+/// instruction.
+pub fn amx() -> bool {
+    static OK: OnceLock<bool> = OnceLock::new();
+    *OK.get_or_init(|| available() && amx_in_cpuid() && request_tile_data())
 }
 
 fn amx_in_cpuid() -> bool {
@@ -308,7 +318,8 @@ fn pack_b(buf: &mut Vec<u16>, x: Mat, rows: usize, depth: usize, threads: usize)
 }
 
 /// C (+)= the 32 × 32 block from the `kts` consecutive tiles at a[0], a[1] (two tile rows of
-/// A) and b[0], b[1] (two tile columns of B), clipped to (h, w) valid rows and columns.
+/// A) and b[0], b[1] (two tile columns of B), clipped to (h, w) valid rows and columns: on
+/// the tile unit.
 ///
 /// # Safety
 /// AMX tiles configured with `CONFIG` on this thread; c valid for h rows of w columns at ldc.
@@ -384,6 +395,63 @@ unsafe fn block(
     store!("1", 0, 1);
     store!("2", 1, 0);
     store!("3", 1, 1);
+}
+
+/// Rows of C that `block_dot` keeps in registers at a time: 8 rows × 2 × 16 columns = 16
+/// accumulators, enough to hide VDPBF16PS's latency, with B's two registers reused 8 times.
+const DOT_ROWS: usize = 8;
+
+/// `block` on AVX512_BF16 alone, from the same packed tiles: a B tile row (a depth pair of 16
+/// columns) is one register, and each A pair (row r, depths 2q and 2q + 1) is broadcast
+/// against it, VDPBF16PS adding both products into f32 lanes.
+///
+/// # Safety
+/// Needs AVX-512F/BF16; the pointers hold `kts` tiles each; c valid for h rows of w columns
+/// at ldc.
+#[target_feature(enable = "avx512f,avx512bf16")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn block_dot(
+    a: [*const u16; 2],
+    b: [*const u16; 2],
+    kts: usize,
+    c: *mut f32,
+    ldc: usize,
+    h: usize,
+    w: usize,
+    accumulate: bool,
+) {
+    let h = h.min(BLOCK);
+    let (m0, m1) = (lane_mask(w), lane_mask(w.saturating_sub(TR)));
+    for g in 0..h.div_ceil(DOT_ROWS) {
+        // rows g·8 .. g·8 + 8 of the block: half of A tile row g / 2
+        let a = a[g / 2].add((g % 2) * DOT_ROWS * TK) as *const i32;
+        let mut acc = [_mm512_setzero_ps(); 2 * DOT_ROWS];
+        for kt in 0..kts {
+            let (at, o) = (a.add(kt * TILE / 2), kt * TILE);
+            for q in 0..TR {
+                let b0: __m512bh =
+                    std::mem::transmute(_mm512_loadu_si512(b[0].add(o + 2 * TR * q) as *const _));
+                let b1: __m512bh =
+                    std::mem::transmute(_mm512_loadu_si512(b[1].add(o + 2 * TR * q) as *const _));
+                for r in 0..DOT_ROWS {
+                    let pair: __m512bh =
+                        std::mem::transmute(_mm512_set1_epi32(*at.add(r * TR + q)));
+                    acc[2 * r] = _mm512_dpbf16_ps(acc[2 * r], pair, b0);
+                    acc[2 * r + 1] = _mm512_dpbf16_ps(acc[2 * r + 1], pair, b1);
+                }
+            }
+        }
+        for r in 0..DOT_ROWS.min(h - g * DOT_ROWS) {
+            let row = c.add((g * DOT_ROWS + r) * ldc);
+            let (mut x0, mut x1) = (acc[2 * r], acc[2 * r + 1]);
+            if accumulate {
+                x0 = _mm512_add_ps(x0, _mm512_maskz_loadu_ps(m0, row));
+                x1 = _mm512_add_ps(x1, _mm512_maskz_loadu_ps(m1, row.add(TR)));
+            }
+            _mm512_mask_storeu_ps(row, m0, x0);
+            _mm512_mask_storeu_ps(row.add(TR), m1, x1);
+        }
+    }
 }
 
 /// dst (m, n) row stride dst_rs = (or +=) a (m, k) · b (k, n) with bf16 operands. The caller
@@ -605,14 +673,14 @@ unsafe fn products(
         kts * TILE <= b_row && pb.len() >= (2 * n.div_ceil(BLOCK) - 1) * b_row + kts * TILE,
         "bf16 products: packed B too small"
     );
-    let row = kts * TILE;
+    let (row, amx) = (kts * TILE, amx());
     let row_block = |bi: usize| {
         // Each task packs its own two tile rows of A, which then stay in L1 for its products.
         with_thread_buffer(&PACK_A, |pa| {
             let a_rows = super::ensure(pa, 2 * row);
             let i0 = bi * BLOCK;
-            // SAFETY: AMX is available (checked by the caller) and configured on this thread
-            // by the caller's session; the caller bounds-checked a; the tile pointers stay
+            // SAFETY: AVX512_BF16 is available (checked by the caller), and with AMX the tiles
+            // are configured on this thread by the caller's session; the caller bounds-checked a; the tile pointers stay
             // inside the packed rows (kc + kn ≤ kts); each task writes only its own rows
             // i0..i0+32 of dst, which the caller bounds-checked.
             unsafe {
@@ -622,6 +690,7 @@ unsafe fn products(
                     let kn = KC_TILES.min(kts - kc);
                     for bj in 0..n.div_ceil(BLOCK) {
                         let (j0, b) = (bj * BLOCK, pb.as_ptr().add(2 * bj * b_row));
+                        let block = if amx { block } else { block_dot };
                         block(
                             [a.as_ptr().add(kc * TILE), a.as_ptr().add(row + kc * TILE)],
                             [b.add(kc * TILE), b.add(b_row + kc * TILE)],
@@ -659,7 +728,7 @@ mod tests {
     #[test]
     fn a_prepacked_weight_matches_packing_per_call() {
         if !available() {
-            eprintln!("skipped: this CPU or kernel has no AMX bf16");
+            eprintln!("skipped: this CPU has no AVX512_BF16");
             return;
         }
         let (n, c, oc) = (37, 70, 45);
@@ -723,6 +792,72 @@ mod tests {
         }
     }
 
+    /// `block_dot` alone (the kernel of CPUs without AMX, which an AMX CPU's products never
+    /// reach): one 32 × 32 block over three depth tiles, clipped and accumulating.
+    #[test]
+    fn dot_block_equals_the_product_of_rounded_operands() {
+        if !available() {
+            eprintln!("skipped: this CPU has no AVX512_BF16");
+            return;
+        }
+        let (m, n, k) = (32, 32, 3 * TK);
+        let a: Vec<f32> = (0..m * k)
+            .map(|i| ((i * 37 % 101) as f32 - 50.3) / 7.0)
+            .collect();
+        let bt: Vec<f32> = (0..n * k)
+            .map(|i| ((i * 53 % 89) as f32 - 44.1) / 9.0)
+            .collect();
+        let (mut pa, mut pb) = (vec![0u16; 2 * 3 * TILE], vec![0u16; 2 * 3 * TILE]);
+        // SAFETY: AVX512_BF16 is available; both operands hold (32, k).
+        unsafe {
+            pack_tile_rows(&mut pa, Mat::rows(&a, k), 0, m, k, false);
+            pack_tile_rows(&mut pb, Mat::rows(&bt, k), 0, n, k, true);
+        }
+        for (h, w, accumulate) in [
+            (32, 32, false),
+            (19, 7, true),
+            (8, 17, false),
+            (1, 32, true),
+        ] {
+            let ld = 40;
+            let mut c = vec![0.5f32; m * ld];
+            let row = 3 * TILE;
+            // SAFETY: as above; c holds 32 rows of ld ≥ 32 columns.
+            unsafe {
+                block_dot(
+                    [pa.as_ptr(), pa.as_ptr().add(row)],
+                    [pb.as_ptr(), pb.as_ptr().add(row)],
+                    3,
+                    c.as_mut_ptr(),
+                    ld,
+                    h,
+                    w,
+                    accumulate,
+                );
+            }
+            for i in 0..m {
+                for j in 0..ld {
+                    let got = c[i * ld + j] as f64;
+                    if i >= h || j >= w {
+                        assert_eq!(got, 0.5, "({i},{j}) outside {h}x{w} was written");
+                        continue;
+                    }
+                    let exact: f64 = (0..k)
+                        .map(|p| round(a[i * k + p]) * round(bt[j * k + p]))
+                        .sum();
+                    let want = exact + if accumulate { 0.5 } else { 0.0 };
+                    let scale: f64 = (0..k)
+                        .map(|p| (a[i * k + p] * bt[j * k + p]).abs() as f64)
+                        .sum();
+                    assert!(
+                        (got - want).abs() <= 1e-5 * (1.0 + scale),
+                        "({i},{j}): {got} vs {want}"
+                    );
+                }
+            }
+        }
+    }
+
     fn round(v: f32) -> f64 {
         half::bf16::from_f32(v).to_f64()
     }
@@ -730,9 +865,9 @@ mod tests {
     /// Against the exact product of the bf16-rounded operands: every layout, ragged edges in
     /// all three dimensions, accumulating, threaded and not.
     #[test]
-    fn amx_product_equals_the_product_of_rounded_operands() {
+    fn product_equals_the_product_of_rounded_operands() {
         if !available() {
-            eprintln!("skipped: this CPU or kernel has no AMX bf16");
+            eprintln!("skipped: this CPU has no AVX512_BF16");
             return;
         }
         for (m, n, k) in [
