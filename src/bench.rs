@@ -398,23 +398,66 @@ pub fn fma_peak_gflops() -> Option<f64> {
                     *x = _mm512_fmadd_ps(*x, a, b);
                 }
             }
-            let mut s = _mm512_setzero_ps();
-            for x in acc {
-                s = _mm512_add_ps(s, x);
-            }
-            _mm512_reduce_add_ps(s)
+            sum_registers(acc)
         }
-        let iters = 20_000_000;
         // SAFETY: AVX-512F was detected above.
-        unsafe { run(iters / 10) };
-        let t0 = Instant::now();
-        let r = unsafe { run(iters) };
-        let secs = t0.elapsed().as_secs_f64();
-        std::hint::black_box(r);
-        Some((iters * 24 * 32) as f64 / secs / 1e9)
+        Some(unsafe { register_peak(run, 24 * 32) })
     }
     #[cfg(not(target_arch = "x86_64"))]
     None
+}
+
+/// The bf16 ceiling of one core (`--bf16` without AMX): GFLOP/s of independent VDPBF16PS on
+/// registers, each two multiply-adds in each of 16 f32 lanes; `None` without AVX512_BF16.
+pub fn dot_bf16_peak_gflops() -> Option<f64> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::*;
+        if !crate::kernels::bf16::available() {
+            return None;
+        }
+        #[target_feature(enable = "avx512f,avx512bf16")]
+        unsafe fn run(iters: usize) -> f32 {
+            let mut acc = [_mm512_set1_ps(0.0); 24];
+            // bf16 pairs (1.0, 1.0) and (2^-20, 2^-20): the sums grow slowly, stay finite
+            let a: __m512bh = std::mem::transmute(_mm512_set1_epi32(0x3f80_3f80));
+            let b: __m512bh = std::mem::transmute(_mm512_set1_epi32(0x3580_3580));
+            for _ in 0..iters {
+                for x in acc.iter_mut() {
+                    *x = _mm512_dpbf16_ps(*x, a, b);
+                }
+            }
+            sum_registers(acc)
+        }
+        // SAFETY: AVX512_BF16 was detected above.
+        Some(unsafe { register_peak(run, 24 * 64) })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    None
+}
+
+/// GFLOP/s of `run(iters)`, a loop doing `flops` per iteration on registers, after a warm-up.
+///
+/// # Safety
+/// `run` must be safe to call on this CPU.
+#[cfg(target_arch = "x86_64")]
+unsafe fn register_peak(run: unsafe fn(usize) -> f32, flops: usize) -> f64 {
+    let iters = 20_000_000;
+    run(iters / 10);
+    let t0 = Instant::now();
+    std::hint::black_box(run(iters));
+    (iters * flops) as f64 / t0.elapsed().as_secs_f64() / 1e9
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn sum_registers(acc: [std::arch::x86_64::__m512; 24]) -> f32 {
+    use std::arch::x86_64::*;
+    let mut s = _mm512_setzero_ps();
+    for x in acc {
+        s = _mm512_add_ps(s, x);
+    }
+    _mm512_reduce_add_ps(s)
 }
 
 /// Read bandwidth of main memory in GB/s: `read_gbs` over 1 GiB, much larger than any cache.

@@ -1339,6 +1339,11 @@ fn run(cli: Cli) -> Result<()> {
                 if let Some(peak) = difftx::bench::fma_peak_gflops() {
                     println!("FMA peak of one core (AVX-512, registers only): {peak:.1} GFLOP/s");
                 }
+                if let Some(peak) = difftx::bench::dot_bf16_peak_gflops() {
+                    println!(
+                        "bf16 dot-product peak of one core (VDPBF16PS, registers only): {peak:.1} GFLOP/s"
+                    );
+                }
             }
             let layout = (a.layout == "tn", a.layout == "nt");
             for r in difftx::bench::bench_matmul(m, n, k, layout, a.reps) {
