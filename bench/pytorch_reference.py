@@ -45,7 +45,7 @@ def main():
     ap.add_argument("--compile", action="store_true", help="torch.compile the model")
     ap.add_argument("--bf16", action="store_true",
                     help="mixed precision as difftx --bf16: forward and loss under torch.autocast "
-                         "(bf16 matmuls, oneDNN/AMX), f32 weights, gradients and AdamW")
+                         "(bf16 matmuls in oneDNN: AMX or AVX512_BF16), f32 weights, gradients and AdamW")
     ap.add_argument("--heads", type=int, default=None,
                     help="override num_attention_heads (default: the preset's, see HEADS)")
     ap.add_argument("--kv-heads", type=int, default=None,
