@@ -637,6 +637,24 @@ mod tests {
                 dv: 12,
                 diff_pairs: true,
             },
+            // diff_v2-like pairs of query heads over one kv head, 32 wide (the `bench` heads)
+            AttnShape {
+                nq: 2,
+                nk: 1,
+                nv: 1,
+                dk: 32,
+                dv: 32,
+                diff_pairs: false,
+            },
+            // wide values: a block of 64 columns and a ragged one of 36
+            AttnShape {
+                nq: 2,
+                nk: 2,
+                nv: 2,
+                dk: 20,
+                dv: 100,
+                diff_pairs: false,
+            },
         ]
     }
 

@@ -143,28 +143,54 @@ fn weighted_rows(acc: &mut [f32], p: &[f32], v: &[f32], rs: usize) {
     }
 }
 
-/// `weighted_rows` 64 columns at a time, their sums kept in four registers over all rows.
+/// `weighted_rows` 64 columns at a time, their sums kept in four registers over all rows; a
+/// last, narrower block of columns in as many registers as it needs (two for the 32 columns
+/// of a `bench` head, where four would spend half their loads and FMAs on masked-off lanes).
 ///
 /// # Safety
 /// AVX-512F; rows t < p.len() of v, acc.len() long at stride rs, are in bounds.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 unsafe fn weighted_rows_avx512(acc: &mut [f32], p: &[f32], v: &[f32], rs: usize) {
-    use std::arch::x86_64::*;
     let w = acc.len();
     for c0 in (0..w).step_by(64) {
-        let masks: [__mmask16; 4] =
-            std::array::from_fn(|i| super::lane_mask((w - c0).saturating_sub(16 * i)));
-        let mut sums = [_mm512_setzero_ps(); 4];
-        for (t, &pt) in p.iter().enumerate() {
-            let (pv, row) = (_mm512_set1_ps(pt), v.as_ptr().add(t * rs + c0));
-            for (i, s) in sums.iter_mut().enumerate() {
-                let x = _mm512_maskz_loadu_ps(masks[i], row.add(16 * i));
-                *s = _mm512_fmadd_ps(pv, x, *s);
-            }
+        let cols = (w - c0).min(64);
+        match cols.div_ceil(16) {
+            1 => weighted_columns::<1>(acc, p, v, rs, c0, cols),
+            2 => weighted_columns::<2>(acc, p, v, rs, c0, cols),
+            3 => weighted_columns::<3>(acc, p, v, rs, c0, cols),
+            _ => weighted_columns::<4>(acc, p, v, rs, c0, cols),
         }
-        for (i, s) in sums.iter().enumerate() {
-            _mm512_mask_storeu_ps(acc.as_mut_ptr().add(c0 + 16 * i), masks[i], *s);
+    }
+}
+
+/// acc[c0..c0 + cols] = Σ_t p[t] · v[t·rs + c0..][..cols] in N registers (cols ≤ 16·N).
+///
+/// # Safety
+/// As for `weighted_rows_avx512`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn weighted_columns<const N: usize>(
+    acc: &mut [f32],
+    p: &[f32],
+    v: &[f32],
+    rs: usize,
+    c0: usize,
+    cols: usize,
+) {
+    use std::arch::x86_64::*;
+    let masks: [__mmask16; N] =
+        std::array::from_fn(|i| super::lane_mask(cols.saturating_sub(16 * i)));
+    let mut sums = [_mm512_setzero_ps(); N];
+    for (t, &pt) in p.iter().enumerate() {
+        let (pv, row) = (_mm512_set1_ps(pt), v.as_ptr().add(t * rs + c0));
+        for (i, s) in sums.iter_mut().enumerate() {
+            let x = _mm512_maskz_loadu_ps(masks[i], row.add(16 * i));
+            *s = _mm512_fmadd_ps(pv, x, *s);
         }
+    }
+    for (i, s) in sums.iter().enumerate() {
+        _mm512_mask_storeu_ps(acc.as_mut_ptr().add(c0 + 16 * i), masks[i], *s);
     }
 }
