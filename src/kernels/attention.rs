@@ -646,6 +646,24 @@ mod tests {
                 dv: 32,
                 diff_pairs: false,
             },
+            // diff_v2's `bench` layout: four query heads over each kv head, 32 wide
+            AttnShape {
+                nq: 8,
+                nk: 2,
+                nv: 2,
+                dk: 32,
+                dv: 32,
+                diff_pairs: false,
+            },
+            // groups of three, which decoding takes head by head
+            AttnShape {
+                nq: 6,
+                nk: 2,
+                nv: 2,
+                dk: 16,
+                dv: 24,
+                diff_pairs: false,
+            },
             // wide values: a block of 64 columns and a ragged one of 36
             AttnShape {
                 nq: 2,

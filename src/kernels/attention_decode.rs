@@ -40,6 +40,7 @@ pub(crate) fn attention_decode(
     // Per (sequence, chunk, head): the chunk's max score, its sum of exp(score − max) and
     // the values weighted by those exps.
     let part = dv + 2;
+    let group = query_group(s);
     super::with_thread_buffer(&PARTIALS, |buf| {
         let partials = SharedMut::new(super::ensure(buf, b * chunks * nq * part));
         let run = |task: usize| {
@@ -48,7 +49,7 @@ pub(crate) fn attention_decode(
             let len = CHUNK.min(visible - t0);
             // SAFETY: task (bi, ci) alone writes its nq partials.
             let out = unsafe { partials.slice(task * nq * part, nq * part) };
-            chunk_partials(out, &q[bi * nq * dk..], k, v, bi * tkv + t0, len, s);
+            chunk_partials(out, &q[bi * nq * dk..], k, v, bi * tkv + t0, len, s, group);
         };
         if chunks * b > 1 {
             (0..b * chunks).into_par_iter().for_each(run);
@@ -77,6 +78,9 @@ pub(crate) fn attention_decode(
 
 /// For each query head j, into out[j·(DV + 2)..]: Σ_t e^(s_t − m)·v_t, then m and
 /// Σ_t e^(s_t − m), over the `len` cached rows from `row0` (s_t the scaled scores, m their max).
+/// Query heads that read the same key and value heads (a GQA group: diff_v2's query heads) go
+/// `group` at a time, so that each cached row is loaded once for all of them.
+#[allow(clippy::too_many_arguments)]
 fn chunk_partials(
     out: &mut [f32],
     q: &[f32],
@@ -85,95 +89,157 @@ fn chunk_partials(
     row0: usize,
     len: usize,
     s: &AttnShape,
+    group: usize,
 ) {
-    let AttnShape {
-        nq, nk, nv, dk, dv, ..
-    } = *s;
-    let scale = 1.0 / (dk as f32).sqrt();
-    let mut scores = [0f32; CHUNK];
-    for j in 0..nq {
-        let (kh, vh) = (s.k_head(j), s.v_head(j));
-        let qj = &q[j * dk..(j + 1) * dk];
-        key_scores(&mut scores[..len], qj, &k[(row0 * nk + kh) * dk..], nk * dk);
-        let sc = &mut scores[..len];
-        let m = map_lanes(sc, |_, x| x * scale, MAX);
-        let l = map_lanes(sc, |_, x| exp_nonpos(x - m), SUM);
-        let (acc, ml) = out[j * (dv + 2)..(j + 1) * (dv + 2)].split_at_mut(dv);
-        weighted_rows(acc, sc, &v[(row0 * nv + vh) * dv..], nv * dv);
-        ml[0] = m;
-        ml[1] = l;
+    for j in (0..s.nq).step_by(group) {
+        match group {
+            4 => heads_partials::<4>(out, q, k, v, row0, len, s, j),
+            2 => heads_partials::<2>(out, q, k, v, row0, len, s, j),
+            _ => heads_partials::<1>(out, q, k, v, row0, len, s, j),
+        }
     }
 }
 
-/// scores[t] = q · k[t·rs..t·rs + q.len()]
-fn key_scores(scores: &mut [f32], q: &[f32], k: &[f32], rs: usize) {
+/// The largest of 4, 2 and 1 such that each aligned run of that many query heads reads one
+/// key head and one value head (diff_v2 at `bench`: 4; standard GQA: its group size).
+fn query_group(s: &AttnShape) -> usize {
+    let shares = |g: usize| {
+        s.nq.is_multiple_of(g)
+            && (0..s.nq).all(|j| {
+                let j0 = j - j % g;
+                s.k_head(j) == s.k_head(j0) && s.v_head(j) == s.v_head(j0)
+            })
+    };
+    [4, 2].into_iter().find(|&g| shares(g)).unwrap_or(1)
+}
+
+/// `chunk_partials` for the Q query heads from j0, which read the same key and value heads.
+#[allow(clippy::too_many_arguments)]
+fn heads_partials<const Q: usize>(
+    out: &mut [f32],
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    row0: usize,
+    len: usize,
+    s: &AttnShape,
+    j0: usize,
+) {
+    let AttnShape { nk, nv, dk, dv, .. } = *s;
+    let (kh, vh) = (s.k_head(j0), s.v_head(j0));
+    let scale = 1.0 / (dk as f32).sqrt();
+    let mut scores = [[0f32; CHUNK]; Q];
+    let qs: [&[f32]; Q] = std::array::from_fn(|i| &q[(j0 + i) * dk..(j0 + i + 1) * dk]);
+    {
+        let mut sc = scores.iter_mut();
+        let sc: [&mut [f32]; Q] = std::array::from_fn(|_| &mut sc.next().unwrap()[..len]);
+        key_scores(sc, qs, &k[(row0 * nk + kh) * dk..], nk * dk);
+    }
+    let mut outs = out[j0 * (dv + 2)..(j0 + Q) * (dv + 2)].chunks_exact_mut(dv + 2);
+    let mut outs: [&mut [f32]; Q] = std::array::from_fn(|_| outs.next().unwrap());
+    for (o, sc) in outs.iter_mut().zip(scores.iter_mut()) {
+        let sc = &mut sc[..len];
+        let m = map_lanes(sc, |_, x| x * scale, MAX);
+        let l = map_lanes(sc, |_, x| exp_nonpos(x - m), SUM);
+        o[dv] = m;
+        o[dv + 1] = l;
+    }
+    let accs: [&mut [f32]; Q] = outs.map(|o| &mut o[..dv]);
+    let ps: [&[f32]; Q] = std::array::from_fn(|i| &scores[i][..len]);
+    weighted_rows(accs, ps, &v[(row0 * nv + vh) * dv..], nv * dv);
+}
+
+/// scores[i][t] = qs[i] · k[t·rs..t·rs + qs[i].len()], each row of k loaded once for all the qs
+fn key_scores<const Q: usize>(mut scores: [&mut [f32]; Q], qs: [&[f32]; Q], k: &[f32], rs: usize) {
+    let (len, dk) = (scores[0].len(), qs[0].len());
+    assert!(k.len() >= (len - 1) * rs + dk);
     #[cfg(target_arch = "x86_64")]
     if super::sgemm_avx512::available() {
         use std::arch::x86_64::*;
-        assert!(k.len() >= (scores.len() - 1) * rs + q.len());
-        for (bi, block) in scores.chunks_mut(16).enumerate() {
-            let h = block.len();
-            // SAFETY: AVX-512F is present; rows 16·bi..16·bi + h of k are in bounds (asserted
-            // above), and the store writes h lanes of block.
+        let rows = 16 / Q;
+        for r0 in (0..len).step_by(rows) {
+            let h = rows.min(len - r0);
+            // SAFETY: AVX-512F is present; rows r0..r0 + h of k are in bounds (asserted
+            // above), and each store writes h lanes into scores[i][r0..].
             unsafe {
-                let sums = super::dot_rows16(q, k.as_ptr().add(16 * bi * rs), rs, h);
-                _mm512_mask_storeu_ps(block.as_mut_ptr(), super::lane_mask(h), sums);
+                let sums = super::dot_rows(qs, k.as_ptr().add(r0 * rs), rs, h);
+                for (i, sc) in scores.iter_mut().enumerate() {
+                    // lanes i·rows .. i·rows + h moved down in the register (a compress
+                    // straight to memory is microcoded and slow on Zen 4), then stored
+                    let mine = match Q {
+                        1 => sums,
+                        _ => _mm512_maskz_compress_ps(super::lane_mask(h) << (i * rows), sums),
+                    };
+                    _mm512_mask_storeu_ps(sc.as_mut_ptr().add(r0), super::lane_mask(h), mine);
+                }
             }
         }
         return;
     }
-    for (t, x) in scores.iter_mut().enumerate() {
-        *x = super::dot(q, &k[t * rs..t * rs + q.len()]);
-    }
-}
-
-/// acc = Σ_t p[t] · v[t·rs..t·rs + acc.len()]
-fn weighted_rows(acc: &mut [f32], p: &[f32], v: &[f32], rs: usize) {
-    let w = acc.len();
-    assert!(v.len() >= (p.len() - 1) * rs + w);
-    #[cfg(target_arch = "x86_64")]
-    if super::sgemm_avx512::available() {
-        // SAFETY: AVX-512F is present; rows t < p.len() of v are in bounds (asserted above).
-        unsafe { weighted_rows_avx512(acc, p, v, rs) };
-        return;
-    }
-    acc.fill(0.0);
-    for (t, &pt) in p.iter().enumerate() {
-        axpy(acc, pt, &v[t * rs..t * rs + w]);
-    }
-}
-
-/// `weighted_rows` 64 columns at a time, their sums kept in four registers over all rows; a
-/// last, narrower block of columns in as many registers as it needs (two for the 32 columns
-/// of a `bench` head, where four would spend half their loads and FMAs on masked-off lanes).
-///
-/// # Safety
-/// AVX-512F; rows t < p.len() of v, acc.len() long at stride rs, are in bounds.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn weighted_rows_avx512(acc: &mut [f32], p: &[f32], v: &[f32], rs: usize) {
-    let w = acc.len();
-    for c0 in (0..w).step_by(64) {
-        let cols = (w - c0).min(64);
-        match cols.div_ceil(16) {
-            1 => weighted_columns::<1>(acc, p, v, rs, c0, cols),
-            2 => weighted_columns::<2>(acc, p, v, rs, c0, cols),
-            3 => weighted_columns::<3>(acc, p, v, rs, c0, cols),
-            _ => weighted_columns::<4>(acc, p, v, rs, c0, cols),
+    for (sc, q) in scores.into_iter().zip(qs) {
+        for (t, x) in sc.iter_mut().enumerate() {
+            *x = super::dot(q, &k[t * rs..t * rs + dk]);
         }
     }
 }
 
-/// acc[c0..c0 + cols] = Σ_t p[t] · v[t·rs + c0..][..cols] in N registers (cols ≤ 16·N).
+/// accs[i] = Σ_t ps[i][t] · v[t·rs..t·rs + accs[i].len()], each row of v loaded once for all
+fn weighted_rows<const Q: usize>(accs: [&mut [f32]; Q], ps: [&[f32]; Q], v: &[f32], rs: usize) {
+    let (w, len) = (accs[0].len(), ps[0].len());
+    assert!(v.len() >= (len - 1) * rs + w);
+    #[cfg(target_arch = "x86_64")]
+    if super::sgemm_avx512::available() {
+        // SAFETY: AVX-512F is present; rows t < len of v are in bounds (asserted above).
+        unsafe { weighted_rows_avx512(accs, ps, v, rs) };
+        return;
+    }
+    for (acc, p) in accs.into_iter().zip(ps) {
+        acc.fill(0.0);
+        for (t, &pt) in p.iter().enumerate() {
+            axpy(acc, pt, &v[t * rs..t * rs + w]);
+        }
+    }
+}
+
+/// `weighted_rows` 64 columns at a time, their sums kept in four registers a head over all
+/// rows; a last, narrower block of columns in as many registers as it needs (two for the 32
+/// columns of a `bench` head, where four would spend half their loads and FMAs on masked-off
+/// lanes).
+///
+/// # Safety
+/// AVX-512F; rows t < ps[0].len() of v, accs[0].len() long at stride rs, are in bounds.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn weighted_rows_avx512<const Q: usize>(
+    mut accs: [&mut [f32]; Q],
+    ps: [&[f32]; Q],
+    v: &[f32],
+    rs: usize,
+) {
+    let w = accs[0].len();
+    for c0 in (0..w).step_by(64) {
+        let cols = (w - c0).min(64);
+        let (a, p) = (&mut accs, &ps);
+        match cols.div_ceil(16) {
+            1 => weighted_columns::<1, Q>(a, p, v, rs, c0, cols),
+            2 => weighted_columns::<2, Q>(a, p, v, rs, c0, cols),
+            3 => weighted_columns::<3, Q>(a, p, v, rs, c0, cols),
+            _ => weighted_columns::<4, Q>(a, p, v, rs, c0, cols),
+        }
+    }
+}
+
+/// accs[i][c0..c0 + cols] = Σ_t ps[i][t] · v[t·rs + c0..][..cols] in N registers a head
+/// (cols ≤ 16·N).
 ///
 /// # Safety
 /// As for `weighted_rows_avx512`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 #[inline]
-unsafe fn weighted_columns<const N: usize>(
-    acc: &mut [f32],
-    p: &[f32],
+unsafe fn weighted_columns<const N: usize, const Q: usize>(
+    accs: &mut [&mut [f32]; Q],
+    ps: &[&[f32]; Q],
     v: &[f32],
     rs: usize,
     c0: usize,
@@ -182,15 +248,52 @@ unsafe fn weighted_columns<const N: usize>(
     use std::arch::x86_64::*;
     let masks: [__mmask16; N] =
         std::array::from_fn(|i| super::lane_mask(cols.saturating_sub(16 * i)));
-    let mut sums = [_mm512_setzero_ps(); N];
-    for (t, &pt) in p.iter().enumerate() {
-        let (pv, row) = (_mm512_set1_ps(pt), v.as_ptr().add(t * rs + c0));
-        for (i, s) in sums.iter_mut().enumerate() {
+    let mut sums = [[_mm512_setzero_ps(); N]; Q];
+    for t in 0..ps[0].len() {
+        let row = v.as_ptr().add(t * rs + c0);
+        let mut pv = [_mm512_setzero_ps(); Q];
+        for (x, p) in pv.iter_mut().zip(ps) {
+            *x = _mm512_set1_ps(p[t]);
+        }
+        for i in 0..N {
             let x = _mm512_maskz_loadu_ps(masks[i], row.add(16 * i));
-            *s = _mm512_fmadd_ps(pv, x, *s);
+            for (s, &p) in sums.iter_mut().zip(&pv) {
+                s[i] = _mm512_fmadd_ps(p, x, s[i]);
+            }
         }
     }
-    for (i, s) in sums.iter().enumerate() {
-        _mm512_mask_storeu_ps(acc.as_mut_ptr().add(c0 + 16 * i), masks[i], *s);
+    for (acc, s) in accs.iter_mut().zip(&sums) {
+        for i in 0..N {
+            _mm512_mask_storeu_ps(acc.as_mut_ptr().add(c0 + 16 * i), masks[i], s[i]);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn query_groups_are_the_aligned_runs_that_share_key_and_value_heads() {
+        let shape = |nq, nk, nv, diff_pairs| AttnShape {
+            nq,
+            nk,
+            nv,
+            dk: 8,
+            dv: 8,
+            diff_pairs,
+        };
+        // standard MHA; GQA of 2 and of 4 (diff_v2); diff_v1's sub-heads alternate key heads;
+        // groups of 3 fit no aligned run of 2; 8 over 1 is taken 4 at a time
+        for (s, want) in [
+            (shape(8, 8, 8, false), 1),
+            (shape(4, 2, 2, false), 2),
+            (shape(16, 4, 4, false), 4),
+            (shape(8, 8, 4, true), 1),
+            (shape(6, 2, 2, false), 1),
+            (shape(8, 1, 1, false), 4),
+        ] {
+            assert_eq!(query_group(&s), want, "{s:?}");
+        }
     }
 }
