@@ -122,8 +122,6 @@ pub(crate) fn transpose16(r: &mut [std::arch::x86_64::__m512i; 16]) {
 /// bounds.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-// Kept out of line: inlined into its callers, its sixteen accumulators spill.
-#[inline(never)]
 pub(crate) unsafe fn dot_rows<const Q: usize>(
     xs: [&[f32]; Q],
     w: *const f32,
