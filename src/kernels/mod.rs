@@ -141,10 +141,8 @@ pub(crate) unsafe fn dot_rows<const Q: usize>(
         let mut acc = [_mm512_setzero_si512(); 16];
         for p in (0..len).step_by(16) {
             let m = lane_mask(len - p);
-            let mut xv = [_mm512_setzero_ps(); Q];
-            for (v, x) in xv.iter_mut().zip(xs) {
-                *v = _mm512_maskz_loadu_ps(m, x.as_ptr().add(p));
-            }
+            let xv: [__m512; Q] =
+                std::array::from_fn(|q| _mm512_maskz_loadu_ps(m, xs[q].as_ptr().add(p)));
             for i in 0..rows {
                 if ALL || i < h {
                     let wv = _mm512_maskz_loadu_ps(m, w.add(i * rs + p));
