@@ -114,7 +114,10 @@ fn query_group(s: &AttnShape) -> usize {
 }
 
 /// `chunk_partials` for the Q query heads from j0, which read the same key and value heads.
+/// Out of line, each Q compiled on its own: inlined together into `chunk_partials`, the three
+/// shared one register allocation, and standard's single heads decoded 4–5% slower.
 #[allow(clippy::too_many_arguments)]
+#[inline(never)]
 fn heads_partials<const Q: usize>(
     out: &mut [f32],
     q: &[f32],
@@ -156,21 +159,24 @@ fn key_scores<const Q: usize>(mut scores: [&mut [f32]; Q], qs: [&[f32]; Q], k: &
     #[cfg(target_arch = "x86_64")]
     if super::sgemm_avx512::available() {
         use std::arch::x86_64::*;
-        let rows = 16 / Q;
-        for r0 in (0..len).step_by(rows) {
-            let h = rows.min(len - r0);
+        for r0 in (0..len).step_by(16) {
+            let h = 16.min(len - r0);
             // SAFETY: AVX-512F is present; rows r0..r0 + h of k are in bounds (asserted
-            // above), and each store writes h lanes into scores[i][r0..].
+            // above), and each store writes h lanes of scores[i][r0..].
             unsafe {
-                let sums = super::dot_rows(qs, k.as_ptr().add(r0 * rs), rs, h);
-                for (i, sc) in scores.iter_mut().enumerate() {
-                    // lanes i·rows .. i·rows + h moved down in the register (a compress
-                    // straight to memory is microcoded and slow on Zen 4), then stored
-                    let mine = match Q {
-                        1 => sums,
-                        _ => _mm512_maskz_compress_ps(super::lane_mask(h) << (i * rows), sums),
-                    };
-                    _mm512_mask_storeu_ps(sc.as_mut_ptr().add(r0), super::lane_mask(h), mine);
+                let rows = k.as_ptr().add(r0 * rs);
+                if Q == 1 {
+                    let sums = super::dot_rows16(qs[0], rows, rs, h);
+                    _mm512_mask_storeu_ps(
+                        scores[0].as_mut_ptr().add(r0),
+                        super::lane_mask(h),
+                        sums,
+                    );
+                } else {
+                    let sums = group_scores16(qs, rows, rs, h);
+                    for (sc, x) in scores.iter_mut().zip(sums) {
+                        _mm512_mask_storeu_ps(sc.as_mut_ptr().add(r0), super::lane_mask(h), x);
+                    }
                 }
             }
         }
@@ -181,6 +187,49 @@ fn key_scores<const Q: usize>(mut scores: [&mut [f32]; Q], qs: [&[f32]; Q], k: &
             *x = super::dot(q, &k[t * rs..t * rs + dk]);
         }
     }
+}
+
+/// Lane i of register j is qs[j] · k[i·rs..][..dk] for the rows i < h ≤ 16 (0 past h). A
+/// block of 16 rows × 16 key columns is transposed once, a register per column, and each
+/// query adds its broadcast component times that column: Q heads share one transpose, where
+/// `dot_rows16` spends one on every 16 sums (more than its products cost at dk = 32).
+///
+/// # Safety
+/// AVX-512F; the qs are equally long; rows 0..h of k, each that long at stride rs, are in
+/// bounds.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn group_scores16<const Q: usize>(
+    qs: [&[f32]; Q],
+    k: *const f32,
+    rs: usize,
+    h: usize,
+) -> [std::arch::x86_64::__m512; Q] {
+    use std::arch::x86_64::*;
+    let dk = qs[0].len();
+    let mut acc = [_mm512_setzero_ps(); Q];
+    for p0 in (0..dk).step_by(16) {
+        let m = super::lane_mask(dk - p0);
+        let mut cols: [__m512i; 16] = std::array::from_fn(|i| {
+            if i < h {
+                _mm512_castps_si512(_mm512_maskz_loadu_ps(m, k.add(i * rs + p0)))
+            } else {
+                _mm512_setzero_si512()
+            }
+        });
+        super::transpose16(&mut cols);
+        // this block's query components, zero past dk
+        let mut qp = [[0f32; 16]; Q];
+        for (d, q) in qp.iter_mut().zip(qs) {
+            _mm512_storeu_ps(d.as_mut_ptr(), _mm512_maskz_loadu_ps(m, q.as_ptr().add(p0)));
+        }
+        for (p, col) in cols.iter().enumerate() {
+            for (a, d) in acc.iter_mut().zip(&qp) {
+                *a = _mm512_fmadd_ps(_mm512_set1_ps(d[p]), _mm512_castsi512_ps(*col), *a);
+            }
+        }
+    }
+    acc
 }
 
 /// accs[i] = Σ_t ps[i][t] · v[t·rs..t·rs + accs[i].len()], each row of v loaded once for all

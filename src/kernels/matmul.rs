@@ -345,7 +345,7 @@ impl<'a> Gemv<'a> {
             return self.blocks16(outs, |o0, h| unsafe {
                 let z = _mm512_setzero_ps();
                 [
-                    super::dot_rows([&x[..c]], w.as_ptr().add(o0 * c), c, h),
+                    super::dot_rows16(&x[..c], w.as_ptr().add(o0 * c), c, h),
                     z,
                     z,
                     z,

@@ -110,20 +110,17 @@ pub(crate) fn transpose16(r: &mut [std::arch::x86_64::__m512i; 16]) {
     }
 }
 
-/// Lane q·R + i (R = 16 / Q) is Σ_p xs[q][p]·w[i·rs + p] for the rows i < h ≤ R (0 past h):
-/// one accumulator register per (x, row), then one 16 × 16 transpose turns the sixteen
-/// registers into the sixteen sums, instead of reducing each one's partial sums apart. Serves
-/// the batch-1 matrix-vector products (Q = 1: rows of a weight) and decoding's attention
-/// scores (a key head's cached rows, against the Q query heads that share it, each row loaded
-/// once for all of them). Every sum is one FMA chain over p in order, whatever Q.
+/// Lane i is Σ_p x[p]·w[i·rs + p] for the rows i < h ≤ 16 (0 past h): one accumulator
+/// register per row, then one 16 × 16 transpose turns the sixteen registers into the sixteen
+/// sums, instead of reducing each row's partial sums apart. Serves the batch-1 matrix-vector
+/// products (rows of a weight) and decoding's attention scores (a key head's cached rows).
 ///
 /// # Safety
-/// AVX-512F; the xs are equally long; rows 0..h of w, each that long at stride rs, are in
-/// bounds.
+/// AVX-512F; rows 0..h of w, each x.len() long at stride rs, are in bounds.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-pub(crate) unsafe fn dot_rows<const Q: usize>(
-    xs: [&[f32]; Q],
+pub(crate) unsafe fn dot_rows16(
+    x: &[f32],
     w: *const f32,
     rs: usize,
     h: usize,
@@ -131,25 +128,15 @@ pub(crate) unsafe fn dot_rows<const Q: usize>(
     use std::arch::x86_64::*;
     /// With ALL the row loop has a fixed count, so the sixteen sums stay in registers.
     #[inline(always)]
-    unsafe fn sums<const ALL: bool, const Q: usize>(
-        xs: [&[f32]; Q],
-        w: *const f32,
-        rs: usize,
-        h: usize,
-    ) -> __m512 {
-        let (len, rows) = (xs[0].len(), 16 / Q);
+    unsafe fn sums<const ALL: bool>(x: &[f32], w: *const f32, rs: usize, h: usize) -> __m512 {
         let mut acc = [_mm512_setzero_si512(); 16];
-        for p in (0..len).step_by(16) {
-            let m = lane_mask(len - p);
-            let xv: [__m512; Q] =
-                std::array::from_fn(|q| _mm512_maskz_loadu_ps(m, xs[q].as_ptr().add(p)));
-            for i in 0..rows {
+        for p in (0..x.len()).step_by(16) {
+            let m = lane_mask(x.len() - p);
+            let xv = _mm512_maskz_loadu_ps(m, x.as_ptr().add(p));
+            for (i, a) in acc.iter_mut().enumerate() {
                 if ALL || i < h {
                     let wv = _mm512_maskz_loadu_ps(m, w.add(i * rs + p));
-                    for (q, &x) in xv.iter().enumerate() {
-                        let a = &mut acc[q * rows + i];
-                        *a = _mm512_castps_si512(_mm512_fmadd_ps(wv, x, _mm512_castsi512_ps(*a)));
-                    }
+                    *a = _mm512_castps_si512(_mm512_fmadd_ps(wv, xv, _mm512_castsi512_ps(*a)));
                 }
             }
         }
@@ -167,11 +154,10 @@ pub(crate) unsafe fn dot_rows<const Q: usize>(
         }
         _mm512_castsi512_ps(acc[0])
     }
-    debug_assert!(16 % Q == 0 && h <= 16 / Q && xs.iter().all(|x| x.len() == xs[0].len()));
-    if h == 16 / Q {
-        sums::<true, Q>(xs, w, rs, h)
+    if h == 16 {
+        sums::<true>(x, w, rs, h)
     } else {
-        sums::<false, Q>(xs, w, rs, h)
+        sums::<false>(x, w, rs, h)
     }
 }
 
