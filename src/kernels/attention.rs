@@ -5,6 +5,8 @@
 //! The kinds differ only in how query heads find their key and value heads (`AttnShape`) and
 //! in how the outputs are combined afterwards (model/attention.rs).
 
+#[cfg(target_arch = "x86_64")]
+use super::attention_scores::{probs_grads_row, scores_softmax};
 use super::matmul::Mat;
 use super::small_gemm::{small_gemm, with_packed, PackedB, MAX_PACKED};
 use super::{dot, exp_nonpos, map_lanes, SharedMut, MAX, SUM};
@@ -12,7 +14,7 @@ use rayon::prelude::*;
 
 /// Query rows per block and keys per tile; a tile of k and v rows stays in L1 across a block.
 const BQ: usize = 64;
-const BK: usize = 64;
+pub(crate) const BK: usize = 64;
 
 /// Whether a call's products run in bf16 tiles: under `--bf16`, for calls of at least one
 /// tile of queries (training, prefill); decoding's few queries per call stay f32, where a
@@ -138,9 +140,10 @@ fn load_tile(
 }
 
 /// One thread's buffers, carved out of a thread-local allocation that is sized on first use
-/// for heads up to 256 wide (wider ones grow it once).
+/// for heads up to 256 wide (wider ones, and longer key ranges, grow it once).
 struct Scratch<'a> {
-    /// Kᵀ and Vᵀ of the current key tile, (d, BK)
+    /// Kᵀ and V of key tiles: (d, BK) and (BK, d) each; the forward stages every tile of its
+    /// task's keys here, one after another, the backward one tile at a time (Vᵀ)
     kt: &'a mut [f32],
     vt: &'a mut [f32],
     /// scores, then probabilities, (BQ, BK)
@@ -150,37 +153,49 @@ struct Scratch<'a> {
     /// backward: the tile's dK (BK, DK) and dV (BK, DV)
     acc_k: &'a mut [f32],
     acc_v: &'a mut [f32],
-    /// forward: each grouped head's output block (G, BQ, DV) and running max and sum (G, BQ)
+    /// forward: each grouped head's output block (G, BQ, DV) and running max and sum (G, BQ),
+    /// and the factor by which the current tile rescales a block's rows (BQ)
     o_acc: &'a mut [f32],
     m: &'a mut [f32],
     l: &'a mut [f32],
+    corr: &'a mut [f32],
 }
 
 thread_local! {
     static SCRATCH: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
-/// Sizes this thread's scratch for heads of widths dk, dv (see `kernels::prepare_threads`).
-pub(crate) fn reserve_scratch(dk: usize, dv: usize, group: usize) {
-    with_scratch(dk, dv, group, |_| ());
+/// Sizes this thread's scratch for heads of widths dk, dv over `keys` keys (see
+/// `kernels::prepare_threads`).
+pub(crate) fn reserve_scratch(dk: usize, dv: usize, group: usize, keys: usize) {
+    with_scratch(dk, dv, group, keys, |_| ());
 }
 
-/// `group`: how many query heads share one key head (their outputs are built side by side).
-fn with_scratch<R>(dk: usize, dv: usize, group: usize, f: impl FnOnce(Scratch) -> R) -> R {
+/// `group`: how many query heads share one key head (their outputs are built side by side);
+/// `keys`: how many keys the tiles of `kt` and `vt` hold (rounded up to whole tiles).
+fn with_scratch<R>(
+    dk: usize,
+    dv: usize,
+    group: usize,
+    keys: usize,
+    f: impl FnOnce(Scratch) -> R,
+) -> R {
     super::with_thread_buffer(&SCRATCH, |buf| {
         let w = dk.max(dv).max(256);
         let g = group.max(8);
-        let need = 4 * w * BK + 2 * BQ * BK + g * BQ * (w + 2);
+        let tiles = keys.div_ceil(BK).max(1);
+        let need = tiles * (dk + dv) * BK + 2 * w * BK + 2 * BQ * BK + g * BQ * (w + 3);
         super::ensure(buf, need);
-        let (kt, rest) = buf.split_at_mut(dk * BK);
-        let (vt, rest) = rest.split_at_mut(dv * BK);
+        let (kt, rest) = buf.split_at_mut(tiles * dk * BK);
+        let (vt, rest) = rest.split_at_mut(tiles * dv * BK);
         let (s, rest) = rest.split_at_mut(BQ * BK);
         let (ds, rest) = rest.split_at_mut(BQ * BK);
         let (acc_k, rest) = rest.split_at_mut(BK.max(BQ) * dk);
         let (acc_v, rest) = rest.split_at_mut(BK.max(BQ) * dv);
         let (o_acc, rest) = rest.split_at_mut(group * BQ * dv);
         let (m, rest) = rest.split_at_mut(group * BQ);
-        let l = &mut rest[..group * BQ];
+        let (l, rest) = rest.split_at_mut(group * BQ);
+        let corr = &mut rest[..BQ];
         f(Scratch {
             kt,
             vt,
@@ -191,6 +206,7 @@ fn with_scratch<R>(dk: usize, dv: usize, group: usize, f: impl FnOnce(Scratch) -
             o_acc,
             m,
             l,
+            corr,
         })
     })
 }
@@ -255,7 +271,17 @@ pub fn attention_forward(
         // Without them (f32, or no AVX512_BF16) the products run on f32 tiles of k and v.
         with_packed(bf16, &[keys, values], |kv| {
             let src = Src { packed: kv, bf16 };
-            with_scratch(dk, dv, group, |sc| {
+            // f32 on AVX-512: the scores' softmax runs in the product's registers
+            #[cfg(target_arch = "x86_64")]
+            let fused = kv.is_none() && super::sgemm_avx512::available();
+            #[cfg(not(target_arch = "x86_64"))]
+            let fused = false;
+            // A call of many queries streams each V tile again and again, from a copy; a few
+            // queries (a short chunk against a cache) read each row once, in place.
+            let copy_v = kv.is_none() && tq >= 16;
+            with_scratch(dk, dv, group, tkv, |sc| {
+                // Key rows staged so far: each key tile is copied once for all query blocks.
+                let mut staged = 0;
                 for q0 in (0..tq).step_by(BQ) {
                     let rows = BQ.min(tq - q0);
                     sc.m[..ng * BQ].fill(f32::NEG_INFINITY);
@@ -264,57 +290,59 @@ pub fn attention_forward(
                     let kv_end = q_offset + q0 + rows;
                     for t0 in (0..kv_end).step_by(BK) {
                         let len = BK.min(kv_end - t0);
-                        if kv.is_none() {
-                            load_tile_t(sc.kt, k, bi * tkv + t0, len, nk, kh, dk);
+                        let (kt, vt) = (
+                            &mut sc.kt[t0 * dk..(t0 + BK) * dk],
+                            &mut sc.vt[t0 * dv..(t0 + BK) * dv],
+                        );
+                        // A tile staged in part (a later block sees more of it) is staged again.
+                        if kv.is_none() && t0 + len > staged {
+                            load_tile_t(kt, k, bi * tkv + t0, len, nk, kh, dk);
+                            if copy_v {
+                                load_tile(vt, v, bi * tkv + t0, len, nv, vh, dv);
+                            }
+                            staged = t0 + len;
                         }
-                        // A block of many queries streams the V tile again and again, from a
-                        // copy; a few queries (decoding) read each row once, in place.
+                        // causal: query q0 + r sees keys < q_offset + q0 + r + 1
+                        let valid = |r: usize| (q_offset + q0 + r + 1).saturating_sub(t0).min(len);
                         let vt = if kv.is_some() {
                             Mat::rows(&[], 0)
-                        } else if rows >= 16 {
-                            load_tile(sc.vt, v, bi * tkv + t0, len, nv, vh, dv);
-                            Mat::rows(sc.vt, dv)
+                        } else if copy_v {
+                            Mat::rows(vt, dv)
                         } else {
                             head_rows(v, bi * tkv + t0, nv, vh, dv)
                         };
                         for (gi, &j) in heads.iter().enumerate() {
                             let q_blk = head_rows(q, bi * tq + q0, nq, j, dk);
-                            let (kt, c_s) = (Mat::rows(sc.kt, BK), (sc.s.as_mut_ptr(), BK, false));
-                            // SAFETY: sc.s holds rows × BK.
-                            unsafe { src.product(0, (t0, 0), (rows, len, dk), q_blk, kt, c_s) };
-                            let (m, l) = (
-                                &mut sc.m[gi * BQ..(gi + 1) * BQ],
-                                &mut sc.l[gi * BQ..(gi + 1) * BQ],
-                            );
-                            let oacc = &mut sc.o_acc[gi * BQ * dv..(gi * BQ + rows) * dv];
-                            for r in 0..rows {
-                                // The whole BK-wide row (masked past `valid`), so that the lane-wise
-                                // reductions group the same keys whatever the tile's length: a query's
-                                // result does not depend on which block or call it came in.
-                                let row = &mut sc.s[r * BK..(r + 1) * BK];
-                                // causal: query q0 + r sees keys < q_offset + q0 + r + 1
-                                let valid = (q_offset + q0 + r + 1).saturating_sub(t0).min(len);
-                                if valid == 0 {
-                                    row.fill(0.0);
-                                    continue;
-                                }
-                                // Two passes that vectorise: scale, mask and max; exp and sum.
-                                let masked = |c: usize, x: f32| {
-                                    if c < valid {
-                                        x * scale
-                                    } else {
-                                        f32::NEG_INFINITY
-                                    }
+                            let st = Online {
+                                m: &mut sc.m[gi * BQ..(gi + 1) * BQ],
+                                l: &mut sc.l[gi * BQ..(gi + 1) * BQ],
+                                corr: &mut *sc.corr,
+                            };
+                            if fused {
+                                // SAFETY: AVX-512F is present.
+                                #[cfg(target_arch = "x86_64")]
+                                unsafe {
+                                    scores_softmax(rows, dk, q_blk, kt, scale, valid, sc.s, st)
                                 };
-                                let m_new = m[r].max(map_lanes(row, masked, MAX));
-                                let corr = exp_nonpos(m[r] - m_new);
-                                let sum = map_lanes(row, |_, x| exp_nonpos(x - m_new), SUM);
-                                l[r] = l[r] * corr + sum;
-                                m[r] = m_new;
-                                if corr != 1.0 {
-                                    oacc[r * dv..(r + 1) * dv]
-                                        .iter_mut()
-                                        .for_each(|x| *x *= corr);
+                            } else {
+                                let c_s = (sc.s.as_mut_ptr(), BK, false);
+                                // SAFETY: sc.s holds rows × BK.
+                                unsafe {
+                                    src.product(
+                                        0,
+                                        (t0, 0),
+                                        (rows, len, dk),
+                                        q_blk,
+                                        Mat::rows(kt, BK),
+                                        c_s,
+                                    )
+                                };
+                                softmax_rows(&mut sc.s[..rows * BK], scale, valid, st);
+                            }
+                            let oacc = &mut sc.o_acc[gi * BQ * dv..(gi * BQ + rows) * dv];
+                            for (row, &c) in oacc.chunks_exact_mut(dv).zip(sc.corr.iter()) {
+                                if c != 1.0 {
+                                    row.iter_mut().for_each(|x| *x *= c);
                                 }
                             }
                             let p = Mat {
@@ -351,6 +379,44 @@ pub fn attention_forward(
             })
         });
     });
+}
+
+/// A query block's online-softmax state, one entry per row: the running max m and sum l, and
+/// corr = exp(m_old − m_new), by which the current key tile rescales what the row accumulated
+/// before.
+pub(crate) struct Online<'a> {
+    pub m: &'a mut [f32],
+    pub l: &'a mut [f32],
+    pub corr: &'a mut [f32],
+}
+
+/// The online softmax's update of a block's score rows in place (rows of BK, row r seeing the
+/// first `valid(r)` keys), where `scores_softmax` does not run: two passes that vectorise,
+/// scale, mask and max, then exp and sum.
+fn softmax_rows(s: &mut [f32], scale: f32, valid: impl Fn(usize) -> usize, st: Online) {
+    for (r, row) in s.chunks_exact_mut(BK).enumerate() {
+        // The whole BK-wide row (masked past `valid`), so that the lane-wise reductions group
+        // the same keys whatever the tile's length: a query's result does not depend on which
+        // block or call it came in.
+        let valid = valid(r);
+        if valid == 0 {
+            row.fill(0.0);
+            st.corr[r] = 1.0;
+            continue;
+        }
+        let masked = |c: usize, x: f32| {
+            if c < valid {
+                x * scale
+            } else {
+                f32::NEG_INFINITY
+            }
+        };
+        let m_new = st.m[r].max(map_lanes(row, masked, MAX));
+        st.corr[r] = exp_nonpos(st.m[r] - m_new);
+        let sum = map_lanes(row, |_, x| exp_nonpos(x - m_new), SUM);
+        st.l[r] = st.l[r] * st.corr[r] + sum;
+        st.m[r] = m_new;
+    }
 }
 
 /// delta (B, T, NQ) = rowsum(dout ∘ o) per query row and head, the softmax backward's
@@ -411,6 +477,8 @@ pub fn attention_backward(
     assert!(dout.len() == b * t * nq * d_v && delta.len() == b * t * nq);
     let scale = 1.0 / (d_k as f32).sqrt();
     let bf16 = on_tiles(t);
+    #[cfg(target_arch = "x86_64")]
+    let avx512 = super::sgemm_avx512::available();
     let (dq_ptr, dk_ptr, dv_ptr) = (SharedMut::new(dq), SharedMut::new(dk), SharedMut::new(dv));
     let group = nq / nv;
     assert!(
@@ -449,7 +517,7 @@ pub fn attention_backward(
         }
         with_packed(bf16, &ops[..n_ops], |packed| {
             let src = Src { packed, bf16 };
-            with_scratch(d_k, d_v, 1, |sc| {
+            with_scratch(d_k, d_v, 1, BK, |sc| {
                 for t0 in (0..t).step_by(BK) {
                     let len = BK.min(t - t0);
                     if packed.is_none() {
@@ -484,16 +552,22 @@ pub fn attention_backward(
                                 let i = q0 + r;
                                 let valid = (i + 1 - t0).min(len);
                                 let (p, ds) = (
-                                    &mut sc.s[r * BK..r * BK + len],
-                                    &mut sc.ds[r * BK..r * BK + len],
+                                    &mut sc.s[r * BK..(r + 1) * BK],
+                                    &mut sc.ds[r * BK..(r + 1) * BK],
                                 );
-                                let (li, di) = (lse[i], delta[(bi * t + i) * nq + j]);
-                                for (pc, dsc) in p[..valid].iter_mut().zip(ds[..valid].iter_mut()) {
-                                    *pc = exp_nonpos(*pc * scale - li);
-                                    *dsc = *pc * (*dsc - di) * scale;
+                                let ld = (lse[i], delta[(bi * t + i) * nq + j]);
+                                #[cfg(target_arch = "x86_64")]
+                                if avx512 {
+                                    // SAFETY: AVX-512F is present.
+                                    unsafe { probs_grads_row(p, ds, valid, ld, scale) };
+                                    continue;
                                 }
-                                p[valid..].fill(0.0);
-                                ds[valid..].fill(0.0);
+                                for (pc, dsc) in p[..valid].iter_mut().zip(ds[..valid].iter_mut()) {
+                                    *pc = exp_nonpos(*pc * scale - ld.0);
+                                    *dsc = *pc * (*dsc - ld.1) * scale;
+                                }
+                                p[valid..len].fill(0.0);
+                                ds[valid..len].fill(0.0);
                             }
                             let p_t = Mat {
                                 data: sc.s,
@@ -674,6 +748,97 @@ mod tests {
                 diff_pairs: false,
             },
         ]
+    }
+
+    /// The register epilogues (AVX-512) against the portable loops they replace, on the same
+    /// tiles: a block of 22 rows across the diagonal (rows that see none, part and all of the
+    /// tile), over two tiles so that the running max and sum carry over.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn register_softmax_matches_the_portable_passes() {
+        use super::super::attention_scores::{probs_grads_row, scores_softmax};
+        if !crate::kernels::sgemm_avx512::available() {
+            eprintln!("skipped: no AVX-512F");
+            return;
+        }
+        let (rows, dk, scale) = (22, 32, 0.3);
+        let q = randn(rows * dk, 11, 2.0);
+        let (mut m, mut l, mut c) = (
+            [[f32::NEG_INFINITY; BQ]; 2],
+            [[0f32; BQ]; 2],
+            [[0f32; BQ]; 2],
+        );
+        for (tile, len) in [(0u64, BK), (1, 40)] {
+            let kt = randn(dk * BK, 12 + tile, 2.0);
+            let valid = |r: usize| (r * 3).saturating_sub(10).min(len);
+            let mut p = [vec![0f32; rows * BK], vec![0f32; rows * BK]];
+            // SAFETY: AVX-512F is present; p[0] holds rows × BK.
+            unsafe {
+                let st = Online {
+                    m: &mut m[0],
+                    l: &mut l[0],
+                    corr: &mut c[0],
+                };
+                scores_softmax(
+                    rows,
+                    dk,
+                    Mat::rows(&q, dk),
+                    &kt,
+                    scale,
+                    valid,
+                    &mut p[0],
+                    st,
+                );
+                let c_s = (p[1].as_mut_ptr(), BK, false);
+                small_gemm(
+                    rows,
+                    BK,
+                    dk,
+                    Mat::rows(&q, dk),
+                    &kt,
+                    BK,
+                    c_s.0,
+                    BK,
+                    false,
+                    false,
+                );
+            }
+            let st = Online {
+                m: &mut m[1],
+                l: &mut l[1],
+                corr: &mut c[1],
+            };
+            softmax_rows(&mut p[1], scale, valid, st);
+            for r in 0..rows {
+                let v = valid(r);
+                let close = |a: f32, b: f32| a == b || (a - b).abs() <= 1e-6 * (1.0 + b.abs());
+                assert!(
+                    close(m[0][r], m[1][r]) && close(l[0][r], l[1][r]),
+                    "row {r} m, l"
+                );
+                assert!(close(c[0][r], c[1][r]), "row {r} corr");
+                for (x, y) in p[0][r * BK..r * BK + v].iter().zip(&p[1][r * BK..]) {
+                    assert!(close(*x, *y), "row {r}: p {x} vs {y}");
+                }
+                assert!(p[0][r * BK + v..(r + 1) * BK].iter().all(|&x| x == 0.0));
+            }
+        }
+        // the backward's P and dS, against its scalar loop
+        let (s, dp) = (randn(BK, 13, 3.0), randn(BK, 14, 1.0));
+        for valid in [0, 1, 17, 40, BK] {
+            let (mut p, mut ds) = (s.clone(), dp.clone());
+            // SAFETY: AVX-512F is present.
+            unsafe { probs_grads_row(&mut p, &mut ds, valid, (0.7, -0.2), scale) };
+            for c in 0..BK {
+                let want_p = if c < valid {
+                    exp_nonpos(s[c] * scale - 0.7)
+                } else {
+                    0.0
+                };
+                let want_ds = want_p * (dp[c] + 0.2) * scale;
+                assert_eq!((p[c], ds[c]), (want_p, want_ds), "valid {valid} column {c}");
+            }
+        }
     }
 
     #[test]

@@ -6,6 +6,8 @@ pub mod adamw;
 pub mod attention;
 mod attention_decode;
 #[cfg(target_arch = "x86_64")]
+mod attention_scores;
+#[cfg(target_arch = "x86_64")]
 pub mod bf16;
 pub mod cross_entropy;
 pub mod embedding;
@@ -48,7 +50,11 @@ pub(crate) fn ensure<T: Copy + Default>(v: &mut Vec<T>, n: usize) -> &mut [T] {
 /// Sizes every pool thread's kernel buffers (and this thread's) for products up to `n_max`
 /// columns wide over up to `rows` rows (tokens) and attention heads of widths dk, dv, so that
 /// no step allocates them later, whichever thread a task lands on.
-pub fn prepare_threads(n_max: usize, rows: usize, dk: usize, dv: usize, group: usize) {
+pub fn prepare_threads(
+    n_max: usize,
+    rows: usize,
+    (dk, dv, group, keys): (usize, usize, usize, usize),
+) {
     let prepare = || {
         #[cfg(target_arch = "x86_64")]
         if sgemm_avx512::available() {
@@ -59,7 +65,7 @@ pub fn prepare_threads(n_max: usize, rows: usize, dk: usize, dv: usize, group: u
             // an operand is at most (rows or n_max) × n_max, or n_max × rows
             bf16::reserve(rows.max(n_max), n_max);
         }
-        attention::reserve_scratch(dk, dv, group);
+        attention::reserve_scratch(dk, dv, group, keys);
     };
     prepare();
     rayon::broadcast(|_| prepare());
@@ -248,6 +254,31 @@ pub fn exp_nonpos(x: f32) -> f32 {
     } else {
         p * scale
     }
+}
+
+/// `exp_nonpos` on 16 lanes, step for step: the same value in every lane, bit for bit.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+pub(crate) fn exp_nonpos16(x: std::arch::x86_64::__m512) -> std::arch::x86_64::__m512 {
+    use std::arch::x86_64::*;
+    let c = _mm512_set1_ps;
+    let xc = _mm512_max_ps(x, c(-87.0));
+    let round = c(12_582_912.0);
+    let n = _mm512_sub_ps(
+        _mm512_add_ps(_mm512_mul_ps(xc, c(std::f32::consts::LOG2_E)), round),
+        round,
+    );
+    let r = _mm512_fmadd_ps(n, c(-0.693_359_4), xc);
+    let r = _mm512_fmadd_ps(n, c(2.121_944_4e-4), r);
+    let mut p = c(1.0 / 720.0);
+    for k in [1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0] {
+        p = _mm512_fmadd_ps(p, r, c(k));
+    }
+    let biased = _mm512_castps_si512(_mm512_add_ps(_mm512_add_ps(n, c(127.0)), c(8_388_608.0)));
+    let two_n = _mm512_slli_epi32::<23>(_mm512_and_si512(biased, _mm512_set1_epi32(0x7f_ffff)));
+    let above = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(x, c(-87.0));
+    _mm512_maskz_mul_ps(above, p, _mm512_castsi512_ps(two_n))
 }
 
 /// σ(x) = 1 / (1 + e^−x) through `exp_nonpos` of −|x|, so that it vectorises too.
@@ -469,6 +500,38 @@ mod tests {
             );
         }
         assert_eq!(exp_nonpos(f32::NEG_INFINITY), 0.0);
+    }
+
+    #[test]
+    fn exp_nonpos16_is_exp_nonpos_in_every_lane() {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            use std::arch::x86_64::*;
+            let mut xs: Vec<f32> = (0..4000).map(|i| -(i as f32) * 0.0271).collect();
+            xs.extend([
+                0.0,
+                -0.0,
+                -86.99,
+                -87.0,
+                -87.01,
+                -1e30,
+                f32::NEG_INFINITY,
+                -1e-30,
+            ]);
+            for chunk in xs.chunks(16) {
+                let mut x = [f32::NEG_INFINITY; 16];
+                x[..chunk.len()].copy_from_slice(chunk);
+                let mut got = [0f32; 16];
+                // SAFETY: AVX-512F was detected; both arrays hold 16 lanes.
+                unsafe {
+                    let e = exp_nonpos16(_mm512_loadu_ps(x.as_ptr()));
+                    _mm512_storeu_ps(got.as_mut_ptr(), e);
+                }
+                for (&xi, &g) in x.iter().zip(&got) {
+                    assert_eq!(g.to_bits(), exp_nonpos(xi).to_bits(), "exp({xi})");
+                }
+            }
+        }
     }
 
     #[test]

@@ -158,13 +158,13 @@ pub unsafe fn small_gemm(
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx512 {
+pub(crate) mod avx512 {
     use super::Mat;
     use std::arch::x86_64::*;
 
     /// Register tiles: 6 rows × 64 columns (24 accumulators) while 64 columns remain, then
     /// 8 rows × 32: the wider tile spends one broadcast of A on four FMAs instead of two.
-    const WIDE_ROWS: usize = 6;
+    pub(crate) const WIDE_ROWS: usize = 6;
     const ROWS: usize = 8;
 
     /// Lanes of columns j0 + 16·v .. for v < NV, masked to the first `w` columns.
@@ -245,6 +245,38 @@ mod avx512 {
         }
     }
 
+    /// A (H rows × k, element (r, p) at r·a_rs + p·a_cs) times B (k rows, b_rs apart, of NV·16
+    /// columns masked by mk), in registers: one FMA chain over p in order per element.
+    ///
+    /// # Safety
+    /// AVX-512F; A and the masked columns of B must be in bounds.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    pub(crate) unsafe fn products<const H: usize, const NV: usize>(
+        k: usize,
+        a: *const f32,
+        a_rs: usize,
+        a_cs: usize,
+        b: *const f32,
+        b_rs: usize,
+        mk: [__mmask16; NV],
+    ) -> [[__m512; NV]; H] {
+        let mut acc = [[_mm512_setzero_ps(); NV]; H];
+        for p in 0..k {
+            let mut bv = [_mm512_setzero_ps(); NV];
+            for (v, bv) in bv.iter_mut().enumerate() {
+                *bv = _mm512_maskz_loadu_ps(mk[v], b.add(p * b_rs + 16 * v));
+            }
+            for (r, row) in acc.iter_mut().enumerate() {
+                let av = _mm512_set1_ps(*a.add(r * a_rs + p * a_cs));
+                for v in 0..NV {
+                    row[v] = _mm512_fmadd_ps(av, bv[v], row[v]);
+                }
+            }
+        }
+        acc
+    }
+
     /// (k, A, A row stride, A column stride, B, B row stride, C, C row stride, column masks,
     /// accumulate)
     type TileArgs<const NV: usize> = (
@@ -267,19 +299,7 @@ mod avx512 {
     unsafe fn tile<const H: usize, const NV: usize>(
         (k, a, a_rs, a_cs, b, b_rs, c, c_rs, mk, accumulate): TileArgs<NV>,
     ) {
-        let mut acc = [[_mm512_setzero_ps(); NV]; H];
-        for p in 0..k {
-            let mut bv = [_mm512_setzero_ps(); NV];
-            for (v, bv) in bv.iter_mut().enumerate() {
-                *bv = _mm512_maskz_loadu_ps(mk[v], b.add(p * b_rs + 16 * v));
-            }
-            for (r, row) in acc.iter_mut().enumerate() {
-                let av = _mm512_set1_ps(*a.add(r * a_rs + p * a_cs));
-                for v in 0..NV {
-                    row[v] = _mm512_fmadd_ps(av, bv[v], row[v]);
-                }
-            }
-        }
+        let acc = products::<H, NV>(k, a, a_rs, a_cs, b, b_rs, mk);
         for (r, row) in acc.iter().enumerate() {
             let cr = c.add(r * c_rs);
             for v in 0..NV {

@@ -403,7 +403,8 @@ impl Workspace {
         .max()
         .unwrap_or(0);
         let group = c.n_query_heads() / c.n_key_heads();
-        crate::kernels::prepare_threads(widest, batch * seq, c.head_dim, c.value_head_dim(), group);
+        let heads = (c.head_dim, c.value_head_dim(), group, seq);
+        crate::kernels::prepare_threads(widest, batch * seq, heads);
         let n = batch * seq;
         let z = crate::kernels::zeroed;
         Workspace {
