@@ -11,6 +11,7 @@ use super::matmul::Mat;
 use super::small_gemm::{small_gemm, with_packed, PackedB, MAX_PACKED};
 use super::{dot, exp_nonpos, map_lanes, SharedMut, MAX, SUM};
 use rayon::prelude::*;
+use std::ops::Range;
 
 /// Query rows per block and keys per tile; a tile of k and v rows stays in L1 across a block.
 const BQ: usize = 64;
@@ -345,14 +346,18 @@ pub fn attention_forward(
                                     row.iter_mut().for_each(|x| *x *= c);
                                 }
                             }
-                            let p = Mat {
-                                data: sc.s,
-                                rs: BK,
-                                cs: 1,
-                            };
-                            let c_o = (oacc.as_mut_ptr(), dv, true);
-                            // SAFETY: oacc holds rows × dv.
-                            unsafe { src.product(1, (0, t0), (rows, dv, len), p, vt, c_o) };
+                            // O += P·V over the keys each chunk of rows sees
+                            for (r, keys) in causal_chunks(rows, len, valid, src) {
+                                let p = Mat {
+                                    data: &sc.s[r.start * BK..],
+                                    rs: BK,
+                                    cs: 1,
+                                };
+                                let c_o = (oacc[r.start * dv..].as_mut_ptr(), dv, true);
+                                let mnk = (r.len(), dv, keys);
+                                // SAFETY: oacc holds rows × dv.
+                                unsafe { src.product(1, (0, t0), mnk, p, vt, c_o) };
+                            }
                         }
                     }
                     for (gi, &j) in heads.iter().enumerate() {
@@ -380,6 +385,57 @@ pub fn attention_forward(
         });
     });
 }
+
+/// Rows of a query block against a key tile of `len` keys, as (rows, keys the last of them
+/// sees): on a tile that the causal mask cuts (f32 products), chunks of CHUNK rows, so that
+/// products over the keys skip each chunk's masked columns, where P is zero (close to half
+/// of a diagonal tile's work); otherwise all rows and keys at once. Chunks that see no key
+/// are left out.
+fn causal_chunks(
+    rows: usize,
+    len: usize,
+    valid: impl Fn(usize) -> usize,
+    src: Src,
+) -> impl Iterator<Item = (Range<usize>, usize)> {
+    chunks(rows, cut_step(rows, len, &valid, src))
+        .map(move |r| (r.clone(), valid(r.end - 1)))
+        .filter(|(_, keys)| *keys > 0)
+}
+
+/// The keys of a tile as (keys, first query row that sees them), chunked as `causal_chunks`
+/// chunks rows: products over the queries (dV, dK) skip those that see none of a chunk.
+fn key_chunks(
+    rows: usize,
+    len: usize,
+    valid: impl Fn(usize) -> usize,
+    src: Src,
+) -> impl Iterator<Item = (Range<usize>, usize)> {
+    chunks(len, cut_step(len, len, &valid, src))
+        .map(move |c| {
+            (
+                c.clone(),
+                (0..rows).find(|&r| valid(r) > c.start).unwrap_or(rows),
+            )
+        })
+        .filter(move |(_, r0)| *r0 < rows)
+}
+
+/// Chunks of `step` over 0..n.
+fn chunks(n: usize, step: usize) -> impl Iterator<Item = Range<usize>> {
+    (0..n).step_by(step).map(move |i| i..(i + step).min(n))
+}
+
+/// CAUSAL_CHUNK where the mask cuts the tile and the products are f32, else all n at once.
+fn cut_step(n: usize, len: usize, valid: impl Fn(usize) -> usize, src: Src) -> usize {
+    if src.packed.is_none() && valid(0) < len {
+        CAUSAL_CHUNK
+    } else {
+        n.max(1)
+    }
+}
+
+/// Rows or keys per chunk on a diagonal tile: two of small_gemm's six-row register tiles.
+const CAUSAL_CHUNK: usize = 12;
 
 /// A query block's online-softmax state, one entry per row: the running max m and sum l, and
 /// corr = exp(m_old − m_new), by which the current key tile rescales what the row accumulated
@@ -541,16 +597,22 @@ pub fn attention_backward(
                             let q_blk = head_rows(q, bi * t + q0, nq, j, d_k);
                             let do_blk = head_rows(dout, bi * t + q0, nq, j, d_v);
                             let (kt, vt) = (Mat::rows(sc.kt, BK), Mat::rows(sc.vt, BK));
-                            let c_s = (sc.s.as_mut_ptr(), BK, false);
-                            let c_ds = (sc.ds.as_mut_ptr(), BK, false);
-                            // SAFETY: both C are this thread's scratch tiles, rows × BK.
-                            unsafe {
-                                src.product(op + 2, (t0, 0), (rows, len, d_k), q_blk, kt, c_s);
-                                src.product(0, (t0, 0), (rows, len, d_v), do_blk, vt, c_ds);
+                            // causal: query q0 + r sees keys < q0 + r + 1
+                            let valid = |r: usize| (q0 + r + 1 - t0).min(len);
+                            for (r, keys) in causal_chunks(rows, len, valid, src) {
+                                let (q_r, do_r) = (q_blk.from(r.start, 0), do_blk.from(r.start, 0));
+                                let c_s = (sc.s[r.start * BK..].as_mut_ptr(), BK, false);
+                                let c_ds = (sc.ds[r.start * BK..].as_mut_ptr(), BK, false);
+                                let (m, n) = (r.len(), keys);
+                                // SAFETY: both C are this thread's scratch tiles, rows × BK.
+                                unsafe {
+                                    src.product(op + 2, (t0, 0), (m, n, d_k), q_r, kt, c_s);
+                                    src.product(0, (t0, 0), (m, n, d_v), do_r, vt, c_ds);
+                                }
                             }
                             for r in 0..rows {
                                 let i = q0 + r;
-                                let valid = (i + 1 - t0).min(len);
+                                let valid = valid(r);
                                 let (p, ds) = (
                                     &mut sc.s[r * BK..(r + 1) * BK],
                                     &mut sc.ds[r * BK..(r + 1) * BK],
@@ -585,17 +647,37 @@ pub fn attention_backward(
                                 cs: 1,
                             };
                             let k_rows = head_rows(k, bi * t + t0, nk, kh, d_k);
-                            let c_dv = (sc.acc_v.as_mut_ptr(), d_v, true);
-                            let c_dk = (sc.acc_k.as_mut_ptr(), d_k, true);
-                            let (dq_at, span) = (at(q0, nq, j, d_k), (rows - 1) * nq * d_k + d_k);
-                            // SAFETY: dV and dK gather in this thread's scratch (len rows); query
-                            // head j's rows of dq are written by this task only.
-                            unsafe {
-                                // every query block meets the first key tile
-                                let c_dq = (dq_ptr.ptr(dq_at, span), nq * d_k, t0 > 0);
-                                src.product(op + 1, (0, q0), (len, d_v, rows), p_t, do_blk, c_dv);
-                                src.product(op, (0, q0), (len, d_k, rows), ds_t, q_blk, c_dk);
-                                src.product(op + 3, (0, t0), (rows, d_k, len), ds_r, k_rows, c_dq);
+                            // dV and dK: each chunk of keys over the queries that see it
+                            for (c, r0) in key_chunks(rows, len, valid, src) {
+                                let (m, k) = (c.len(), rows - r0);
+                                let (p_c, ds_c) = (p_t.from(c.start, r0), ds_t.from(c.start, r0));
+                                let (do_r, q_r) = (do_blk.from(r0, 0), q_blk.from(r0, 0));
+                                let c_dv = (sc.acc_v[c.start * d_v..].as_mut_ptr(), d_v, true);
+                                let c_dk = (sc.acc_k[c.start * d_k..].as_mut_ptr(), d_k, true);
+                                // SAFETY: dV and dK gather in this thread's scratch (len rows).
+                                unsafe {
+                                    src.product(op + 1, (0, q0 + r0), (m, d_v, k), p_c, do_r, c_dv);
+                                    src.product(op, (0, q0 + r0), (m, d_k, k), ds_c, q_r, c_dk);
+                                }
+                            }
+                            // dQ: each chunk of queries over the keys it sees; every query row
+                            // meets the first key tile, which writes its dq rows
+                            for (r, keys) in causal_chunks(rows, len, valid, src) {
+                                let (dq_at, span) =
+                                    (at(q0 + r.start, nq, j, d_k), (r.len() - 1) * nq * d_k + d_k);
+                                let mnk = (r.len(), d_k, keys);
+                                // SAFETY: query head j's rows of dq are written by this task only.
+                                unsafe {
+                                    let c_dq = (dq_ptr.ptr(dq_at, span), nq * d_k, t0 > 0);
+                                    src.product(
+                                        op + 3,
+                                        (0, t0),
+                                        mnk,
+                                        ds_r.from(r.start, 0),
+                                        k_rows,
+                                        c_dq,
+                                    );
+                                }
                             }
                         }
                         if hi + 1 == group || s.k_head(heads[hi + 1]) != kh {

@@ -44,6 +44,13 @@ impl<'a> Mat<'a> {
             cs: self.rs,
         }
     }
+    /// The matrix from element (r, c) on.
+    pub fn from(self, r: usize, c: usize) -> Self {
+        Mat {
+            data: &self.data[r * self.rs + c * self.cs..],
+            ..self
+        }
+    }
     /// Whether `data` holds every element of a (rows, cols) matrix at these strides.
     pub fn fits(&self, rows: usize, cols: usize) -> bool {
         self.data.len() >= extent(rows, cols, self.rs, self.cs)
