@@ -387,8 +387,8 @@ pub fn attention_forward(
 }
 
 /// Rows of a query block against a key tile of `len` keys, as (rows, keys the last of them
-/// sees): on a tile that the causal mask cuts (f32 products), chunks of CHUNK rows, so that
-/// products over the keys skip each chunk's masked columns, where P is zero (close to half
+/// sees): on a tile that the causal mask cuts (f32 products), chunks of CAUSAL_CHUNK rows, so
+/// that products over the keys skip each chunk's masked columns, where P is zero (close to half
 /// of a diagonal tile's work); otherwise all rows and keys at once. Chunks that see no key
 /// are left out.
 fn causal_chunks(
