@@ -171,6 +171,8 @@ pub struct MatmulBench {
     pub n: usize,
     pub k: usize,
     pub threads: usize,
+    /// A and C taken from main memory (`--cold`)
+    pub cold: bool,
     /// median over the timed repetitions
     pub ms: f64,
     pub gflops: f64,
@@ -179,20 +181,32 @@ pub struct MatmulBench {
 /// Times dst = a (m, k) · b (k, n), `reps` times after one warm-up, on each backend in turn
 /// (alternating), and returns the median for each. `a_t` / `b_t` store that operand
 /// transposed, as the model's products do: X·Wᵀ (b_t) forward, dYᵀ·X (a_t) for the weight
-/// gradient. The calls run inside the thread pool, as a training step's do.
+/// gradient. The calls run inside the thread pool, as a training step's do. `cold`: each
+/// repetition takes the next of enough copies of A and C to overflow the L3, as a step's
+/// activations do.
 pub fn bench_matmul(
     m: usize,
     n: usize,
     k: usize,
     (a_t, b_t): (bool, bool),
     reps: usize,
+    cold: bool,
 ) -> Vec<MatmulBench> {
     use crate::kernels::matmul::{sgemm_with, Backend, Mat};
-    let a: Vec<f32> = (0..m * k).map(|i| (i % 7) as f32 * 0.1).collect();
+    // `cold`: copies of A and C adding up to 128 MiB, four times this machine's L3, used in turn
+    let sets = if cold {
+        ((128usize << 20) / ((m * k + m * n) * 4)).clamp(2, 4096)
+    } else {
+        1
+    };
+    let a: Vec<Vec<f32>> = (0..sets)
+        .map(|s| (0..m * k).map(|i| ((i + s) % 7) as f32 * 0.1).collect())
+        .collect();
     let b: Vec<f32> = (0..k * n).map(|i| (i % 5) as f32 * 0.1).collect();
-    let lhs = if a_t { Mat::t(&a, m) } else { Mat::rows(&a, k) };
     let rhs = if b_t { Mat::t(&b, k) } else { Mat::rows(&b, n) };
-    let mut c = vec![0f32; m * n];
+    let mut c: Vec<Vec<f32>> = (0..sets).map(|_| crate::kernels::zeroed(m * n)).collect();
+    // touched once now, so that no timed product pays for its output's first page faults
+    c.iter_mut().for_each(|c| c.fill(1.0));
     let mut backends = vec![Backend::F32, Backend::GemmCrate];
     if crate::kernels::matmul::bf16_available() {
         backends.push(Backend::Bf16);
@@ -201,8 +215,11 @@ pub fn bench_matmul(
     crate::kernels::on_pool(|| {
         for rep in 0..=reps {
             for (bi, &be) in backends.iter().enumerate() {
+                let set = (rep * backends.len() + bi) % sets;
+                let a = &a[set];
+                let lhs = if a_t { Mat::t(a, m) } else { Mat::rows(a, k) };
                 let t0 = Instant::now();
-                sgemm_with(be, m, n, k, &mut c, n, false, lhs, rhs);
+                sgemm_with(be, m, n, k, &mut c[set], n, false, lhs, rhs);
                 if rep > 0 {
                     times[bi].push(t0.elapsed().as_secs_f64());
                 }
@@ -225,6 +242,7 @@ pub fn bench_matmul(
                 n,
                 k,
                 threads: rayon::current_num_threads(),
+                cold,
                 ms: med * 1e3,
                 gflops: 2.0 * (m * n * k) as f64 / med / 1e9,
             }

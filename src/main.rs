@@ -374,6 +374,11 @@ struct BenchMatmulArgs {
     /// forward) or tn (A stored transposed: dYᵀ·X, its weight gradient).
     #[arg(long, default_value = "nn", value_parser = ["nn", "nt", "tn"])]
     layout: String,
+    /// A and C from main memory, as inside a training step (whose activations do not stay in
+    /// the caches): each repetition takes the next of enough copies of them to overflow the L3.
+    /// B (a weight) stays cached.
+    #[arg(long)]
+    cold: bool,
     /// One JSON object per backend on stdout.
     #[arg(long)]
     json: bool,
@@ -1346,13 +1351,18 @@ fn run(cli: Cli) -> Result<()> {
                 }
             }
             let layout = (a.layout == "tn", a.layout == "nt");
-            for r in difftx::bench::bench_matmul(m, n, k, layout, a.reps) {
+            for r in difftx::bench::bench_matmul(m, n, k, layout, a.reps, a.cold) {
                 if a.json {
                     println!("{}", serde_json::to_string(&r)?);
                 } else {
                     println!(
-                        "{:<11} {m}x{n}x{k} {}: {:.3} ms  {:.1} GFLOP/s  ({} threads)",
-                        r.backend, a.layout, r.ms, r.gflops, r.threads
+                        "{:<11} {m}x{n}x{k} {}{}: {:.3} ms  {:.1} GFLOP/s  ({} threads)",
+                        r.backend,
+                        a.layout,
+                        if a.cold { " cold" } else { "" },
+                        r.ms,
+                        r.gflops,
+                        r.threads
                     );
                 }
             }
