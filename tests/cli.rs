@@ -572,3 +572,48 @@ fn generate_writes_only_the_continuation_to_stdout() {
         &["/nonexistent/p.txt"],
     );
 }
+
+/// `bench matmul --cold` times the same product with its operands taken from memory, and says
+/// so in its JSON; sizes of zero are a one-line error.
+#[test]
+fn bench_matmul_cold_reports_each_backend_and_refuses_empty_sizes() {
+    let out = difftx(&[
+        "--threads",
+        "1",
+        "bench",
+        "matmul",
+        "--m",
+        "33",
+        "--n",
+        "40",
+        "--k",
+        "17",
+        "--reps",
+        "2",
+        "--cold",
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let rows: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("one JSON object a line"))
+        .collect();
+    assert!(rows.len() >= 2, "{text}");
+    for r in &rows {
+        assert_eq!(r["cold"], true, "{r}");
+        assert_eq!(
+            (r["m"].as_u64(), r["n"].as_u64(), r["k"].as_u64()),
+            (Some(33), Some(40), Some(17))
+        );
+        assert!(r["gflops"].as_f64().unwrap() > 0.0, "{r}");
+    }
+    fails_with(
+        &difftx(&["bench", "matmul", "--m", "0", "--cold"]),
+        &["positive"],
+    );
+}
