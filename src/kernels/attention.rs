@@ -303,8 +303,7 @@ pub fn attention_forward(
                             }
                             staged = t0 + len;
                         }
-                        // causal: query q0 + r sees keys < q_offset + q0 + r + 1
-                        let valid = |r: usize| (q_offset + q0 + r + 1).saturating_sub(t0).min(len);
+                        let valid = |r: usize| seen(q_offset + q0 + r, t0, len);
                         let vt = if kv.is_some() {
                             Mat::rows(&[], 0)
                         } else if copy_v {
@@ -384,6 +383,12 @@ pub fn attention_forward(
             })
         });
     });
+}
+
+/// How many of the `len` keys from position t0 the query at position `pos` sees (causal: the
+/// keys at positions up to its own).
+fn seen(pos: usize, t0: usize, len: usize) -> usize {
+    (pos + 1).saturating_sub(t0).min(len)
 }
 
 /// Rows of a query block against a key tile of `len` keys, as (rows, keys the last of them
@@ -597,8 +602,7 @@ pub fn attention_backward(
                             let q_blk = head_rows(q, bi * t + q0, nq, j, d_k);
                             let do_blk = head_rows(dout, bi * t + q0, nq, j, d_v);
                             let (kt, vt) = (Mat::rows(sc.kt, BK), Mat::rows(sc.vt, BK));
-                            // causal: query q0 + r sees keys < q0 + r + 1
-                            let valid = |r: usize| (q0 + r + 1 - t0).min(len);
+                            let valid = |r: usize| seen(q0 + r, t0, len);
                             for (r, keys) in causal_chunks(rows, len, valid, src) {
                                 let (q_r, do_r) = (q_blk.from(r.start, 0), do_blk.from(r.start, 0));
                                 let c_s = (sc.s[r.start * BK..].as_mut_ptr(), BK, false);
@@ -871,7 +875,7 @@ mod tests {
                     &mut p[0],
                     st,
                 );
-                let c_s = (p[1].as_mut_ptr(), BK, false);
+                let s = p[1].as_mut_ptr();
                 small_gemm(
                     rows,
                     BK,
@@ -879,7 +883,7 @@ mod tests {
                     Mat::rows(&q, dk),
                     &kt,
                     BK,
-                    c_s.0,
+                    s,
                     BK,
                     false,
                     false,

@@ -49,7 +49,15 @@ pub(crate) fn attention_decode(
             let len = CHUNK.min(visible - t0);
             // SAFETY: task (bi, ci) alone writes its nq partials.
             let out = unsafe { partials.slice(task * nq * part, nq * part) };
-            chunk_partials(out, &q[bi * nq * dk..], k, v, bi * tkv + t0, len, s, group);
+            let (q, row0) = (&q[bi * nq * dk..], bi * tkv + t0);
+            // A GQA group's query heads (diff_v2's) together, each cached row loaded once.
+            for j in (0..nq).step_by(group) {
+                match group {
+                    4 => heads_partials::<4>(out, q, k, v, row0, len, s, j),
+                    2 => heads_partials::<2>(out, q, k, v, row0, len, s, j),
+                    _ => heads_partials::<1>(out, q, k, v, row0, len, s, j),
+                }
+            }
         };
         if chunks * b > 1 {
             (0..b * chunks).into_par_iter().for_each(run);
@@ -76,30 +84,6 @@ pub(crate) fn attention_decode(
     });
 }
 
-/// For each query head j, into out[j·(DV + 2)..]: Σ_t e^(s_t − m)·v_t, then m and
-/// Σ_t e^(s_t − m), over the `len` cached rows from `row0` (s_t the scaled scores, m their max).
-/// Query heads that read the same key and value heads (a GQA group: diff_v2's query heads) go
-/// `group` at a time, so that each cached row is loaded once for all of them.
-#[allow(clippy::too_many_arguments)]
-fn chunk_partials(
-    out: &mut [f32],
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    row0: usize,
-    len: usize,
-    s: &AttnShape,
-    group: usize,
-) {
-    for j in (0..s.nq).step_by(group) {
-        match group {
-            4 => heads_partials::<4>(out, q, k, v, row0, len, s, j),
-            2 => heads_partials::<2>(out, q, k, v, row0, len, s, j),
-            _ => heads_partials::<1>(out, q, k, v, row0, len, s, j),
-        }
-    }
-}
-
 /// The largest of 4, 2 and 1 such that each aligned run of that many query heads reads one
 /// key head and one value head (diff_v2 at `bench`: 4; standard GQA: its group size).
 fn query_group(s: &AttnShape) -> usize {
@@ -113,9 +97,11 @@ fn query_group(s: &AttnShape) -> usize {
     [4, 2].into_iter().find(|&g| shares(g)).unwrap_or(1)
 }
 
-/// `chunk_partials` for the Q query heads from j0, which read the same key and value heads.
-/// Out of line, each Q compiled on its own: inlined together into `chunk_partials`, the three
-/// shared one register allocation, and standard's single heads decoded 4–5% slower.
+/// For the Q query heads j from j0, which read the same key and value heads, into
+/// out[j·(DV + 2)..]: Σ_t e^(s_t − m)·v_t, then m and Σ_t e^(s_t − m), over the `len` cached
+/// rows from `row0` (s_t the scaled scores, m their max). Out of line, each Q compiled on its
+/// own: inlined together into their caller, the three shared one register allocation, and
+/// standard's single heads decoded 4–5% slower.
 #[allow(clippy::too_many_arguments)]
 #[inline(never)]
 fn heads_partials<const Q: usize>(
