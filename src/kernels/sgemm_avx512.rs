@@ -147,23 +147,24 @@ unsafe fn kernel(
         pa = pa.add(MR);
         pb = pb.add(NR);
     }
-    if w == NR {
-        for (r, pair) in acc.chunks(2).take(h).enumerate() {
-            let row = c.add(r * ldc);
-            let (mut x0, mut x1) = (pair[0], pair[1]);
+    // Rows by a loop of fixed length (unrolled, so that acc stays in registers: a loop of h
+    // rows kept it on the stack, zeroed by a memset at every call).
+    let (m0, m1) = (super::lane_mask(w), super::lane_mask(w.saturating_sub(16)));
+    for r in 0..MR {
+        if r == h {
+            break;
+        }
+        let row = c.add(r * ldc);
+        let (mut x0, mut x1) = (acc[2 * r], acc[2 * r + 1]);
+        if w == NR {
             if accumulate {
                 x0 = _mm512_add_ps(x0, _mm512_loadu_ps(row));
                 x1 = _mm512_add_ps(x1, _mm512_loadu_ps(row.add(16)));
             }
             _mm512_storeu_ps(row, x0);
             _mm512_storeu_ps(row.add(16), x1);
-        }
-    } else {
-        // A ragged right edge: masked loads and stores of the first w columns.
-        let (m0, m1) = (super::lane_mask(w), super::lane_mask(w.saturating_sub(16)));
-        for (r, pair) in acc.chunks(2).take(h).enumerate() {
-            let row = c.add(r * ldc);
-            let (mut x0, mut x1) = (pair[0], pair[1]);
+        } else {
+            // A ragged right edge: masked loads and stores of the first w columns.
             if accumulate {
                 x0 = _mm512_add_ps(x0, _mm512_maskz_loadu_ps(m0, row));
                 x1 = _mm512_add_ps(x1, _mm512_maskz_loadu_ps(m1, row.add(16)));
