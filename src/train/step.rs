@@ -22,6 +22,23 @@ pub struct Optimizer {
 /// Gradients per task in `zero_grad` and `grad_norm`.
 const CHUNK: usize = 1 << 14;
 
+/// Σ g² in f64, in LANES running sums (g[i] goes to sum i % LANES) added at the end: one sum
+/// would be a chain of dependent additions, four cycles each.
+fn sum_squares(g: &[f32]) -> f64 {
+    const LANES: usize = 32;
+    let mut acc = [0f64; LANES];
+    let mut it = g.chunks_exact(LANES);
+    for c in &mut it {
+        for (a, &x) in acc.iter_mut().zip(c) {
+            *a += x as f64 * x as f64;
+        }
+    }
+    for (a, &x) in acc.iter_mut().zip(it.remainder()) {
+        *a += x as f64 * x as f64;
+    }
+    acc.iter().sum()
+}
+
 /// What one step measured.
 #[derive(Clone, Copy, Debug)]
 pub struct TrainStep {
@@ -53,7 +70,7 @@ impl Optimizer {
             parts
                 .par_iter_mut()
                 .zip(grads.par_chunks(CHUNK))
-                .for_each(|(s, g)| *s = g.iter().map(|&g| g as f64 * g as f64).sum());
+                .for_each(|(s, g)| *s = sum_squares(g));
         });
         parts.iter().sum::<f64>().sqrt() as f32
     }
@@ -142,6 +159,21 @@ impl Optimizer {
 mod tests {
     use super::*;
     use crate::config::{AttentionKind, ModelConfig, Preset};
+
+    #[test]
+    fn sum_squares_matches_a_plain_f64_sum() {
+        for n in [0, 1, 31, 32, 33, 1000] {
+            let g: Vec<f32> = (0..n)
+                .map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0)
+                .collect();
+            let want: f64 = g.iter().map(|&x| x as f64 * x as f64).sum();
+            let got = sum_squares(&g);
+            assert!(
+                (got - want).abs() <= 1e-12 * want.max(1.0),
+                "n {n}: {got} vs {want}"
+            );
+        }
+    }
 
     #[test]
     fn two_accumulated_half_batches_give_the_full_batch_gradient() {
