@@ -66,6 +66,8 @@ pub fn prepare_threads(
             bf16::reserve(rows.max(n_max), n_max);
         }
         attention::reserve_scratch(dk, dv, group, keys);
+        // the norms are at most `n_max` wide (subln: rows · heads rows of dv ≤ n_max)
+        rmsnorm::reserve(rows, n_max);
     };
     prepare();
     rayon::broadcast(|_| prepare());

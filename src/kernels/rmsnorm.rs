@@ -1,7 +1,7 @@
 //! RMSNorm: out = x / sqrt(mean(x²) + eps) · w, times a constant `gain` (1 but for diff_v1's
 //! subln, whose fixed (1 − λ_init) scale rides along instead of taking a pass of its own).
 
-use super::{dot, dot3, Grad, ROW_CHUNK};
+use super::{dot, dot3, ensure, with_thread_buffer, Grad, ROW_CHUNK};
 use rayon::prelude::*;
 
 /// x: (N, C) rows, w: (C), out: (N, C); rstd: (N) saved for the backward.
@@ -44,30 +44,51 @@ pub fn rmsnorm_backward(
     c: usize,
 ) {
     let (dx, add) = dx.parts();
-    dx.par_chunks_mut(c * ROW_CHUNK)
-        .zip(dout.par_chunks(c * ROW_CHUNK))
-        .zip(x.par_chunks(c * ROW_CHUNK))
-        .zip(rstd.par_chunks(ROW_CHUNK))
-        .for_each(|(((dx, dout), x), rstd)| {
-            for (((dx, dout), x), &r) in dx
-                .chunks_mut(c)
-                .zip(dout.chunks(c))
-                .zip(x.chunks(c))
-                .zip(rstd)
-            {
-                let k = gain * dot3(dout, w, x) * r * r * r / c as f32;
-                for (((dx, &d), &w), &x) in dx.iter_mut().zip(dout).zip(w).zip(x) {
-                    let g = r * w * (d * gain) - k * x;
-                    *dx = if add { *dx + g } else { g };
+    // dw is a sum over rows: each chunk of rows adds its own part while its rows are in cache,
+    // and the parts are added in order (deterministic, whatever the thread count).
+    with_thread_buffer(&DW_PARTS, |parts| {
+        let parts = ensure(parts, rstd.len().div_ceil(ROW_CHUNK) * c);
+        dx.par_chunks_mut(c * ROW_CHUNK)
+            .zip(dout.par_chunks(c * ROW_CHUNK))
+            .zip(x.par_chunks(c * ROW_CHUNK))
+            .zip(rstd.par_chunks(ROW_CHUNK))
+            .zip(parts.par_chunks_mut(c))
+            .for_each(|((((dx, dout), x), rstd), part)| {
+                part.fill(0.0);
+                for (((dx, dout), x), &r) in dx
+                    .chunks_mut(c)
+                    .zip(dout.chunks(c))
+                    .zip(x.chunks(c))
+                    .zip(rstd)
+                {
+                    let k = gain * dot3(dout, w, x) * r * r * r / c as f32;
+                    for ((((dx, &d), &w), &x), p) in
+                        dx.iter_mut().zip(dout).zip(w).zip(x).zip(part.iter_mut())
+                    {
+                        let g = r * w * (d * gain) - k * x;
+                        *dx = if add { *dx + g } else { g };
+                        *p += d * gain * x * r;
+                    }
                 }
+            });
+        for part in parts.chunks(c) {
+            for (dw, &p) in dw.iter_mut().zip(part) {
+                *dw += p;
             }
-        });
-    // dw is a reduction over rows: one ordered pass keeps it deterministic.
-    for ((dout, x), &r) in dout.chunks(c).zip(x.chunks(c)).zip(rstd) {
-        for ((dw, &d), &x) in dw.iter_mut().zip(dout).zip(x) {
-            *dw += d * gain * x * r;
         }
-    }
+    });
+}
+
+/// Sizes this thread's partial sums for norms of up to `rows` rows of `c` columns.
+pub(crate) fn reserve(rows: usize, c: usize) {
+    with_thread_buffer(&DW_PARTS, |parts| {
+        ensure(parts, rows.div_ceil(ROW_CHUNK) * c);
+    });
+}
+
+thread_local! {
+    /// `rmsnorm_backward`'s partial sums of dw, one row of C per chunk of rows.
+    static DW_PARTS: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
 #[cfg(test)]
@@ -101,6 +122,28 @@ mod tests {
                 assert_eq!(s, d);
                 assert!((a - (d + 1.0)).abs() < 1e-6, "{a} vs {d} + 1");
             }
+        }
+    }
+
+    /// dw over rows in several chunks (each adds its own part) is the sum over every row.
+    #[test]
+    fn dw_sums_every_chunk_of_rows() {
+        let (n, c, gain) = (3 * ROW_CHUNK + 5, 24, 0.7);
+        let (x, w, d) = (randn(n * c, 5, 1.0), randn(c, 6, 1.0), randn(n * c, 7, 1.0));
+        let (mut out, mut rstd) = (vec![0.0; n * c], vec![0.0; n]);
+        rmsnorm_forward(&mut out, &mut rstd, &x, &w, gain, c, 1e-5);
+        let (mut dx, mut dw) = (vec![0.0; n * c], vec![0.5; c]);
+        rmsnorm_backward(Grad::Set(&mut dx), &mut dw, &d, &x, &w, gain, &rstd, c);
+        for j in 0..c {
+            let want: f64 = 0.5
+                + (0..n)
+                    .map(|i| (d[i * c + j] * gain * x[i * c + j] * rstd[i]) as f64)
+                    .sum::<f64>();
+            assert!(
+                (dw[j] as f64 - want).abs() < 1e-4,
+                "dw[{j}] {} vs {want}",
+                dw[j]
+            );
         }
     }
 
