@@ -9,6 +9,7 @@ use super::{ensure, with_thread_buffer};
 use rayon::prelude::*;
 use std::arch::x86_64::*;
 use std::cell::Cell;
+use std::ops::Range;
 
 /// Micro-tile: 14 rows × 32 columns = 28 zmm accumulators (of 32 registers).
 const MR: usize = 14;
@@ -287,6 +288,24 @@ fn sgemm_split_depth(
     });
 }
 
+/// Thread t's rows of C out of m: a contiguous share as close to m / threads as whole MR-row
+/// panels allow. (Blocks of equal panel counts handed out in turn gave one thread 1,050 rows
+/// and the other 998 of a 2,048-row product.)
+fn row_share(m: usize, threads: usize, t: usize) -> Range<usize> {
+    let cut = |t: usize| ((m * t + threads * MR / 2) / (threads * MR) * MR).min(m);
+    cut(t)..if t + 1 == threads { m } else { cut(t + 1) }
+}
+
+/// A share of rows as (first row, rows) blocks: the fewest of at most MAX_MC rows, of panel
+/// counts that differ by at most one, so that every B panel is reused across as many A panels
+/// as the share allows.
+fn row_blocks(rows: Range<usize>) -> impl Iterator<Item = (usize, usize)> {
+    let panels = rows.len().div_ceil(MR);
+    let blocks = panels.div_ceil(MAX_MC / MR);
+    let at = move |b: usize| (rows.start + b * panels / blocks * MR).min(rows.end);
+    (0..blocks).map(move |b| (at(b), at(b + 1) - at(b)))
+}
+
 /// `sgemm` with the rows of C split across the threads.
 #[allow(clippy::too_many_arguments)]
 fn sgemm_rows(
@@ -301,11 +320,6 @@ fn sgemm_rows(
     threads: usize,
 ) {
     let n_panels = n.div_ceil(NR);
-    // Row blocks: the fewest of at most 16 panels each in a multiple of `threads`, of equal
-    // panel counts: every B panel is then reused across as many A panels as the split allows.
-    let panels = m.div_ceil(MR);
-    let blocks = threads * panels.div_ceil(threads * (MAX_MC / MR));
-    let mc = panels.div_ceil(blocks) * MR;
     let dst_ptr = DstPtr(dst.as_mut_ptr());
     // Consecutive KC slices of B are packed together as long as they fit MAX_PASS_B: a row
     // block then runs through all of them while its rows of C stay in L2, and a pass takes two
@@ -331,8 +345,7 @@ fn sgemm_rows(
                 bp.chunks_mut(KC * NR).enumerate().for_each(pack);
             }
             let bp = &*bp;
-            let block = |i0: usize| {
-                let mc = mc.min(m - i0);
+            let block = |(i0, mc): (usize, usize)| {
                 with_thread_buffer(&PACK_A, |pa| {
                     // Sized for the largest block at once, so that no later step allocates.
                     ensure(pa, MAX_MC * KC);
@@ -369,11 +382,12 @@ fn sgemm_rows(
                     }
                 });
             };
-            let blocks = m.div_ceil(mc);
-            if threads > 1 && blocks > 1 {
-                (0..blocks).into_par_iter().for_each(|bi| block(bi * mc));
+            if threads > 1 && m > MR {
+                (0..threads)
+                    .into_par_iter()
+                    .for_each(|t| row_blocks(row_share(m, threads, t)).for_each(block));
             } else {
-                (0..blocks).for_each(|bi| block(bi * mc));
+                row_blocks(0..m).for_each(block);
             }
         }
     });
