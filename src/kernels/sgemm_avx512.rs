@@ -5,6 +5,7 @@
 //! deep products (weight gradients) split their depth across the pool instead.
 
 use super::matmul::Mat;
+use super::small_gemm::avx512::products;
 use super::{ensure, with_thread_buffer};
 use rayon::prelude::*;
 use std::arch::x86_64::*;
@@ -136,17 +137,25 @@ unsafe fn kernel(
     accumulate: bool,
 ) {
     let mut acc = [_mm512_setzero_ps(); 2 * MR];
-    let (mut pa, mut pb) = (ap.as_ptr(), bp.as_ptr());
-    for _ in 0..kc {
-        let b0 = _mm512_loadu_ps(pb);
-        let b1 = _mm512_loadu_ps(pb.add(16));
-        for r in 0..MR {
-            let a = _mm512_set1_ps(*pa.add(r));
-            acc[2 * r] = _mm512_fmadd_ps(a, b0, acc[2 * r]);
-            acc[2 * r + 1] = _mm512_fmadd_ps(a, b1, acc[2 * r + 1]);
+    if w <= 16 {
+        // A ragged last panel of at most 16 columns (683 = 21 · 32 + 11): half the products.
+        let half = products::<MR, 1>(kc, ap.as_ptr(), 1, MR, bp.as_ptr(), NR, [0xffff]);
+        for (r, row) in half.iter().enumerate() {
+            acc[2 * r] = row[0];
         }
-        pa = pa.add(MR);
-        pb = pb.add(NR);
+    } else {
+        let (mut pa, mut pb) = (ap.as_ptr(), bp.as_ptr());
+        for _ in 0..kc {
+            let b0 = _mm512_loadu_ps(pb);
+            let b1 = _mm512_loadu_ps(pb.add(16));
+            for r in 0..MR {
+                let a = _mm512_set1_ps(*pa.add(r));
+                acc[2 * r] = _mm512_fmadd_ps(a, b0, acc[2 * r]);
+                acc[2 * r + 1] = _mm512_fmadd_ps(a, b1, acc[2 * r + 1]);
+            }
+            pa = pa.add(MR);
+            pb = pb.add(NR);
+        }
     }
     // Rows by a loop of fixed length (unrolled, so that acc stays in registers: a loop of h
     // rows kept it on the stack, zeroed by a memset at every call).
