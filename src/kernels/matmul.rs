@@ -469,6 +469,10 @@ mod tests {
             (29, 33, 300),
             (150, 70, 530),
             (64, 96, 64),
+            // ragged last row panels of 4 and 5-6 rows, with full and narrow (≤ 16) column panels
+            (18, 40, 20),
+            (47, 17, 30),
+            (48, 10, 30),
             // packs B in parallel (kc·n ≥ 2^15)
             (40, 200, 300),
             // deep and short: the depth is split across the threads, with a ragged last slice
