@@ -258,7 +258,8 @@ pub fn matmul_forward<'a>(
 /// out (N, OC) = inp (N, C) · wᵀ for each (out, w, OC) of `parts`, weights that read the same
 /// input (q, k and v; gate and up). Decoding's matrix-vector products all run in one parallel
 /// region, where one region per weight would wait for the slowest task three times; longer
-/// inputs run the products one after another.
+/// inputs run as one f32 product whose B and C come in parts (`sgemm_parts`), so that the
+/// input is packed once and the threads meet once; under bf16, one product after another.
 pub fn matmul_forward_each(
     parts: &mut [(&mut [f32], Weight, usize)],
     inp: &[f32],
@@ -271,6 +272,23 @@ pub fn matmul_forward_each(
             .map(|(out, w, oc)| Gemv::new(out, inp, *w, n, c, *oc, false))
             .collect();
         return gemv(&jobs);
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        use super::sgemm_avx512::{sgemm_parts, Part, MAX_PARTS};
+        if !bf16() && parts.len() <= MAX_PARTS && super::sgemm_avx512::available() {
+            assert!(inp.len() >= n * c, "matmul_forward: input too small");
+            let width = parts.iter().map(|p| p.2).sum();
+            let mut each = parts.iter_mut().map(|(out, w, oc)| {
+                assert!(out.len() >= n * *oc, "matmul_forward: output too small");
+                assert!(w.f32.len() >= *oc * c, "matmul_forward: weight too small");
+                Part::new(out, *oc, *oc, Mat::t(w.f32, c))
+            });
+            let cols: [Part; MAX_PARTS] =
+                std::array::from_fn(|_| each.next().unwrap_or(Part::NONE));
+            let threads = threads_for(n, width, c);
+            return sgemm_parts(n, c, Mat::rows(inp, c), &cols, false, threads);
+        }
     }
     for (out, w, oc) in parts.iter_mut() {
         matmul_forward(out, inp, *w, n, c, *oc, false);
@@ -535,10 +553,18 @@ mod tests {
 
     /// Weights that share an input give, together, the bits each gives alone: decoding's
     /// single parallel region (n ≤ GEMV_ROWS, here large enough to run in parallel, with
-    /// ragged chunks) and longer inputs alike; stale outputs are overwritten.
+    /// ragged chunks) and longer inputs (one product in parts of ragged widths, over several
+    /// row blocks and threads, and past one KC slice of depth) alike; stale outputs are
+    /// overwritten.
     #[test]
     fn products_sharing_an_input_match_each_alone() {
-        let (c, ocs) = (100, [70, 130, 35]);
+        for (c, n) in [(100, 1), (100, 3), (100, 9), (100, 300), (300, 250)] {
+            products_sharing_an_input(c, n);
+        }
+    }
+
+    fn products_sharing_an_input(c: usize, n: usize) {
+        let ocs = [70, 130, 35];
         let ws: Vec<Vec<f32>> = ocs
             .iter()
             .enumerate()
@@ -548,27 +574,25 @@ mod tests {
                     .collect()
             })
             .collect();
-        for n in [1, 3, 9] {
-            let inp: Vec<f32> = (0..n * c).map(|i| ((i * 5) % 13) as f32 / 4.0).collect();
-            let mut outs: Vec<Vec<f32>> = ocs.iter().map(|&oc| vec![7.0; n * oc]).collect();
-            let [a, b, d] = &mut outs[..] else {
-                unreachable!()
-            };
-            matmul_forward_each(
-                &mut [
-                    (&mut a[..], Weight::from(&ws[0][..]), ocs[0]),
-                    (&mut b[..], Weight::from(&ws[1][..]), ocs[1]),
-                    (&mut d[..], Weight::from(&ws[2][..]), ocs[2]),
-                ],
-                &inp,
-                n,
-                c,
-            );
-            for ((got, w), &oc) in outs.iter().zip(&ws).zip(&ocs) {
-                let mut want = vec![0.0; n * oc];
-                matmul_forward(&mut want, &inp, &w[..], n, c, oc, false);
-                assert_eq!(got, &want, "n {n}, oc {oc}");
-            }
+        let inp: Vec<f32> = (0..n * c).map(|i| ((i * 5) % 13) as f32 / 4.0).collect();
+        let mut outs: Vec<Vec<f32>> = ocs.iter().map(|&oc| vec![7.0; n * oc]).collect();
+        let [a, b, d] = &mut outs[..] else {
+            unreachable!()
+        };
+        matmul_forward_each(
+            &mut [
+                (&mut a[..], Weight::from(&ws[0][..]), ocs[0]),
+                (&mut b[..], Weight::from(&ws[1][..]), ocs[1]),
+                (&mut d[..], Weight::from(&ws[2][..]), ocs[2]),
+            ],
+            &inp,
+            n,
+            c,
+        );
+        for ((got, w), &oc) in outs.iter().zip(&ws).zip(&ocs) {
+            let mut want = vec![0.0; n * oc];
+            matmul_forward(&mut want, &inp, &w[..], n, c, oc, false);
+            assert_eq!(got, &want, "n {n}, oc {oc}");
         }
     }
 

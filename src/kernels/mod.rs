@@ -48,17 +48,19 @@ pub(crate) fn ensure<T: Copy + Default>(v: &mut Vec<T>, n: usize) -> &mut [T] {
 }
 
 /// Sizes every pool thread's kernel buffers (and this thread's) for products up to `n_max`
-/// columns wide over up to `rows` rows (tokens) and attention heads of widths dk, dv, so that
-/// no step allocates them later, whichever thread a task lands on.
+/// columns wide (`shared` for the outputs of one input together: `matmul_forward_each`) over
+/// up to `rows` rows (tokens) and attention heads of widths dk, dv, so that no step allocates
+/// them later, whichever thread a task lands on.
 pub fn prepare_threads(
     n_max: usize,
+    shared: usize,
     rows: usize,
     (dk, dv, group, keys): (usize, usize, usize, usize),
 ) {
     let prepare = || {
         #[cfg(target_arch = "x86_64")]
         if sgemm_avx512::available() {
-            sgemm_avx512::reserve(n_max);
+            sgemm_avx512::reserve(n_max.max(shared));
         }
         #[cfg(target_arch = "x86_64")]
         if matmul::bf16() {

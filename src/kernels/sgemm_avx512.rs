@@ -198,13 +198,16 @@ unsafe fn kernel(
     }
 }
 
-/// Sizes this thread's packing buffers for products up to `n_max` columns wide.
+/// Sizes this thread's packing buffers for products up to `n_max` columns wide (the parts of
+/// `sgemm_parts` together).
 pub(crate) fn reserve(n_max: usize) {
     with_thread_buffer(&PACK_A, |pa| {
         ensure(pa, MAX_MC * KC);
     });
+    // each part may start a panel of its own
+    let panels = n_max.div_ceil(NR) + MAX_PARTS - 1;
     with_thread_buffer(&PACK_B, |pb| {
-        ensure(pb, (n_max.div_ceil(NR) * KC * NR).max(MAX_PASS_B));
+        ensure(pb, (panels * KC * NR).max(MAX_PASS_B));
     });
     let others = rayon::current_num_threads().saturating_sub(1);
     with_thread_buffer(&PARTIAL, |partial| {
@@ -221,6 +224,56 @@ impl DstPtr {
         // SAFETY: callers pass offsets inside the destination slice.
         unsafe { self.0.add(off) }
     }
+}
+
+/// The most outputs one product shares its A between (`sgemm_parts`).
+pub const MAX_PARTS: usize = 4;
+
+/// One output of a product whose outputs share A (q, k, v and λ of ln1; gate and up of
+/// ln2): dst (m, n) at row stride dst_rs (+)= A · b, b (k, n). Each part starts a new column
+/// panel, so widths need not be multiples of NR.
+#[derive(Clone, Copy)]
+pub struct Part<'a> {
+    n: usize,
+    b: Mat<'a>,
+    dst: DstPtr,
+    dst_rs: usize,
+}
+
+impl<'a> Part<'a> {
+    /// No columns: fills the unused slots of an array of parts.
+    pub const NONE: Part<'static> = Part {
+        n: 0,
+        b: Mat {
+            data: &[],
+            rs: 0,
+            cs: 0,
+        },
+        dst: DstPtr(std::ptr::null_mut()),
+        dst_rs: 0,
+    };
+    /// The caller checks that dst holds m rows of n at stride dst_rs and b is (k, n); `dst`
+    /// stays borrowed for as long as the part lives.
+    pub fn new(dst: &'a mut [f32], dst_rs: usize, n: usize, b: Mat<'a>) -> Self {
+        Part {
+            n,
+            b,
+            dst: DstPtr(dst.as_mut_ptr()),
+            dst_rs,
+        }
+    }
+}
+
+/// Column panel `jp` of the parts laid side by side: its part and its first column there.
+fn panel_of<'p, 'a>(parts: &'p [Part<'a>], mut jp: usize) -> (&'p Part<'a>, usize) {
+    for p in parts {
+        let np = p.n.div_ceil(NR);
+        if jp < np {
+            return (p, jp * NR);
+        }
+        jp -= np;
+    }
+    unreachable!("column panel past the parts")
 }
 
 /// dst (m, n) row stride dst_rs = (or +=) a (m, k) · b (k, n). The caller checked the bounds
@@ -241,7 +294,21 @@ pub fn sgemm(
     if threads > 1 && deep && m <= MAX_SPLIT_M && (threads - 1) * m * n <= MAX_PARTIAL {
         return sgemm_split_depth(m, n, k, dst, dst_rs, accumulate, a, b, threads);
     }
-    sgemm_rows(m, n, k, dst, dst_rs, accumulate, a, b, threads)
+    sgemm_rows(
+        m,
+        k,
+        a,
+        &[Part::new(dst, dst_rs, n, b)],
+        accumulate,
+        threads,
+    )
+}
+
+/// Every part's dst = (or +=) a (m, k) · its b, as one product: A is packed once for all of
+/// them, in one parallel region. The caller checked the bounds and that AVX-512F is
+/// available.
+pub fn sgemm_parts(m: usize, k: usize, a: Mat, parts: &[Part], accumulate: bool, threads: usize) {
+    sgemm_rows(m, k, a, parts, accumulate, threads)
 }
 
 /// Products of at most this many rows with a deep k (the weight gradients, whose depth is the
@@ -299,7 +366,7 @@ fn sgemm_split_depth(
                     (std::slice::from_raw_parts_mut(at, m * n), n, false)
                 }
             };
-            sgemm_rows(m, n, p1 - p0, out, out_rs, acc, a, b, 1);
+            sgemm_rows(m, p1 - p0, a, &[Part::new(out, out_rs, n, b)], acc, 1);
         });
         for t in 1..threads {
             let part = &partial[(t - 1) * m * n..t * m * n];
@@ -328,21 +395,10 @@ fn row_blocks(rows: Range<usize>) -> impl Iterator<Item = (usize, usize)> {
     (0..blocks).map(move |b| (at(b), at(b + 1) - at(b)))
 }
 
-/// `sgemm` with the rows of C split across the threads.
-#[allow(clippy::too_many_arguments)]
-fn sgemm_rows(
-    m: usize,
-    n: usize,
-    k: usize,
-    dst: &mut [f32],
-    dst_rs: usize,
-    accumulate: bool,
-    a: Mat,
-    b: Mat,
-    threads: usize,
-) {
-    let n_panels = n.div_ceil(NR);
-    let dst_ptr = DstPtr(dst.as_mut_ptr());
+/// `sgemm` (or `sgemm_parts`) with the rows of C split across the threads.
+fn sgemm_rows(m: usize, k: usize, a: Mat, parts: &[Part], accumulate: bool, threads: usize) {
+    let n_panels: usize = parts.iter().map(|p| p.n.div_ceil(NR)).sum();
+    let n: usize = parts.iter().map(|p| p.n).sum();
     // Consecutive KC slices of B are packed together as long as they fit MAX_PASS_B: a row
     // block then runs through all of them while its rows of C stay in L2, and a pass takes two
     // parallel regions where each slice took two. Panel (slice s, column panel jp) of a pass
@@ -354,10 +410,10 @@ fn sgemm_rows(
             let q1 = (q0 + per_pass * KC).min(k);
             let bp = ensure(pb, (q1 - q0).div_ceil(KC) * slice_len);
             let pack = |(i, panel): (usize, &mut [f32])| {
-                let (p0, jp) = (q0 + i / n_panels * KC, i % n_panels);
+                let (p0, (part, j0)) = (q0 + i / n_panels * KC, panel_of(parts, i % n_panels));
                 let kc = KC.min(k - p0);
                 let panel = &mut panel[..kc * NR];
-                pack_panel::<NR>(panel, &b, p0, kc, jp * NR, NR.min(n - jp * NR));
+                pack_panel::<NR>(panel, &part.b, p0, kc, j0, NR.min(part.n - j0));
             };
             // Large passes (the weight-gradient products pack the activations) are packed in
             // parallel.
@@ -377,7 +433,8 @@ fn sgemm_rows(
                         let ap = ensure(pa, mc.div_ceil(MR) * kc * MR);
                         pack_a(ap, &a, i0, mc, p0, kc);
                         for jp in 0..n_panels {
-                            let (j0, w) = (jp * NR, NR.min(n - jp * NR));
+                            let (part, j0) = panel_of(parts, jp);
+                            let w = NR.min(part.n - j0);
                             let bpanel = &bp[(si * n_panels + jp) * KC * NR..][..kc * NR];
                             for ip in 0..mc.div_ceil(MR) {
                                 let r0 = i0 + ip * MR;
@@ -387,13 +444,13 @@ fn sgemm_rows(
                                 // caller), and row blocks handed to different tasks do not
                                 // overlap.
                                 unsafe {
-                                    let c = dst_ptr.at(r0 * dst_rs + j0);
+                                    let c = part.dst.at(r0 * part.dst_rs + j0);
                                     kernel(
                                         kc,
                                         &ap[ip * kc * MR..(ip + 1) * kc * MR],
                                         bpanel,
                                         c,
-                                        dst_rs,
+                                        part.dst_rs,
                                         h,
                                         w,
                                         acc,

@@ -402,9 +402,12 @@ impl Workspace {
         .into_iter()
         .max()
         .unwrap_or(0);
+        // the forward's products that read one input: q, k, v (and λ) of ln1, gate and up of ln2
+        let qkv = d.shape.nq * d.shape.dk + d.shape.nk * d.shape.dk + d.shape.nv * d.shape.dv;
+        let shared = (qkv + d.h).max(2 * c.intermediate_size);
         let group = c.n_query_heads() / c.n_key_heads();
         let heads = (c.head_dim, c.value_head_dim(), group, seq);
-        crate::kernels::prepare_threads(widest, batch * seq, heads);
+        crate::kernels::prepare_threads(widest, shared, batch * seq, heads);
         let n = batch * seq;
         let z = crate::kernels::zeroed;
         Workspace {
