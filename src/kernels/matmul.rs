@@ -596,6 +596,20 @@ mod tests {
         }
     }
 
+    /// A part whose dst is shorter than its rows reach is refused before the kernel's raw
+    /// pointers write anything.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    #[should_panic(expected = "sgemm:")]
+    fn a_part_too_small_for_its_rows_is_refused() {
+        use crate::kernels::sgemm_avx512::{sgemm_parts, Part};
+        let (m, k, n) = (20, 8, 16);
+        let (a, b) = (vec![1.0; m * k], vec![1.0; k * n]);
+        let mut short = vec![0.0; (m - 1) * n];
+        let part = Part::new(&mut short, n, n, Mat::rows(&b, n));
+        sgemm_parts(m, k, Mat::rows(&a, k), &[part], false, 1);
+    }
+
     fn check_matmul(n: usize, c: usize, oc: usize) {
         let inp: Vec<f32> = (0..n * c).map(|i| ((i * 7) % 13) as f32 - 6.0).collect();
         let w: Vec<f32> = (0..oc * c).map(|i| ((i * 5) % 11) as f32 - 5.0).collect();

@@ -237,6 +237,7 @@ pub struct Part<'a> {
     n: usize,
     b: Mat<'a>,
     dst: DstPtr,
+    dst_len: usize,
     dst_rs: usize,
 }
 
@@ -250,15 +251,17 @@ impl<'a> Part<'a> {
             cs: 0,
         },
         dst: DstPtr(std::ptr::null_mut()),
+        dst_len: 0,
         dst_rs: 0,
     };
-    /// The caller checks that dst holds m rows of n at stride dst_rs and b is (k, n); `dst`
-    /// stays borrowed for as long as the part lives.
+    /// dst (m, n) at row stride dst_rs, b (k, n), both checked by the product; `dst` stays
+    /// borrowed for as long as the part lives.
     pub fn new(dst: &'a mut [f32], dst_rs: usize, n: usize, b: Mat<'a>) -> Self {
         Part {
             n,
             b,
             dst: DstPtr(dst.as_mut_ptr()),
+            dst_len: dst.len(),
             dst_rs,
         }
     }
@@ -276,8 +279,7 @@ fn panel_of<'p, 'a>(parts: &'p [Part<'a>], mut jp: usize) -> (&'p Part<'a>, usiz
     unreachable!("column panel past the parts")
 }
 
-/// dst (m, n) row stride dst_rs = (or +=) a (m, k) · b (k, n). The caller checked the bounds
-/// and that AVX-512F is available.
+/// dst (m, n) row stride dst_rs = (or +=) a (m, k) · b (k, n), on a CPU with AVX-512F.
 #[allow(clippy::too_many_arguments)]
 pub fn sgemm(
     m: usize,
@@ -290,6 +292,11 @@ pub fn sgemm(
     b: Mat,
     threads: usize,
 ) {
+    // the depth split carves dst up by raw pointers: its reach is checked here
+    assert!(
+        m == 0 || n == 0 || (m - 1) * dst_rs + n <= dst.len(),
+        "sgemm: dst too small"
+    );
     let deep = k >= threads * MIN_SPLIT_SLICES * KC;
     if threads > 1 && deep && m <= MAX_SPLIT_M && (threads - 1) * m * n <= MAX_PARTIAL {
         return sgemm_split_depth(m, n, k, dst, dst_rs, accumulate, a, b, threads);
@@ -305,8 +312,7 @@ pub fn sgemm(
 }
 
 /// Every part's dst = (or +=) a (m, k) · its b, as one product: A is packed once for all of
-/// them, in one parallel region. The caller checked the bounds and that AVX-512F is
-/// available.
+/// them, in one parallel region. Needs AVX-512F and k > 0.
 pub fn sgemm_parts(m: usize, k: usize, a: Mat, parts: &[Part], accumulate: bool, threads: usize) {
     sgemm_rows(m, k, a, parts, accumulate, threads)
 }
@@ -397,6 +403,18 @@ fn row_blocks(rows: Range<usize>) -> impl Iterator<Item = (usize, usize)> {
 
 /// `sgemm` (or `sgemm_parts`) with the rows of C split across the threads.
 fn sgemm_rows(m: usize, k: usize, a: Mat, parts: &[Part], accumulate: bool, threads: usize) {
+    // What the kernel's raw pointers reach, checked once per call.
+    assert!(available(), "sgemm: the CPU has no AVX-512F");
+    assert!(a.fits(m, k), "sgemm: lhs too small");
+    for p in parts {
+        assert!(p.b.fits(k, p.n), "sgemm: rhs too small");
+        let reach = if m == 0 || p.n == 0 {
+            0
+        } else {
+            (m - 1) * p.dst_rs + p.n
+        };
+        assert!(reach <= p.dst_len, "sgemm: dst too small");
+    }
     let n_panels: usize = parts.iter().map(|p| p.n.div_ceil(NR)).sum();
     let n: usize = parts.iter().map(|p| p.n).sum();
     // Consecutive KC slices of B are packed together as long as they fit MAX_PASS_B: a row
@@ -439,10 +457,9 @@ fn sgemm_rows(m: usize, k: usize, a: Mat, parts: &[Part], accumulate: bool, thre
                             for ip in 0..mc.div_ceil(MR) {
                                 let r0 = i0 + ip * MR;
                                 let h = MR.min(m - r0);
-                                // SAFETY: AVX-512F was detected by the caller; rows r0..r0+h
-                                // and columns j0..j0+w lie inside dst (bounds checked by the
-                                // caller), and row blocks handed to different tasks do not
-                                // overlap.
+                                // SAFETY: AVX-512F is present and rows r0..r0+h, columns
+                                // j0..j0+w lie inside the part's dst (both checked above);
+                                // row blocks handed to different tasks do not overlap.
                                 unsafe {
                                     let c = part.dst.at(r0 * part.dst_rs + j0);
                                     kernel(
