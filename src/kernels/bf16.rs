@@ -454,8 +454,8 @@ unsafe fn block_dot(
     }
 }
 
-/// dst (m, n) row stride dst_rs = (or +=) a (m, k) · b (k, n) with bf16 operands. The caller
-/// checked the bounds and `available()`.
+/// dst (m, n) row stride dst_rs = (or +=) a (m, k) · b (k, n) with bf16 operands, on a CPU
+/// where `available()`; dst's reach is checked where the tiles are stored (`SharedMut`).
 #[allow(clippy::too_many_arguments)]
 pub fn gemm(
     m: usize,
@@ -468,6 +468,7 @@ pub fn gemm(
     b: Mat,
     threads: usize,
 ) {
+    assert!(available(), "bf16 gemm: the CPU has no AVX512_BF16");
     // SAFETY: dst is exclusively borrowed here.
     unsafe {
         gemm_shared(
@@ -556,8 +557,8 @@ pub(crate) unsafe fn tile_row_sums(
     acc
 }
 
-/// `gemm` with B already packed (`pack_b` of Bᵀ, or `pack_weight`). The caller checked the
-/// bounds of dst and a and `available()`.
+/// `gemm` with B already packed (`pack_b` of Bᵀ, or `pack_weight`), on a CPU where
+/// `available()`.
 #[allow(clippy::too_many_arguments)]
 pub fn gemm_packed(
     m: usize,
@@ -570,6 +571,7 @@ pub fn gemm_packed(
     pb: &[u16],
     threads: usize,
 ) {
+    assert!(available(), "bf16 gemm: the CPU has no AVX512_BF16");
     // SAFETY: dst is exclusively borrowed here.
     unsafe {
         products(
