@@ -1,6 +1,6 @@
 //! `difftx bench`: timed training steps on random tokens, the peak memory, and the FLOP count.
 
-use crate::config::ModelConfig;
+use crate::config::{AttentionKind, ModelConfig};
 use crate::error::Result;
 use crate::kernels::adamw::AdamWParams;
 use crate::model::{Model, Workspace};
@@ -348,7 +348,9 @@ pub struct AttentionBench {
 /// Times one layer's causal attention kernel (forward, then backward) on random inputs of the
 /// preset's head layout, median of `reps`.
 pub fn bench_attention(config: &ModelConfig, batch: usize, reps: usize) -> AttentionBench {
-    use crate::kernels::attention::{attention_backward, attention_delta, attention_forward};
+    use crate::kernels::attention::{
+        attention_backward, attention_delta, attention_forward, Lambda,
+    };
     let s = crate::model::attention::shape(config);
     let t = config.max_position_embeddings;
     let mut rng = ChaCha8Rng::seed_from_u64(3);
@@ -363,6 +365,13 @@ pub fn bench_attention(config: &ModelConfig, batch: usize, reps: usize) -> Atten
     let mut delta = vec![0.0; batch * t * s.nq];
     let (mut dq, mut dk, mut dv) = (vec![0.0; q.len()], vec![0.0; k.len()], vec![0.0; v.len()]);
     let (mut tf, mut tb) = (Vec::new(), Vec::new());
+    // the diff kinds' backward shares each pair's value products, as in the model
+    let lam = vec![0.5; batch * t * s.nq / 2];
+    let pairs = match config.attention {
+        AttentionKind::Standard => None,
+        AttentionKind::DiffV1 => Some(Lambda::Layer(0.5)),
+        AttentionKind::DiffV2 => Some(Lambda::PerToken(&lam)),
+    };
     crate::kernels::on_pool(|| {
         for rep in 0..=reps {
             let t0 = Instant::now();
@@ -370,7 +379,7 @@ pub fn bench_attention(config: &ModelConfig, batch: usize, reps: usize) -> Atten
             let t1 = Instant::now();
             attention_delta(&mut delta, &dout, &o, s.nq, s.dv);
             attention_backward(
-                &mut dq, &mut dk, &mut dv, &dout, &q, &k, &v, &delta, &lse, batch, t, &s,
+                &mut dq, &mut dk, &mut dv, &dout, &q, &k, &v, &delta, &lse, batch, t, &s, pairs,
             );
             if rep > 0 {
                 tf.push((t1 - t0).as_secs_f64());
@@ -383,9 +392,11 @@ pub fn bench_attention(config: &ModelConfig, batch: usize, reps: usize) -> Atten
         v[v.len() / 2]
     };
     let (f, b) = (med(&mut tf), med(&mut tb));
-    let pairs = (t * (t + 1) / 2) as f64 * (batch * s.nq) as f64;
-    let fwd_flops = 2.0 * pairs * (s.dk + s.dv) as f64;
-    let bwd_flops = 2.0 * pairs * (3 * s.dk + 2 * s.dv) as f64;
+    let seen = (t * (t + 1) / 2) as f64 * (batch * s.nq) as f64;
+    let fwd_flops = 2.0 * seen * (s.dk + s.dv) as f64;
+    // per map: S, dQ and dK; dP and dV once per map, or once per pair
+    let dv_products = if pairs.is_some() { 1 } else { 2 };
+    let bwd_flops = 2.0 * seen * (3 * s.dk + dv_products * s.dv) as f64;
     AttentionBench {
         attention: config.attention.to_string(),
         batch,
@@ -660,4 +671,25 @@ pub fn bench_bf16(
         f32,
         bf16,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Preset;
+
+    /// Every kind's attention kernel runs at the `bench` preset's head layout (diff_v2: two
+    /// pairs of query heads over each value head, with a λ per token and pair).
+    #[test]
+    fn attention_bench_runs_every_kind_at_the_bench_layout() {
+        for kind in [
+            AttentionKind::Standard,
+            AttentionKind::DiffV1,
+            AttentionKind::DiffV2,
+        ] {
+            let r = bench_attention(&ModelConfig::preset(Preset::Bench, kind), 1, 1);
+            assert!(r.forward_ms > 0.0 && r.backward_ms > 0.0, "{kind}: {r:?}");
+            assert!(r.backward_gflops.is_finite(), "{kind}: {r:?}");
+        }
+    }
 }

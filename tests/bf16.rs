@@ -272,7 +272,9 @@ fn bf16_attention_moves_outputs_and_gradients_by_rounding_only() {
 }
 
 fn attention_moves_by_rounding_only(s: &difftx::kernels::attention::AttnShape) {
-    use difftx::kernels::attention::{attention_backward, attention_delta, attention_forward};
+    use difftx::kernels::attention::{
+        attention_backward, attention_delta, attention_forward, Lambda,
+    };
     use difftx::kernels::matmul::set_bf16;
     let s = *s;
     let (b, t) = (2, 150);
@@ -307,8 +309,10 @@ fn attention_moves_by_rounding_only(s: &difftx::kernels::attention::AttnShape) {
     let run = |bf16: bool| {
         let (o, _) = forward(bf16);
         let (mut dq, mut dk, mut dv) = (vec![0.0; q.len()], vec![0.0; k.len()], vec![0.0; v.len()]);
+        // diff_v1's pairs share their value products (dout's second maps are not read)
+        let pairs = s.diff_pairs.then_some(Lambda::Layer(0.6));
         attention_backward(
-            &mut dq, &mut dk, &mut dv, &dout, &q, &k, &v, &delta, &lse32, b, t, &s,
+            &mut dq, &mut dk, &mut dv, &dout, &q, &k, &v, &delta, &lse32, b, t, &s, pairs,
         );
         // the last 3 queries as a decoding step over the cached keys
         let tail = 3;

@@ -147,11 +147,11 @@ struct Scratch<'a> {
     /// task's keys here, one after another, the backward one tile at a time (Vᵀ)
     kt: &'a mut [f32],
     vt: &'a mut [f32],
-    /// scores, then probabilities, (BQ, BK)
+    /// scores, then probabilities, (BQ, BK) for each of two maps (the backward's pair)
     s: &'a mut [f32],
-    /// dP, then dS, (BQ, BK)
+    /// dP, then dS, (BQ, BK) for each of two maps
     ds: &'a mut [f32],
-    /// backward: the tile's dK (BK, DK) and dV (BK, DV)
+    /// backward: the tile's dK (BK, DK) for each of up to MAX_K key heads, and dV (BK, DV)
     acc_k: &'a mut [f32],
     acc_v: &'a mut [f32],
     /// forward: each grouped head's output block (G, BQ, DV) and running max and sum (G, BQ),
@@ -169,7 +169,8 @@ thread_local! {
 /// Sizes this thread's scratch for heads of widths dk, dv over `keys` keys (see
 /// `kernels::prepare_threads`).
 pub(crate) fn reserve_scratch(dk: usize, dv: usize, group: usize, keys: usize) {
-    with_scratch(dk, dv, group, keys, |_| ());
+    // the backward stages the tiles of up to MAX_K key heads at once
+    with_scratch(dk, dv, group, keys.max(MAX_K * BK), |_| ());
 }
 
 /// `group`: how many query heads share one key head (their outputs are built side by side);
@@ -185,13 +186,13 @@ fn with_scratch<R>(
         let w = dk.max(dv).max(256);
         let g = group.max(8);
         let tiles = keys.div_ceil(BK).max(1);
-        let need = tiles * (dk + dv) * BK + 2 * w * BK + 2 * BQ * BK + g * BQ * (w + 3);
+        let need = tiles * (dk + dv) * BK + (MAX_K + 1) * w * BK + 4 * BQ * BK + g * BQ * (w + 3);
         super::ensure(buf, need);
         let (kt, rest) = buf.split_at_mut(tiles * dk * BK);
         let (vt, rest) = rest.split_at_mut(tiles * dv * BK);
-        let (s, rest) = rest.split_at_mut(BQ * BK);
-        let (ds, rest) = rest.split_at_mut(BQ * BK);
-        let (acc_k, rest) = rest.split_at_mut(BK.max(BQ) * dk);
+        let (s, rest) = rest.split_at_mut(2 * BQ * BK);
+        let (ds, rest) = rest.split_at_mut(2 * BQ * BK);
+        let (acc_k, rest) = rest.split_at_mut(MAX_K * BK.max(BQ) * dk);
         let (acc_v, rest) = rest.split_at_mut(BK.max(BQ) * dv);
         let (o_acc, rest) = rest.split_at_mut(group * BQ * dv);
         let (m, rest) = rest.split_at_mut(group * BQ);
@@ -498,11 +499,37 @@ pub fn attention_delta(delta: &mut [f32], dout: &[f32], o: &[f32], nq: usize, dv
         });
 }
 
+/// How the two maps of each diff pair combine, o = attn1 − λ·attn2: one λ for the layer
+/// (diff_v1) or one per token and pair, (N, NQ / 2) (diff_v2: σ(lambda_proj x)).
+#[derive(Clone, Copy)]
+pub enum Lambda<'a> {
+    Layer(f32),
+    PerToken(&'a [f32]),
+}
+
+impl Lambda<'_> {
+    /// λ of pair `pair` at row `row_pair` = row · H + pair.
+    pub(crate) fn at(&self, row_pair: usize) -> f32 {
+        match self {
+            Lambda::Layer(l) => *l,
+            Lambda::PerToken(l) => l[row_pair],
+        }
+    }
+}
+
+/// Most key heads one backward task reads (diff_v1: a pair's K1 and K2).
+const MAX_K: usize = 2;
+
 /// Writes dq (B, T, NQ, DK), dk (B, T, NK, DK), dv (B, T, NV, DV) from dout (B, T, NQ, DV),
 /// for the training case (q_offset 0, Tkv = Tq = T). In the forward pass this was
 /// `P = exp(Q·Kᵀ·scale − lse); O = P·V`, so now `dV += Pᵀ·dO`, `dP = dO·Vᵀ`,
 /// `dS = P ∘ (dP − rowsum(dO ∘ O))·scale`, `dQ += dS·K`, `dK += dSᵀ·Q`; the row sums come in
 /// `delta` (B, T, NQ) (`attention_delta`).
+///
+/// With `pairs` (diff_v1, diff_v2: query heads 2p and 2p + 1 read one value head, and the
+/// model's output was attn1 − λ·attn2, so that dO₂ = −λ·dO₁) the pair shares its value
+/// products: dP₁ = dO₁·Vᵀ serves both maps (dP₂ = −λ·dP₁) and dV += (P₁ − λ·P₂)ᵀ·dO₁, two
+/// products where there were four. dout's rows of head 2g + 1 are then not read.
 ///
 /// Key tiles are the outer loop (FlashAttention-2 order): a tile's dK and dV gather over every
 /// later query block in cache-resident buffers and are written back once.
@@ -520,6 +547,7 @@ pub fn attention_backward(
     b: usize,
     t: usize,
     s: &AttnShape,
+    pairs: Option<Lambda>,
 ) {
     s.check();
     let AttnShape {
@@ -536,6 +564,17 @@ pub fn attention_backward(
     assert_eq!(lse.len(), b * nq * t);
     assert!(q.len() == dq.len() && k.len() == dk.len() && v.len() == dv.len());
     assert!(dout.len() == b * t * nq * d_v && delta.len() == b * t * nq);
+    assert!(
+        nk <= MAX_K * nv,
+        "attention: {nk} key heads for {nv} value heads"
+    );
+    if let Some(Lambda::PerToken(l)) = pairs {
+        assert_eq!(
+            l.len(),
+            b * t * nq / 2,
+            "attention: one λ per token and pair"
+        );
+    }
     let scale = 1.0 / (d_k as f32).sqrt();
     let bf16 = on_tiles(t);
     #[cfg(target_arch = "x86_64")]
@@ -546,21 +585,33 @@ pub fn attention_backward(
         group <= 64,
         "attention: {group} query heads per value head (at most 64)"
     );
+    assert!(
+        pairs.is_none() || group % 2 == 0,
+        "attention: pairs of query heads need an even {group} per value head"
+    );
     // One task per (sequence, value head g): it runs every query head that reads value head g,
     // and those are the only heads that read g's key heads, so its dk and dv rows are its own.
     (0..b * nv).into_par_iter().for_each(|task| {
         let (bi, g) = (task / nv, task % nv);
         let at = |i: usize, heads: usize, h: usize, w: usize| ((bi * t + i) * heads + h) * w;
-        // The group's query heads ordered by key head: each key tile is transposed once for the
-        // heads that read it, and its dK gathers over all of them before it is written; V (value
-        // head g, the group's only one) once for the whole group.
+        // The group's query heads (pairs 2p, 2p + 1 side by side), and the key heads they
+        // read, each with its slot of Kᵀ and dK in the scratch.
         let mut order = [0usize; 64];
         let heads = &mut order[..group];
         for (slot, j) in heads.iter_mut().zip(g * group..) {
             *slot = j;
         }
-        heads.sort_by_key(|&j| (s.k_head(j), j));
         let heads = &*heads;
+        let mut kheads = [0usize; MAX_K];
+        let mut n_kh = 0;
+        for &j in heads {
+            if !kheads[..n_kh].contains(&s.k_head(j)) {
+                kheads[n_kh] = s.k_head(j);
+                n_kh += 1;
+            }
+        }
+        let slot_of = |j: usize| kheads[..n_kh].iter().position(|&kh| kh == s.k_head(j));
+        let slot_of = |j: usize| slot_of(j).expect("the task reads this key head");
         // Under bf16 every B operand is packed once for the task, instead of a tile of it per
         // product: Vᵀ, then per head its Q, dO, Kᵀ and K (`Src::product`'s operand i).
         let mut ops = [(Mat::rows(&[], 0), 0, 0); MAX_PACKED];
@@ -576,120 +627,130 @@ pub fn attention_backward(
                 ops[4 + 4 * hi] = (head_rows(k, bi * t, nk, kh, d_k), t, d_k);
             }
         }
+        // A pair is one unit (its value products shared), else each head is one.
+        let unit = if pairs.is_some() { 2 } else { 1 };
         with_packed(bf16, &ops[..n_ops], |packed| {
             let src = Src { packed, bf16 };
-            with_scratch(d_k, d_v, 1, BK, |sc| {
+            with_scratch(d_k, d_v, 1, MAX_K * BK, |sc| {
                 for t0 in (0..t).step_by(BK) {
                     let len = BK.min(t - t0);
                     if packed.is_none() {
                         load_tile_t(sc.vt, v, bi * t + t0, len, nv, g, d_v);
+                        for (si, &kh) in kheads[..n_kh].iter().enumerate() {
+                            let kt = &mut sc.kt[si * d_k * BK..(si + 1) * d_k * BK];
+                            load_tile_t(kt, k, bi * t + t0, len, nk, kh, d_k);
+                        }
                     }
                     sc.acc_v[..len * d_v].fill(0.0);
-                    for (hi, &j) in heads.iter().enumerate() {
-                        let kh = s.k_head(j);
-                        if hi == 0 || s.k_head(heads[hi - 1]) != kh {
-                            if packed.is_none() {
-                                load_tile_t(sc.kt, k, bi * t + t0, len, nk, kh, d_k);
-                            }
-                            sc.acc_k[..len * d_k].fill(0.0);
-                        }
-                        // This head's packed operands: Q, dO, Kᵀ, K.
-                        let op = 1 + 4 * hi;
-                        let lse = &lse[(bi * nq + j) * t..][..t];
-                        // Only queries at or after the tile's first key see it.
-                        for q0 in (t0..t).step_by(BQ) {
-                            let rows = BQ.min(t - q0);
-                            let q_blk = head_rows(q, bi * t + q0, nq, j, d_k);
-                            let do_blk = head_rows(dout, bi * t + q0, nq, j, d_v);
-                            let (kt, vt) = (Mat::rows(sc.kt, BK), Mat::rows(sc.vt, BK));
-                            let valid = |r: usize| seen(q0 + r, t0, len);
+                    sc.acc_k[..n_kh * BK * d_k].fill(0.0);
+                    // Only queries at or after the tile's first key see it.
+                    for q0 in (t0..t).step_by(BQ) {
+                        let rows = BQ.min(t - q0);
+                        let valid = |r: usize| seen(q0 + r, t0, len);
+                        for (ui, maps) in heads.chunks(unit).enumerate() {
+                            // map mi of the unit: head maps[mi], packed operands from op(mi),
+                            // scores and dS at s[mi], ds[mi]
+                            let op = |mi: usize| 1 + 4 * (ui * unit + mi);
+                            let q_blk = |j: usize| head_rows(q, bi * t + q0, nq, j, d_k);
+                            let do_blk = head_rows(dout, bi * t + q0, nq, maps[0], d_v);
+                            let vt = Mat::rows(sc.vt, BK);
                             for (r, keys) in causal_chunks(rows, len, valid, src) {
-                                let (q_r, do_r) = (q_blk.from(r.start, 0), do_blk.from(r.start, 0));
-                                let c_s = (sc.s[r.start * BK..].as_mut_ptr(), BK, false);
-                                let c_ds = (sc.ds[r.start * BK..].as_mut_ptr(), BK, false);
                                 let (m, n) = (r.len(), keys);
-                                // SAFETY: both C are this thread's scratch tiles, rows × BK.
-                                unsafe {
-                                    src.product(op + 2, (t0, 0), (m, n, d_k), q_r, kt, c_s);
-                                    src.product(0, (t0, 0), (m, n, d_v), do_r, vt, c_ds);
+                                for (mi, &j) in maps.iter().enumerate() {
+                                    let si = slot_of(j);
+                                    let kt = Mat::rows(&sc.kt[si * d_k * BK..], BK);
+                                    let s_at = (mi * BQ + r.start) * BK;
+                                    let c_s = (sc.s[s_at..].as_mut_ptr(), BK, false);
+                                    let q_r = q_blk(j).from(r.start, 0);
+                                    // SAFETY: C is this thread's scratch tile, rows × BK.
+                                    unsafe {
+                                        src.product(op(mi) + 2, (t0, 0), (m, n, d_k), q_r, kt, c_s)
+                                    };
                                 }
+                                // dP of the unit's first map (a pair's second is −λ times it)
+                                let c_ds = (sc.ds[r.start * BK..].as_mut_ptr(), BK, false);
+                                let do_r = do_blk.from(r.start, 0);
+                                // SAFETY: as above.
+                                unsafe { src.product(0, (t0, 0), (m, n, d_v), do_r, vt, c_ds) };
                             }
                             for r in 0..rows {
                                 let i = q0 + r;
                                 let valid = valid(r);
-                                let (p, ds) = (
-                                    &mut sc.s[r * BK..(r + 1) * BK],
-                                    &mut sc.ds[r * BK..(r + 1) * BK],
-                                );
-                                let ld = (lse[i], delta[(bi * t + i) * nq + j]);
+                                let ld = |j: usize| {
+                                    (lse[(bi * nq + j) * t + i], delta[(bi * t + i) * nq + j])
+                                };
+                                let (s0, s1) = sc.s.split_at_mut(BQ * BK);
+                                let (ds0, ds1) = sc.ds.split_at_mut(BQ * BK);
+                                let row = r * BK..(r + 1) * BK;
+                                let pair = pairs.map(|l| {
+                                    let lam = l.at((bi * t + i) * (nq / 2) + maps[0] / 2);
+                                    (
+                                        &mut s1[row.clone()],
+                                        &mut ds1[row.clone()],
+                                        ld(maps[1]),
+                                        lam,
+                                    )
+                                });
+                                let (p, ds) = (&mut s0[row.clone()], &mut ds0[row]);
                                 #[cfg(target_arch = "x86_64")]
                                 if avx512 {
                                     // SAFETY: AVX-512F is present.
-                                    unsafe { probs_grads_row(p, ds, valid, ld, scale) };
+                                    unsafe {
+                                        probs_grads_row(p, ds, valid, ld(maps[0]), scale, pair)
+                                    };
                                     continue;
                                 }
-                                for (pc, dsc) in p[..valid].iter_mut().zip(ds[..valid].iter_mut()) {
-                                    *pc = exp_nonpos(*pc * scale - ld.0);
-                                    *dsc = *pc * (*dsc - ld.1) * scale;
-                                }
-                                p[valid..len].fill(0.0);
-                                ds[valid..len].fill(0.0);
+                                probs_grads_values(p, ds, valid, ld(maps[0]), scale, pair);
                             }
-                            let p_t = Mat {
-                                data: sc.s,
-                                rs: 1,
-                                cs: BK,
-                            };
-                            let ds_t = Mat {
-                                data: sc.ds,
-                                rs: 1,
-                                cs: BK,
-                            };
-                            let ds_r = Mat {
-                                data: sc.ds,
-                                rs: BK,
-                                cs: 1,
-                            };
-                            let k_rows = head_rows(k, bi * t + t0, nk, kh, d_k);
+                            // P (a pair: P₁ − λ·P₂) and each map's dS, transposed and by rows
                             // dV and dK: each chunk of keys over the queries that see it
                             for (c, r0) in key_chunks(rows, len, valid, src) {
-                                let (m, k) = (c.len(), rows - r0);
-                                let (p_c, ds_c) = (p_t.from(c.start, r0), ds_t.from(c.start, r0));
-                                let (do_r, q_r) = (do_blk.from(r0, 0), q_blk.from(r0, 0));
+                                let (m, kq) = (c.len(), rows - r0);
+                                let at_q = (0, q0 + r0);
+                                let p_c = map_tile(sc.s, 0).transposed().from(c.start, r0);
+                                let do_r = do_blk.from(r0, 0);
                                 let c_dv = (sc.acc_v[c.start * d_v..].as_mut_ptr(), d_v, true);
-                                let c_dk = (sc.acc_k[c.start * d_k..].as_mut_ptr(), d_k, true);
                                 // SAFETY: dV and dK gather in this thread's scratch (len rows).
                                 unsafe {
-                                    src.product(op + 1, (0, q0 + r0), (m, d_v, k), p_c, do_r, c_dv);
-                                    src.product(op, (0, q0 + r0), (m, d_k, k), ds_c, q_r, c_dk);
+                                    src.product(op(0) + 1, at_q, (m, d_v, kq), p_c, do_r, c_dv)
+                                };
+                                for (mi, &j) in maps.iter().enumerate() {
+                                    let ds_c = map_tile(sc.ds, mi).transposed().from(c.start, r0);
+                                    let q_r = q_blk(j).from(r0, 0);
+                                    let acc = &mut sc.acc_k[slot_of(j) * BK * d_k..];
+                                    let c_dk = (acc[c.start * d_k..].as_mut_ptr(), d_k, true);
+                                    // SAFETY: as above.
+                                    unsafe {
+                                        src.product(op(mi), at_q, (m, d_k, kq), ds_c, q_r, c_dk)
+                                    };
                                 }
                             }
                             // dQ: each chunk of queries over the keys it sees; every query row
                             // meets the first key tile, which writes its dq rows
                             for (r, keys) in causal_chunks(rows, len, valid, src) {
-                                let (dq_at, span) =
-                                    (at(q0 + r.start, nq, j, d_k), (r.len() - 1) * nq * d_k + d_k);
-                                let mnk = (r.len(), d_k, keys);
-                                // SAFETY: query head j's rows of dq are written by this task only.
-                                unsafe {
-                                    let c_dq = (dq_ptr.ptr(dq_at, span), nq * d_k, t0 > 0);
-                                    src.product(
-                                        op + 3,
-                                        (0, t0),
-                                        mnk,
-                                        ds_r.from(r.start, 0),
-                                        k_rows,
-                                        c_dq,
+                                for (mi, &j) in maps.iter().enumerate() {
+                                    let k_rows = head_rows(k, bi * t + t0, nk, s.k_head(j), d_k);
+                                    let (dq_at, span) = (
+                                        at(q0 + r.start, nq, j, d_k),
+                                        (r.len() - 1) * nq * d_k + d_k,
                                     );
+                                    let mnk = (r.len(), d_k, keys);
+                                    let ds_r = map_tile(sc.ds, mi).from(r.start, 0);
+                                    // SAFETY: query head j's rows of dq are written by this task only.
+                                    unsafe {
+                                        let c_dq = (dq_ptr.ptr(dq_at, span), nq * d_k, t0 > 0);
+                                        src.product(op(mi) + 3, (0, t0), mnk, ds_r, k_rows, c_dq);
+                                    }
                                 }
                             }
                         }
-                        if hi + 1 == group || s.k_head(heads[hi + 1]) != kh {
-                            for (c, row) in sc.acc_k[..len * d_k].chunks_exact(d_k).enumerate() {
-                                // SAFETY: key head kh belongs to this task's group.
-                                unsafe { dk_ptr.slice(at(t0 + c, nk, kh, d_k), d_k) }
-                                    .copy_from_slice(row);
-                            }
+                    }
+                    for (si, &kh) in kheads[..n_kh].iter().enumerate() {
+                        let acc = &sc.acc_k[si * BK * d_k..][..len * d_k];
+                        for (c, row) in acc.chunks_exact(d_k).enumerate() {
+                            // SAFETY: key head kh belongs to this task's group.
+                            unsafe { dk_ptr.slice(at(t0 + c, nk, kh, d_k), d_k) }
+                                .copy_from_slice(row);
                         }
                     }
                     for (c, row) in sc.acc_v[..len * d_v].chunks_exact(d_v).enumerate() {
@@ -700,6 +761,50 @@ pub fn attention_backward(
             })
         });
     });
+}
+
+/// Map mi's (BQ, BK) tile of the backward's scratch scores or dS, by rows.
+fn map_tile(x: &[f32], mi: usize) -> Mat<'_> {
+    Mat::rows(&x[mi * BQ * BK..(mi + 1) * BQ * BK], BK)
+}
+
+/// The backward's P and dS of one score row in place, where `probs_grads_row` does not run:
+/// p = exp(s·scale − lse), ds = p·(dp − delta)·scale for the first `valid` keys, 0 past them.
+/// With a pair (its second map's scores and dS row, lse and delta, and λ): its dP is −λ·dp,
+/// and p leaves as P₁ − λ·P₂, the pair's weights on V.
+#[allow(clippy::type_complexity)]
+fn probs_grads_values(
+    p: &mut [f32],
+    ds: &mut [f32],
+    valid: usize,
+    (lse, delta): (f32, f32),
+    scale: f32,
+    pair: Option<(&mut [f32], &mut [f32], (f32, f32), f32)>,
+) {
+    let n = p.len().min(ds.len());
+    match pair {
+        None => {
+            for (pc, dsc) in p[..valid].iter_mut().zip(ds[..valid].iter_mut()) {
+                *pc = exp_nonpos(*pc * scale - lse);
+                *dsc = *pc * (*dsc - delta) * scale;
+            }
+        }
+        Some((p2, ds2, (lse2, delta2), lam)) => {
+            for c in 0..valid {
+                let (e1, e2) = (
+                    exp_nonpos(p[c] * scale - lse),
+                    exp_nonpos(p2[c] * scale - lse2),
+                );
+                let dp = ds[c];
+                ds[c] = e1 * (dp - delta) * scale;
+                ds2[c] = e2 * (-lam * dp - delta2) * scale;
+                p[c] = e1 - lam * e2;
+            }
+            ds2[valid..n].fill(0.0);
+        }
+    }
+    p[valid..n].fill(0.0);
+    ds[valid..n].fill(0.0);
 }
 
 /// Where an attention task's products take their B operands from: the task's packed operands
@@ -914,7 +1019,7 @@ mod tests {
         for valid in [0, 1, 17, 40, BK] {
             let (mut p, mut ds) = (s.clone(), dp.clone());
             // SAFETY: AVX-512F is present.
-            unsafe { probs_grads_row(&mut p, &mut ds, valid, (0.7, -0.2), scale) };
+            unsafe { probs_grads_row(&mut p, &mut ds, valid, (0.7, -0.2), scale, None) };
             for c in 0..BK {
                 let want_p = if c < valid {
                     exp_nonpos(s[c] * scale - 0.7)
@@ -924,6 +1029,26 @@ mod tests {
                 let want_ds = want_p * (dp[c] + 0.2) * scale;
                 assert_eq!((p[c], ds[c]), (want_p, want_ds), "valid {valid} column {c}");
             }
+            // a pair: the second map's dS from −λ·dP, and P₁ − λ·P₂ left in p
+            let s2 = randn(BK, 15, 3.0);
+            let mut got = [s.clone(), dp.clone(), s2.clone(), vec![9.0; BK]];
+            let mut want = got.clone();
+            let [p, ds, p2, ds2] = &mut got;
+            let pair = Some((&mut p2[..], &mut ds2[..], (0.4, 0.3), 0.6));
+            // SAFETY: AVX-512F is present.
+            unsafe { probs_grads_row(p, ds, valid, (0.7, -0.2), scale, pair) };
+            let [p, ds, p2, ds2] = &mut want;
+            let pair = Some((&mut p2[..], &mut ds2[..], (0.4, 0.3), 0.6));
+            probs_grads_values(p, ds, valid, (0.7, -0.2), scale, pair);
+            for i in [0, 1, 3] {
+                for (x, y) in got[i].iter().zip(&want[i]) {
+                    assert!(
+                        (x - y).abs() <= 1e-6 * (1.0 + y.abs()),
+                        "valid {valid}: {x} vs {y}"
+                    );
+                }
+            }
+            assert!(want[1][..valid].iter().all(|&x| x != 0.0));
         }
     }
 
@@ -1023,11 +1148,100 @@ mod tests {
             let mut delta = vec![0.0; b * t * s.nq];
             attention_delta(&mut delta, &r, &o, s.nq, s.dv);
             attention_backward(
-                &mut dq, &mut dk, &mut dv, &r, &q, &k, &v, &delta, &lse, b, t, &s,
+                &mut dq, &mut dk, &mut dv, &r, &q, &k, &v, &delta, &lse, b, t, &s, None,
             );
             check_grad("attention dq", &q, &dq, |q| dot64(&fwd(q, &k, &v).0, &r));
             check_grad("attention dk", &k, &dk, |k| dot64(&fwd(&q, k, &v).0, &r));
             check_grad("attention dv", &v, &dv, |v| dot64(&fwd(&q, &k, v).0, &r));
+        }
+    }
+
+    /// With pairs (query heads 2g, 2g + 1 over value head g), the loss reads attn1 − λ·attn2:
+    /// the shared value products give the gradients of that, with one λ for all rows
+    /// (diff_v1's layout: each map its own key head) and one per token (diff_v2's: one key
+    /// head for both), across a key tile.
+    #[test]
+    fn paired_backward_matches_finite_differences() {
+        let v1 = AttnShape {
+            nq: 4,
+            nk: 4,
+            nv: 2,
+            dk: 6,
+            dv: 12,
+            diff_pairs: true,
+        };
+        let v2 = AttnShape {
+            nq: 4,
+            nk: 2,
+            nv: 2,
+            dk: 8,
+            dv: 8,
+            diff_pairs: false,
+        };
+        // diff_v1 with GQA: two pairs over each value head
+        let v1_gqa = AttnShape { nq: 8, ..v1 };
+        let (b, t) = (2, 70);
+        let per_token: Vec<f32> = randn(b * t * 2, 9, 1.0)
+            .iter()
+            .map(|x| 0.5 + 0.3 * x.tanh())
+            .collect();
+        let cases = [
+            (v1, Lambda::Layer(0.7)),
+            (v1_gqa, Lambda::Layer(0.4)),
+            (v2, Lambda::PerToken(&per_token)),
+        ];
+        for (s, lambda) in cases {
+            let q = randn(b * t * s.nq * s.dk, 4, 1.0);
+            let k = randn(b * t * s.nk * s.dk, 5, 1.0);
+            let v = randn(b * t * s.nv * s.dv, 6, 1.0);
+            let r = randn(b * t * s.nq / 2 * s.dv, 7, 1.0);
+            let fwd = |q: &[f32], k: &[f32], v: &[f32]| {
+                let (mut o, mut lse) = (vec![0.0; b * t * s.nq * s.dv], vec![0.0; b * s.nq * t]);
+                attention_forward(&mut o, &mut lse, q, k, v, b, t, t, 0, &s);
+                (o, lse)
+            };
+            // L = Σ r · (attn1 − λ·attn2), so dO of pair g is (r, −λ·r)
+            let mut dout = vec![0.0; b * t * s.nq * s.dv];
+            for (n, row) in dout.chunks_mut(2 * s.dv).enumerate() {
+                let lam = lambda.at(n);
+                let rg = &r[n * s.dv..(n + 1) * s.dv];
+                row[..s.dv].copy_from_slice(rg);
+                row[s.dv..]
+                    .iter_mut()
+                    .zip(rg)
+                    .for_each(|(d, &x)| *d = -lam * x);
+            }
+            let loss = |o: &[f32]| dot64(o, &dout);
+            let (o, lse) = fwd(&q, &k, &v);
+            let (mut dq, mut dk, mut dv) =
+                (vec![5.0; q.len()], vec![-2.0; k.len()], vec![3.0; v.len()]);
+            let mut delta = vec![0.0; b * t * s.nq];
+            attention_delta(&mut delta, &dout, &o, s.nq, s.dv);
+            // the second maps' rows of dout are not read: spoil them
+            let mut spoiled = dout.clone();
+            spoiled
+                .chunks_mut(s.dv)
+                .skip(1)
+                .step_by(2)
+                .for_each(|x| x.fill(f32::NAN));
+            attention_backward(
+                &mut dq,
+                &mut dk,
+                &mut dv,
+                &spoiled,
+                &q,
+                &k,
+                &v,
+                &delta,
+                &lse,
+                b,
+                t,
+                &s,
+                Some(lambda),
+            );
+            check_grad("paired dq", &q, &dq, |q| loss(&fwd(q, &k, &v).0));
+            check_grad("paired dk", &k, &dk, |k| loss(&fwd(&q, k, &v).0));
+            check_grad("paired dv", &v, &dv, |v| loss(&fwd(&q, &k, v).0));
         }
     }
 }

@@ -107,27 +107,54 @@ unsafe fn rows_out<const H: usize>(
 
 /// The backward's P and dS of one score row in place (BK wide): p = exp(s·scale − lse) and
 /// ds = p·(dp − delta)·scale for the first `valid` keys, 0 past them: `attention_backward`'s
-/// row loop on whole registers, without a scalar tail on the diagonal tiles.
+/// row loop on whole registers, without a scalar tail on the diagonal tiles. With a pair (its
+/// second map's scores and dS row, lse and delta, and λ): its dP is −λ·dp, and p leaves as
+/// P₁ − λ·P₂, the pair's weights on V.
 ///
 /// # Safety
 /// Needs AVX-512F.
 #[target_feature(enable = "avx512f")]
+#[allow(clippy::type_complexity)]
 pub unsafe fn probs_grads_row(
     p: &mut [f32],
     ds: &mut [f32],
     valid: usize,
     (lse, delta): (f32, f32),
     scale: f32,
+    pair: Option<(&mut [f32], &mut [f32], (f32, f32), f32)>,
 ) {
     assert!(p.len() >= BK && ds.len() >= BK);
     let c = _mm512_set1_ps;
-    for v in 0..V {
-        let keep = lane_mask(valid.saturating_sub(16 * v));
-        let (pv, dv) = (p.as_mut_ptr().add(16 * v), ds.as_mut_ptr().add(16 * v));
-        let s = _mm512_mul_ps(_mm512_loadu_ps(pv), c(scale));
-        let e = _mm512_maskz_mov_ps(keep, exp_nonpos16(_mm512_sub_ps(s, c(lse))));
-        let g = _mm512_mul_ps(e, _mm512_sub_ps(_mm512_loadu_ps(dv), c(delta)));
-        _mm512_storeu_ps(pv, e);
-        _mm512_storeu_ps(dv, _mm512_maskz_mul_ps(keep, g, c(scale)));
+    let probs = |s: *const f32, lse: f32, keep| {
+        let s = _mm512_mul_ps(_mm512_loadu_ps(s), c(scale));
+        _mm512_maskz_mov_ps(keep, exp_nonpos16(_mm512_sub_ps(s, c(lse))))
+    };
+    let grads = |e, dp, delta, keep| {
+        let g = _mm512_mul_ps(e, _mm512_sub_ps(dp, c(delta)));
+        _mm512_maskz_mul_ps(keep, g, c(scale))
+    };
+    match pair {
+        None => {
+            for v in 0..V {
+                let keep = lane_mask(valid.saturating_sub(16 * v));
+                let (pv, dv) = (p.as_mut_ptr().add(16 * v), ds.as_mut_ptr().add(16 * v));
+                let e = probs(pv, lse, keep);
+                _mm512_storeu_ps(dv, grads(e, _mm512_loadu_ps(dv), delta, keep));
+                _mm512_storeu_ps(pv, e);
+            }
+        }
+        Some((p2, ds2, (lse2, delta2), lam)) => {
+            assert!(p2.len() >= BK && ds2.len() >= BK);
+            for v in 0..V {
+                let keep = lane_mask(valid.saturating_sub(16 * v));
+                let (pv, dv) = (p.as_mut_ptr().add(16 * v), ds.as_mut_ptr().add(16 * v));
+                let (pv2, dv2) = (p2.as_mut_ptr().add(16 * v), ds2.as_mut_ptr().add(16 * v));
+                let (e1, e2) = (probs(pv, lse, keep), probs(pv2, lse2, keep));
+                let dp = _mm512_loadu_ps(dv);
+                _mm512_storeu_ps(dv, grads(e1, dp, delta, keep));
+                _mm512_storeu_ps(dv2, grads(e2, _mm512_mul_ps(dp, c(-lam)), delta2, keep));
+                _mm512_storeu_ps(pv, _mm512_fnmadd_ps(c(lam), e2, e1));
+            }
+        }
     }
 }

@@ -12,6 +12,7 @@
 
 use crate::config::{AttentionKind, ModelConfig};
 use crate::kernels::attention::AttnShape;
+pub use crate::kernels::attention::Lambda;
 use crate::kernels::dot;
 use rayon::prelude::*;
 
@@ -50,24 +51,6 @@ pub fn lambda_full_backward(
     for (g, x, s) in [(gq1, k1, e1), (gk1, q1, e1), (gq2, k2, -e2), (gk2, q2, -e2)] {
         for (g, &x) in g.iter_mut().zip(x) {
             *g += dlambda * s * x;
-        }
-    }
-}
-
-/// How the second map of each pair is weighted.
-#[derive(Clone, Copy)]
-pub enum Lambda<'a> {
-    /// diff_v1: one λ for the whole layer.
-    Layer(f32),
-    /// diff_v2: σ(lambda_proj x), (N, H).
-    PerToken(&'a [f32]),
-}
-
-impl Lambda<'_> {
-    fn at(&self, row_head: usize) -> f32 {
-        match self {
-            Lambda::Layer(l) => *l,
-            Lambda::PerToken(l) => l[row_head],
         }
     }
 }

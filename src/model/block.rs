@@ -486,7 +486,13 @@ pub fn block_backward(
         &a.v[..n * d.v_width()],
     );
     let (delta, lse) = (&sc.delta[..n * s.nq], &a.lse[..b * s.nq * t]);
-    attention_backward(dq, dk, dv, d_o, q, k, v, delta, lse, b, t, s);
+    // a diff pair's second map got −λ times the first's output gradient
+    let pairs = match d.kind {
+        AttentionKind::Standard => None,
+        AttentionKind::DiffV1 => Some(Lambda::Layer(a.lambda_parts.0)),
+        AttentionKind::DiffV2 => Some(Lambda::PerToken(&a.lam[..n * d.h])),
+    };
+    attention_backward(dq, dk, dv, d_o, q, k, v, delta, lse, b, t, s, pairs);
     rope_backward(dq, rope, t, s.nq, &[0]);
     rope_backward(dk, rope, t, s.nk, &[0]);
     // diff_v2's λ projection made the first contribution to dln
