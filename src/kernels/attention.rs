@@ -682,14 +682,11 @@ pub fn attention_backward(
                                 let (s0, s1) = sc.s.split_at_mut(BQ * BK);
                                 let (ds0, ds1) = sc.ds.split_at_mut(BQ * BK);
                                 let row = r * BK..(r + 1) * BK;
-                                let pair = pairs.map(|l| {
-                                    let lam = l.at((bi * t + i) * (nq / 2) + maps[0] / 2);
-                                    (
-                                        &mut s1[row.clone()],
-                                        &mut ds1[row.clone()],
-                                        ld(maps[1]),
-                                        lam,
-                                    )
+                                let pair = pairs.map(|l| PairRow {
+                                    p: &mut s1[row.clone()],
+                                    ds: &mut ds1[row.clone()],
+                                    lse_delta: ld(maps[1]),
+                                    lambda: l.at((bi * t + i) * (nq / 2) + maps[0] / 2),
                                 });
                                 let (p, ds) = (&mut s0[row.clone()], &mut ds0[row]);
                                 #[cfg(target_arch = "x86_64")]
@@ -768,18 +765,26 @@ fn map_tile(x: &[f32], mi: usize) -> Mat<'_> {
     Mat::rows(&x[mi * BQ * BK..(mi + 1) * BQ * BK], BK)
 }
 
+/// The second map of a pair in the backward's row pass: its score and dS rows, its lse and
+/// delta, and the pair's λ.
+pub(crate) struct PairRow<'a> {
+    pub p: &'a mut [f32],
+    pub ds: &'a mut [f32],
+    pub lse_delta: (f32, f32),
+    pub lambda: f32,
+}
+
 /// The backward's P and dS of one score row in place, where `probs_grads_row` does not run:
 /// p = exp(s·scale − lse), ds = p·(dp − delta)·scale for the first `valid` keys, 0 past them.
-/// With a pair (its second map's scores and dS row, lse and delta, and λ): its dP is −λ·dp,
-/// and p leaves as P₁ − λ·P₂, the pair's weights on V.
-#[allow(clippy::type_complexity)]
+/// With a pair: its second map's dP is −λ·dp, and p leaves as P₁ − λ·P₂, the pair's weights
+/// on V.
 fn probs_grads_values(
     p: &mut [f32],
     ds: &mut [f32],
     valid: usize,
     (lse, delta): (f32, f32),
     scale: f32,
-    pair: Option<(&mut [f32], &mut [f32], (f32, f32), f32)>,
+    pair: Option<PairRow>,
 ) {
     let n = p.len().min(ds.len());
     match pair {
@@ -789,7 +794,12 @@ fn probs_grads_values(
                 *dsc = *pc * (*dsc - delta) * scale;
             }
         }
-        Some((p2, ds2, (lse2, delta2), lam)) => {
+        Some(PairRow {
+            p: p2,
+            ds: ds2,
+            lse_delta: (lse2, delta2),
+            lambda: lam,
+        }) => {
             for c in 0..valid {
                 let (e1, e2) = (
                     exp_nonpos(p[c] * scale - lse),
@@ -1033,12 +1043,19 @@ mod tests {
             let s2 = randn(BK, 15, 3.0);
             let mut got = [s.clone(), dp.clone(), s2.clone(), vec![9.0; BK]];
             let mut want = got.clone();
+            fn pair<'a>(p: &'a mut [f32], ds: &'a mut [f32]) -> PairRow<'a> {
+                PairRow {
+                    p,
+                    ds,
+                    lse_delta: (0.4, 0.3),
+                    lambda: 0.6,
+                }
+            }
             let [p, ds, p2, ds2] = &mut got;
-            let pair = Some((&mut p2[..], &mut ds2[..], (0.4, 0.3), 0.6));
             // SAFETY: AVX-512F is present.
-            unsafe { probs_grads_row(p, ds, valid, (0.7, -0.2), scale, pair) };
+            unsafe { probs_grads_row(p, ds, valid, (0.7, -0.2), scale, Some(pair(p2, ds2))) };
             let [p, ds, p2, ds2] = &mut want;
-            let pair = Some((&mut p2[..], &mut ds2[..], (0.4, 0.3), 0.6));
+            let pair = Some(pair(p2, ds2));
             probs_grads_values(p, ds, valid, (0.7, -0.2), scale, pair);
             for i in [0, 1, 3] {
                 for (x, y) in got[i].iter().zip(&want[i]) {
@@ -1170,14 +1187,8 @@ mod tests {
             dv: 12,
             diff_pairs: true,
         };
-        let v2 = AttnShape {
-            nq: 4,
-            nk: 2,
-            nv: 2,
-            dk: 8,
-            dv: 8,
-            diff_pairs: false,
-        };
+        // diff_v2's layout is standard GQA's: both maps of a pair read one key head
+        let v2 = shapes()[0];
         // diff_v1 with GQA: two pairs over each value head
         let v1_gqa = AttnShape { nq: 8, ..v1 };
         let (b, t) = (2, 70);

@@ -4,7 +4,7 @@
 //! and read back by two passes instead, the softmax cost a quarter of the forward's time.
 //! attention.rs keeps those passes for other CPUs and for bf16 tiles.
 
-use super::attention::{Online, BK};
+use super::attention::{Online, PairRow, BK};
 use super::matmul::Mat;
 use super::small_gemm::avx512::{products, WIDE_ROWS};
 use super::{exp_nonpos, exp_nonpos16, lane_mask};
@@ -107,21 +107,19 @@ unsafe fn rows_out<const H: usize>(
 
 /// The backward's P and dS of one score row in place (BK wide): p = exp(s·scale − lse) and
 /// ds = p·(dp − delta)·scale for the first `valid` keys, 0 past them: `attention_backward`'s
-/// row loop on whole registers, without a scalar tail on the diagonal tiles. With a pair (its
-/// second map's scores and dS row, lse and delta, and λ): its dP is −λ·dp, and p leaves as
-/// P₁ − λ·P₂, the pair's weights on V.
+/// row loop on whole registers, without a scalar tail on the diagonal tiles. With a pair: its
+/// second map's dP is −λ·dp, and p leaves as P₁ − λ·P₂, the pair's weights on V.
 ///
 /// # Safety
 /// Needs AVX-512F.
 #[target_feature(enable = "avx512f")]
-#[allow(clippy::type_complexity)]
 pub unsafe fn probs_grads_row(
     p: &mut [f32],
     ds: &mut [f32],
     valid: usize,
     (lse, delta): (f32, f32),
     scale: f32,
-    pair: Option<(&mut [f32], &mut [f32], (f32, f32), f32)>,
+    pair: Option<PairRow>,
 ) {
     assert!(p.len() >= BK && ds.len() >= BK);
     let c = _mm512_set1_ps;
@@ -143,7 +141,12 @@ pub unsafe fn probs_grads_row(
                 _mm512_storeu_ps(pv, e);
             }
         }
-        Some((p2, ds2, (lse2, delta2), lam)) => {
+        Some(PairRow {
+            p: p2,
+            ds: ds2,
+            lse_delta: (lse2, delta2),
+            lambda: lam,
+        }) => {
             assert!(p2.len() >= BK && ds2.len() >= BK);
             for v in 0..V {
                 let keep = lane_mask(valid.saturating_sub(16 * v));
