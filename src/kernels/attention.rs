@@ -3,7 +3,8 @@
 //! from q, k and the saved log-sum-exp.
 //!
 //! The kinds differ only in how query heads find their key and value heads (`AttnShape`) and
-//! in how the outputs are combined afterwards (model/attention.rs).
+//! in how the outputs are combined afterwards (model/attention.rs); the backward is told that
+//! combination (`Lambda`), so that a diff pair's two maps share their value products.
 
 #[cfg(target_arch = "x86_64")]
 use super::attention_scores::{probs_grads_row, scores_softmax};
