@@ -597,12 +597,8 @@ pub fn attention_backward(
         let at = |i: usize, heads: usize, h: usize, w: usize| ((bi * t + i) * heads + h) * w;
         // The group's query heads (pairs 2p, 2p + 1 side by side), and the key heads they
         // read, each with its slot of Kᵀ and dK in the scratch.
-        let mut order = [0usize; 64];
-        let heads = &mut order[..group];
-        for (slot, j) in heads.iter_mut().zip(g * group..) {
-            *slot = j;
-        }
-        let heads = &*heads;
+        let heads: [usize; 64] = std::array::from_fn(|i| g * group + i);
+        let heads = &heads[..group];
         let mut kheads = [0usize; MAX_K];
         let mut n_kh = 0;
         for &j in heads {
@@ -611,8 +607,10 @@ pub fn attention_backward(
                 n_kh += 1;
             }
         }
-        let slot_of = |j: usize| kheads[..n_kh].iter().position(|&kh| kh == s.k_head(j));
-        let slot_of = |j: usize| slot_of(j).expect("the task reads this key head");
+        let slot_of = |j: usize| {
+            let slot = kheads[..n_kh].iter().position(|&kh| kh == s.k_head(j));
+            slot.expect("the task reads this key head")
+        };
         // Under bf16 every B operand is packed once for the task, instead of a tile of it per
         // product: Vᵀ, then per head its Q, dO, Kᵀ and K (`Src::product`'s operand i).
         let mut ops = [(Mat::rows(&[], 0), 0, 0); MAX_PACKED];
@@ -700,8 +698,8 @@ pub fn attention_backward(
                                 }
                                 probs_grads_values(p, ds, valid, ld(maps[0]), scale, pair);
                             }
-                            // P (a pair: P₁ − λ·P₂) and each map's dS, transposed and by rows
-                            // dV and dK: each chunk of keys over the queries that see it
+                            // dV (from P, a pair's P₁ − λ·P₂) and dK: each chunk of keys over
+                            // the queries that see it
                             for (c, r0) in key_chunks(rows, len, valid, src) {
                                 let (m, kq) = (c.len(), rows - r0);
                                 let at_q = (0, q0 + r0);
@@ -785,37 +783,27 @@ fn probs_grads_values(
     valid: usize,
     (lse, delta): (f32, f32),
     scale: f32,
-    pair: Option<PairRow>,
+    mut pair: Option<PairRow>,
 ) {
     let n = p.len().min(ds.len());
-    match pair {
-        None => {
-            for (pc, dsc) in p[..valid].iter_mut().zip(ds[..valid].iter_mut()) {
-                *pc = exp_nonpos(*pc * scale - lse);
-                *dsc = *pc * (*dsc - delta) * scale;
+    for c in 0..valid {
+        let e = exp_nonpos(p[c] * scale - lse);
+        let dp = ds[c];
+        ds[c] = e * (dp - delta) * scale;
+        p[c] = match &mut pair {
+            None => e,
+            Some(pr) => {
+                let e2 = exp_nonpos(pr.p[c] * scale - pr.lse_delta.0);
+                pr.ds[c] = e2 * (-pr.lambda * dp - pr.lse_delta.1) * scale;
+                e - pr.lambda * e2
             }
-        }
-        Some(PairRow {
-            p: p2,
-            ds: ds2,
-            lse_delta: (lse2, delta2),
-            lambda: lam,
-        }) => {
-            for c in 0..valid {
-                let (e1, e2) = (
-                    exp_nonpos(p[c] * scale - lse),
-                    exp_nonpos(p2[c] * scale - lse2),
-                );
-                let dp = ds[c];
-                ds[c] = e1 * (dp - delta) * scale;
-                ds2[c] = e2 * (-lam * dp - delta2) * scale;
-                p[c] = e1 - lam * e2;
-            }
-            ds2[valid..n].fill(0.0);
-        }
+        };
     }
     p[valid..n].fill(0.0);
     ds[valid..n].fill(0.0);
+    if let Some(pr) = pair {
+        pr.ds[valid..n].fill(0.0);
+    }
 }
 
 /// Where an attention task's products take their B operands from: the task's packed operands

@@ -119,9 +119,12 @@ pub unsafe fn probs_grads_row(
     valid: usize,
     (lse, delta): (f32, f32),
     scale: f32,
-    pair: Option<PairRow>,
+    mut pair: Option<PairRow>,
 ) {
     assert!(p.len() >= BK && ds.len() >= BK);
+    if let Some(pr) = &pair {
+        assert!(pr.p.len() >= BK && pr.ds.len() >= BK);
+    }
     let c = _mm512_set1_ps;
     let probs = |s: *const f32, lse: f32, keep| {
         let s = _mm512_mul_ps(_mm512_loadu_ps(s), c(scale));
@@ -131,33 +134,26 @@ pub unsafe fn probs_grads_row(
         let g = _mm512_mul_ps(e, _mm512_sub_ps(dp, c(delta)));
         _mm512_maskz_mul_ps(keep, g, c(scale))
     };
-    match pair {
-        None => {
-            for v in 0..V {
-                let keep = lane_mask(valid.saturating_sub(16 * v));
-                let (pv, dv) = (p.as_mut_ptr().add(16 * v), ds.as_mut_ptr().add(16 * v));
-                let e = probs(pv, lse, keep);
-                _mm512_storeu_ps(dv, grads(e, _mm512_loadu_ps(dv), delta, keep));
-                _mm512_storeu_ps(pv, e);
+    for v in 0..V {
+        let keep = lane_mask(valid.saturating_sub(16 * v));
+        let (pv, dv) = (p.as_mut_ptr().add(16 * v), ds.as_mut_ptr().add(16 * v));
+        let e = probs(pv, lse, keep);
+        let dp = _mm512_loadu_ps(dv);
+        _mm512_storeu_ps(dv, grads(e, dp, delta, keep));
+        let weights = match &mut pair {
+            None => e,
+            Some(pr) => {
+                let (pv2, dv2) = (
+                    pr.p.as_mut_ptr().add(16 * v),
+                    pr.ds.as_mut_ptr().add(16 * v),
+                );
+                let (lse2, delta2) = pr.lse_delta;
+                let e2 = probs(pv2, lse2, keep);
+                let dp2 = _mm512_mul_ps(dp, c(-pr.lambda));
+                _mm512_storeu_ps(dv2, grads(e2, dp2, delta2, keep));
+                _mm512_fnmadd_ps(c(pr.lambda), e2, e)
             }
-        }
-        Some(PairRow {
-            p: p2,
-            ds: ds2,
-            lse_delta: (lse2, delta2),
-            lambda: lam,
-        }) => {
-            assert!(p2.len() >= BK && ds2.len() >= BK);
-            for v in 0..V {
-                let keep = lane_mask(valid.saturating_sub(16 * v));
-                let (pv, dv) = (p.as_mut_ptr().add(16 * v), ds.as_mut_ptr().add(16 * v));
-                let (pv2, dv2) = (p2.as_mut_ptr().add(16 * v), ds2.as_mut_ptr().add(16 * v));
-                let (e1, e2) = (probs(pv, lse, keep), probs(pv2, lse2, keep));
-                let dp = _mm512_loadu_ps(dv);
-                _mm512_storeu_ps(dv, grads(e1, dp, delta, keep));
-                _mm512_storeu_ps(dv2, grads(e2, _mm512_mul_ps(dp, c(-lam)), delta2, keep));
-                _mm512_storeu_ps(pv, _mm512_fnmadd_ps(c(lam), e2, e1));
-            }
-        }
+        };
+        _mm512_storeu_ps(pv, weights);
     }
 }

@@ -57,7 +57,8 @@ impl<'a> Mat<'a> {
     }
 }
 
-fn extent(rows: usize, cols: usize, rs: usize, cs: usize) -> usize {
+/// How many elements a (rows, cols) matrix at strides rs, cs spans from its first.
+pub(crate) fn extent(rows: usize, cols: usize, rs: usize, cs: usize) -> usize {
     if rows == 0 || cols == 0 {
         0
     } else {
@@ -277,17 +278,15 @@ pub fn matmul_forward_each(
     {
         use super::sgemm_avx512::{sgemm_parts, Part, MAX_PARTS};
         if !bf16() && parts.len() <= MAX_PARTS && super::sgemm_avx512::available() {
-            assert!(inp.len() >= n * c, "matmul_forward: input too small");
-            let width = parts.iter().map(|p| p.2).sum();
-            let mut each = parts.iter_mut().map(|(out, w, oc)| {
-                assert!(out.len() >= n * *oc, "matmul_forward: output too small");
-                assert!(w.f32.len() >= *oc * c, "matmul_forward: weight too small");
-                Part::new(out, *oc, *oc, Mat::t(w.f32, c))
-            });
+            // (sgemm_parts checks that input, outputs and weights hold what it reads and writes)
+            let (count, width) = (parts.len(), parts.iter().map(|p| p.2).sum());
+            let mut each = parts
+                .iter_mut()
+                .map(|(out, w, oc)| Part::new(out, *oc, *oc, Mat::t(w.f32, c)));
             let cols: [Part; MAX_PARTS] =
                 std::array::from_fn(|_| each.next().unwrap_or(Part::NONE));
-            let threads = threads_for(n, width, c);
-            return sgemm_parts(n, c, Mat::rows(inp, c), &cols, false, threads);
+            let (cols, threads) = (&cols[..count], threads_for(n, width, c));
+            return sgemm_parts(n, c, Mat::rows(inp, c), cols, false, threads);
         }
     }
     for (out, w, oc) in parts.iter_mut() {

@@ -4,7 +4,7 @@
 //! Row blocks of C are spread over the rayon pool; each task packs its own A block. Short,
 //! deep products (weight gradients) split their depth across the pool instead.
 
-use super::matmul::Mat;
+use super::matmul::{extent, Mat};
 use super::small_gemm::avx512::products;
 use super::{ensure, with_thread_buffer};
 use rayon::prelude::*;
@@ -293,10 +293,7 @@ pub fn sgemm(
     threads: usize,
 ) {
     // the depth split carves dst up by raw pointers: its reach is checked here
-    assert!(
-        m == 0 || n == 0 || (m - 1) * dst_rs + n <= dst.len(),
-        "sgemm: dst too small"
-    );
+    assert!(extent(m, n, dst_rs, 1) <= dst.len(), "sgemm: dst too small");
     let deep = k >= threads * MIN_SPLIT_SLICES * KC;
     if threads > 1 && deep && m <= MAX_SPLIT_M && (threads - 1) * m * n <= MAX_PARTIAL {
         return sgemm_split_depth(m, n, k, dst, dst_rs, accumulate, a, b, threads);
@@ -408,12 +405,10 @@ fn sgemm_rows(m: usize, k: usize, a: Mat, parts: &[Part], accumulate: bool, thre
     assert!(a.fits(m, k), "sgemm: lhs too small");
     for p in parts {
         assert!(p.b.fits(k, p.n), "sgemm: rhs too small");
-        let reach = if m == 0 || p.n == 0 {
-            0
-        } else {
-            (m - 1) * p.dst_rs + p.n
-        };
-        assert!(reach <= p.dst_len, "sgemm: dst too small");
+        assert!(
+            extent(m, p.n, p.dst_rs, 1) <= p.dst_len,
+            "sgemm: dst too small"
+        );
     }
     let n_panels: usize = parts.iter().map(|p| p.n.div_ceil(NR)).sum();
     let n: usize = parts.iter().map(|p| p.n).sum();

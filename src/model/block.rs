@@ -55,13 +55,13 @@ impl Dims {
             subln: c.attention == AttentionKind::DiffV1 && c.subln,
         }
     }
-    fn q_width(&self) -> usize {
+    pub(super) fn q_width(&self) -> usize {
         self.shape.nq * self.shape.dk
     }
-    fn k_width(&self) -> usize {
+    pub(super) fn k_width(&self) -> usize {
         self.shape.nk * self.shape.dk
     }
-    fn v_width(&self) -> usize {
+    pub(super) fn v_width(&self) -> usize {
         self.shape.nv * self.shape.dv
     }
     fn o_width(&self) -> usize {

@@ -403,7 +403,7 @@ impl Workspace {
         .max()
         .unwrap_or(0);
         // the forward's products that read one input: q, k, v (and λ) of ln1, gate and up of ln2
-        let qkv = d.shape.nq * d.shape.dk + d.shape.nk * d.shape.dk + d.shape.nv * d.shape.dv;
+        let qkv = d.q_width() + d.k_width() + d.v_width();
         let shared = (qkv + d.h).max(2 * c.intermediate_size);
         let group = c.n_query_heads() / c.n_key_heads();
         let heads = (c.head_dim, c.value_head_dim(), group, seq);
