@@ -490,8 +490,9 @@ mod tests {
             (18, 40, 20),
             (47, 17, 30),
             (48, 10, 30),
-            // packs B in parallel (kc·n ≥ 2^15)
+            // packs B in parallel (kc·n ≥ 2^15): by slices, and one slice by column groups
             (40, 200, 300),
+            (40, 200, 200),
             // deep and short: the depth is split across the threads, with a ragged last slice
             (40, 33, 1100),
         ];
@@ -607,6 +608,57 @@ mod tests {
         let mut short = vec![0.0; (m - 1) * n];
         let part = Part::new(&mut short, n, n, Mat::rows(&b, n));
         sgemm_parts(m, k, Mat::rows(&a, k), &[part], false, 1);
+    }
+
+    /// Parts with row-major B packed in parallel from one KC slice: the pass is cut into two
+    /// groups of column panels, the cut falling inside the second part, and each part's rows
+    /// are read across all of its panels at once. Every part matches its own product.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn parts_packed_in_column_groups_match_each_product() {
+        use crate::kernels::sgemm_avx512::{available, sgemm_parts, Part};
+        if !available() {
+            return;
+        }
+        let (m, k) = (50, 200);
+        let widths = [70, 130, 35];
+        let a: Vec<f32> = (0..m * k)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0)
+            .collect();
+        let bs: Vec<Vec<f32>> = widths
+            .iter()
+            .map(|&n| {
+                (0..k * n)
+                    .map(|i| ((i * 53 % 89) as f32 - 44.0) / 44.0)
+                    .collect()
+            })
+            .collect();
+        for threads in [1, 2] {
+            let mut outs: Vec<Vec<f32>> = widths.iter().map(|&n| vec![0.0; m * n]).collect();
+            let [o0, o1, o2] = &mut outs[..] else {
+                unreachable!()
+            };
+            let parts = [
+                Part::new(o0, widths[0], widths[0], Mat::rows(&bs[0], widths[0])),
+                Part::new(o1, widths[1], widths[1], Mat::rows(&bs[1], widths[1])),
+                Part::new(o2, widths[2], widths[2], Mat::rows(&bs[2], widths[2])),
+            ];
+            sgemm_parts(m, k, Mat::rows(&a, k), &parts, false, threads);
+            for ((out, b), &n) in outs.iter().zip(&bs).zip(&widths) {
+                for i in 0..m {
+                    for j in 0..n {
+                        let want: f64 = (0..k)
+                            .map(|p| a[i * k + p] as f64 * b[p * n + j] as f64)
+                            .sum();
+                        let got = out[i * n + j] as f64;
+                        assert!(
+                            (got - want).abs() < 1e-4 * (1.0 + want.abs()),
+                            "{threads} threads, width {n} ({i},{j}): {got} vs {want}"
+                        );
+                    }
+                }
+            }
+        }
     }
 
     fn check_matmul(n: usize, c: usize, oc: usize) {

@@ -47,6 +47,14 @@ pub(crate) fn ensure<T: Copy + Default>(v: &mut Vec<T>, n: usize) -> &mut [T] {
     &mut v[..n]
 }
 
+/// `ensure` for packed operands: the `n` values returned start on a 64-byte boundary, so that
+/// each 16-value load or store of a packed panel touches one cache line, not two.
+pub(crate) fn ensure_aligned(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
+    let v = ensure(v, n + 15);
+    let at = v.as_ptr().align_offset(64);
+    &mut v[at..at + n]
+}
+
 /// Sizes every pool thread's kernel buffers (and this thread's) for products up to `n_max`
 /// columns wide (`shared` for the outputs of one input together: `matmul_forward_each`) over
 /// up to `rows` rows (tokens) and attention heads of widths dk, dv, so that no step allocates

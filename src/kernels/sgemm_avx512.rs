@@ -6,7 +6,7 @@
 
 use super::matmul::{extent, Mat};
 use super::small_gemm::avx512::products;
-use super::{ensure, with_thread_buffer};
+use super::{ensure, ensure_aligned, with_thread_buffer};
 use rayon::prelude::*;
 use std::arch::x86_64::*;
 use std::cell::Cell;
@@ -19,6 +19,15 @@ const NR: usize = 32;
 const KC: usize = 256;
 /// Largest row block: a packed A block of MAX_MC × KC stays in L2.
 const MAX_MC: usize = 16 * MR;
+/// Values from one packed B panel to the next: a cache line more than a panel holds, so that
+/// the panels that packing writes row by row do not all fall in the same L1 sets.
+const B_PANEL: usize = KC * NR + 16;
+/// Values from one packed A panel of depth kc to the next, padded likewise.
+const fn a_panel(kc: usize) -> usize {
+    kc * MR + 16
+}
+/// Rows ahead that packing a row-major source prefetches.
+const PACK_AHEAD: usize = 8;
 /// Most values of packed B per pass over the row blocks (1 MiB: half of L2).
 const MAX_PASS_B: usize = 1 << 18;
 
@@ -35,43 +44,63 @@ pub fn available() -> bool {
     is_x86_feature_detected!("avx512f")
 }
 
-/// panel[p][c] = x(p0 + p, j0 + c) for p < kc and c < w, zero past w: one panel of R columns,
-/// a B panel (R = NR) or, with x = Aᵀ, an A panel (R = MR).
-fn pack_panel<const R: usize>(
-    panel: &mut [f32],
+/// panels[q·stride + p·R + c] = x(p0 + p, j0 + q·R + c) for p < kc and c < R, zero past w:
+/// the ⌈w/R⌉ panels of R columns that cover columns j0..j0+w, B panels (R = NR) or, with
+/// x = Aᵀ, A panels (R = MR).
+fn pack_panels<const R: usize>(
+    panels: &mut [f32],
+    stride: usize,
     x: &Mat,
     p0: usize,
     kc: usize,
     j0: usize,
     w: usize,
 ) {
-    if x.cs == 1 && w == R {
-        // A fixed-size row copies inline (a variable one calls memmove per row).
-        for (p, dst) in panel.chunks_exact_mut(R).enumerate() {
-            let src: &[f32; R] = x.data[(p0 + p) * x.rs + j0..][..R].try_into().unwrap();
-            dst.copy_from_slice(src);
-        }
-    } else if x.cs == 1 {
+    if x.cs == 1 {
+        // Row by row across all the panels, so that each source row streams once (panel by
+        // panel, a row-major source was read R values at a time at its row stride).
         for p in 0..kc {
+            if p + PACK_AHEAD < kc {
+                // The hardware prefetcher does not follow runs this short at a stride.
+                let ahead = &x.data[(p0 + p + PACK_AHEAD) * x.rs + j0..][..w];
+                for line in ahead.chunks(16) {
+                    // SAFETY: a prefetch of an address inside the slice; it cannot fault.
+                    unsafe { _mm_prefetch::<_MM_HINT_T0>(line.as_ptr() as *const i8) };
+                }
+            }
             let src = &x.data[(p0 + p) * x.rs + j0..][..w];
-            let dst = &mut panel[p * R..(p + 1) * R];
-            dst[..w].copy_from_slice(src);
-            dst[w..].fill(0.0);
+            for (q, chunk) in src.chunks(R).enumerate() {
+                let dst = &mut panels[q * stride + p * R..][..R];
+                match <&[f32; R]>::try_from(chunk) {
+                    // a fixed-size copy inlines (a variable one calls memmove)
+                    Ok(full) => dst.copy_from_slice(full),
+                    Err(_) => {
+                        dst[..chunk.len()].copy_from_slice(chunk);
+                        dst[chunk.len()..].fill(0.0);
+                    }
+                }
+            }
         }
-    } else if w == R && x.rs == 1 {
-        // xᵀ stored row-major (a weight W with B = Wᵀ, or a row-major A): the panel is R of
-        // its rows transposed.
-        let rows: [&[f32]; R] = std::array::from_fn(|c| &x.data[(j0 + c) * x.cs + p0..][..kc]);
-        // SAFETY: AVX-512F is this module's precondition; every row holds kc values.
-        unsafe { transpose_rows::<R>(panel, &rows, kc) };
-    } else {
-        if w < R {
-            panel.fill(0.0);
-        }
-        for c in 0..w {
-            let col = (j0 + c) * x.cs;
-            for p in 0..kc {
-                panel[p * R + c] = x.data[col + (p0 + p) * x.rs];
+        return;
+    }
+    for (q, c0) in (0..w).step_by(R).enumerate() {
+        let panel = &mut panels[q * stride..][..kc * R];
+        let (j0, w) = (j0 + c0, R.min(w - c0));
+        if w == R && x.rs == 1 {
+            // xᵀ stored row-major (a weight W with B = Wᵀ, or a row-major A): the panel is R
+            // of its rows transposed.
+            let rows: [&[f32]; R] = std::array::from_fn(|c| &x.data[(j0 + c) * x.cs + p0..][..kc]);
+            // SAFETY: AVX-512F is this module's precondition; every row holds kc values.
+            unsafe { transpose_rows::<R>(panel, &rows, kc) };
+        } else {
+            if w < R {
+                panel.fill(0.0);
+            }
+            for c in 0..w {
+                let col = (j0 + c) * x.cs;
+                for p in 0..kc {
+                    panel[p * R + c] = x.data[col + (p0 + p) * x.rs];
+                }
             }
         }
     }
@@ -110,12 +139,26 @@ unsafe fn transpose_rows<const R: usize>(panel: &mut [f32], rows: &[&[f32]; R], 
     }
 }
 
-/// Packs A[i0..i0+mc, p0..p0+kc] as ceil(mc/MR) panels of kc columns × MR rows, zero-padded.
+/// Packs A[i0..i0+mc, p0..p0+kc] as ceil(mc/MR) panels of kc columns × MR rows, zero-padded,
+/// `a_panel(kc)` values apart.
 fn pack_a(ap: &mut [f32], a: &Mat, i0: usize, mc: usize, p0: usize, kc: usize) {
-    let at = a.transposed();
-    for (ip, panel) in ap.chunks_mut(kc * MR).enumerate() {
-        let r0 = i0 + ip * MR;
-        pack_panel::<MR>(panel, &at, p0, kc, r0, MR.min(i0 + mc - r0));
+    pack_panels::<MR>(ap, a_panel(kc), &a.transposed(), p0, kc, i0, mc);
+}
+
+/// Packs column panels `jp` of the parts laid side by side (each part starting a panel of its
+/// own) at depth p0..p0+kc, panel jp at panels[(jp − jp.start) · B_PANEL].
+fn pack_b(panels: &mut [f32], parts: &[Part], p0: usize, kc: usize, jp: Range<usize>) {
+    let mut first = 0;
+    for part in parts {
+        let np = part.n.div_ceil(NR);
+        let (lo, hi) = (jp.start.max(first), jp.end.min(first + np));
+        if lo < hi {
+            let j0 = (lo - first) * NR;
+            let w = part.n.min((hi - first) * NR) - j0;
+            let at = &mut panels[(lo - jp.start) * B_PANEL..];
+            pack_panels::<NR>(at, B_PANEL, &part.b, p0, kc, j0, w);
+        }
+        first += np;
     }
 }
 
@@ -202,12 +245,12 @@ unsafe fn kernel(
 /// `sgemm_parts` together).
 pub(crate) fn reserve(n_max: usize) {
     with_thread_buffer(&PACK_A, |pa| {
-        ensure(pa, MAX_MC * KC);
+        ensure_aligned(pa, MAX_MC / MR * a_panel(KC));
     });
     // each part may start a panel of its own
     let panels = n_max.div_ceil(NR) + MAX_PARTS - 1;
     with_thread_buffer(&PACK_B, |pb| {
-        ensure(pb, (panels * KC * NR).max(MAX_PASS_B));
+        ensure_aligned(pb, (panels * B_PANEL).max(MAX_PASS_B));
     });
     let others = rayon::current_num_threads().saturating_sub(1);
     with_thread_buffer(&PARTIAL, |partial| {
@@ -415,40 +458,61 @@ fn sgemm_rows(m: usize, k: usize, a: Mat, parts: &[Part], accumulate: bool, thre
     // Consecutive KC slices of B are packed together as long as they fit MAX_PASS_B: a row
     // block then runs through all of them while its rows of C stay in L2, and a pass takes two
     // parallel regions where each slice took two. Panel (slice s, column panel jp) of a pass
-    // sits at (s · n_panels + jp) · KC · NR.
-    let slice_len = n_panels * KC * NR;
+    // sits at (s · n_panels + jp) · B_PANEL.
+    let slice_len = n_panels * B_PANEL;
     let per_pass = (MAX_PASS_B / slice_len).max(1);
     with_thread_buffer(&PACK_B, |pb| {
         for q0 in (0..k).step_by(per_pass * KC) {
             let q1 = (q0 + per_pass * KC).min(k);
-            let bp = ensure(pb, (q1 - q0).div_ceil(KC) * slice_len);
-            let pack = |(i, panel): (usize, &mut [f32])| {
-                let (p0, (part, j0)) = (q0 + i / n_panels * KC, panel_of(parts, i % n_panels));
-                let kc = KC.min(k - p0);
-                let panel = &mut panel[..kc * NR];
-                pack_panel::<NR>(panel, &part.b, p0, kc, j0, NR.min(part.n - j0));
-            };
+            let bp = ensure_aligned(pb, (q1 - q0).div_ceil(KC) * slice_len);
+            let slices = (q1 - q0).div_ceil(KC);
             // Large passes (the weight-gradient products pack the activations) are packed in
-            // parallel.
-            if threads > 1 && (q1 - q0) * n >= 1 << 15 {
-                bp.par_chunks_mut(KC * NR).enumerate().for_each(pack);
+            // parallel, by slices and, where a pass has fewer slices than threads, by groups
+            // of column panels.
+            let parallel = threads > 1 && (q1 - q0) * n >= 1 << 15;
+            let groups = if parallel {
+                threads.div_ceil(slices)
             } else {
-                bp.chunks_mut(KC * NR).enumerate().for_each(pack);
+                1
+            };
+            let group_len = n_panels.div_ceil(groups) * B_PANEL;
+            let pack = |si: usize, slice: &mut [f32]| {
+                let p0 = q0 + si * KC;
+                let kc = KC.min(k - p0);
+                let panels = |(g, group): (usize, &mut [f32])| {
+                    let first = g * group_len / B_PANEL;
+                    pack_b(group, parts, p0, kc, first..first + group.len() / B_PANEL);
+                };
+                if parallel {
+                    slice.par_chunks_mut(group_len).enumerate().for_each(panels);
+                } else {
+                    slice.chunks_mut(group_len).enumerate().for_each(panels);
+                }
+            };
+            let bp = &mut bp[..slices * slice_len];
+            if parallel {
+                bp.par_chunks_mut(slice_len)
+                    .enumerate()
+                    .for_each(|(si, slice)| pack(si, slice));
+            } else {
+                bp.chunks_mut(slice_len)
+                    .enumerate()
+                    .for_each(|(si, slice)| pack(si, slice));
             }
             let bp = &*bp;
             let block = |(i0, mc): (usize, usize)| {
                 with_thread_buffer(&PACK_A, |pa| {
                     // Sized for the largest block at once, so that no later step allocates.
-                    ensure(pa, MAX_MC * KC);
+                    ensure_aligned(pa, MAX_MC / MR * a_panel(KC));
                     for (si, p0) in (q0..q1).step_by(KC).enumerate() {
                         let kc = KC.min(k - p0);
                         let acc = accumulate || p0 > 0;
-                        let ap = ensure(pa, mc.div_ceil(MR) * kc * MR);
+                        let ap = ensure_aligned(pa, mc.div_ceil(MR) * a_panel(kc));
                         pack_a(ap, &a, i0, mc, p0, kc);
                         for jp in 0..n_panels {
                             let (part, j0) = panel_of(parts, jp);
                             let w = NR.min(part.n - j0);
-                            let bpanel = &bp[(si * n_panels + jp) * KC * NR..][..kc * NR];
+                            let bpanel = &bp[(si * n_panels + jp) * B_PANEL..][..kc * NR];
                             for ip in 0..mc.div_ceil(MR) {
                                 let r0 = i0 + ip * MR;
                                 let h = MR.min(m - r0);
@@ -459,7 +523,7 @@ fn sgemm_rows(m: usize, k: usize, a: Mat, parts: &[Part], accumulate: bool, thre
                                     let c = part.dst.at(r0 * part.dst_rs + j0);
                                     kernel(
                                         kc,
-                                        &ap[ip * kc * MR..(ip + 1) * kc * MR],
+                                        &ap[ip * a_panel(kc)..][..kc * MR],
                                         bpanel,
                                         c,
                                         part.dst_rs,
