@@ -83,6 +83,23 @@ pub fn prepare_threads(
     rayon::broadcast(|_| prepare());
 }
 
+/// Asks for the cache lines of the `n` values from `at` into L1, ahead of a strided gather
+/// (packing, tile copies) whose short runs the hardware prefetcher does not follow. A hint:
+/// the address need not lie inside any allocation, since a prefetch never faults.
+#[inline]
+pub(crate) fn prefetch(at: *const f32, n: usize) {
+    #[cfg(target_arch = "x86_64")]
+    for line in (0..n).step_by(16) {
+        // SAFETY: PREFETCHT0 (SSE, part of x86_64) reads nothing and cannot fault.
+        unsafe {
+            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+            _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(line) as *const i8)
+        };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (at, n);
+}
+
 /// The first `n` of 16 lanes (all of them from 16 on): the mask of a ragged AVX-512 load or
 /// store.
 #[cfg(target_arch = "x86_64")]

@@ -26,7 +26,7 @@ const B_PANEL: usize = KC * NR + 16;
 const fn a_panel(kc: usize) -> usize {
     kc * MR + 16
 }
-/// Rows ahead that packing a row-major source prefetches.
+/// Rows ahead that packing a row-major source prefetches (`super::prefetch`).
 const PACK_AHEAD: usize = 8;
 /// Most values of packed B per pass over the row blocks (1 MiB: half of L2).
 const MAX_PASS_B: usize = 1 << 18;
@@ -61,12 +61,7 @@ fn pack_panels<const R: usize>(
         // panel, a row-major source was read R values at a time at its row stride).
         for p in 0..kc {
             if p + PACK_AHEAD < kc {
-                // The hardware prefetcher does not follow runs this short at a stride.
-                let ahead = &x.data[(p0 + p + PACK_AHEAD) * x.rs + j0..][..w];
-                for line in ahead.chunks(16) {
-                    // SAFETY: a prefetch of an address inside the slice; it cannot fault.
-                    unsafe { _mm_prefetch::<_MM_HINT_T0>(line.as_ptr() as *const i8) };
-                }
+                super::prefetch(x.data[(p0 + p + PACK_AHEAD) * x.rs + j0..].as_ptr(), w);
             }
             let src = &x.data[(p0 + p) * x.rs + j0..][..w];
             for (q, chunk) in src.chunks(R).enumerate() {
