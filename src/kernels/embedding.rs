@@ -1,10 +1,17 @@
 //! Token embedding lookup.
 
+use super::ROW_CHUNK;
+use rayon::prelude::*;
+
 /// wte: (V, C), tokens: (N); out (N, C) = wte[tokens].
 pub fn embedding_forward(out: &mut [f32], tokens: &[u32], wte: &[f32], c: usize) {
-    for (o, &t) in out.chunks_mut(c).zip(tokens) {
-        o.copy_from_slice(&wte[t as usize * c..(t as usize + 1) * c]);
-    }
+    out.par_chunks_mut(c * ROW_CHUNK)
+        .zip(tokens.par_chunks(ROW_CHUNK))
+        .for_each(|(out, tokens)| {
+            for (o, &t) in out.chunks_mut(c).zip(tokens) {
+                o.copy_from_slice(&wte[t as usize * c..(t as usize + 1) * c]);
+            }
+        });
 }
 
 /// Accumulates dwte[tokens[n]] += dout[n], in token order (repeated tokens add up deterministically).

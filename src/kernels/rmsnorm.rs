@@ -18,15 +18,48 @@ pub fn rmsnorm_forward(
     out.par_chunks_mut(c * ROW_CHUNK)
         .zip(rstd.par_chunks_mut(ROW_CHUNK))
         .zip(x.par_chunks(c * ROW_CHUNK))
-        .for_each(|((out, rstd), x)| {
-            for ((o, r), x) in out.chunks_mut(c).zip(rstd.iter_mut()).zip(x.chunks(c)) {
-                let ms = dot(x, x) / c as f32;
-                *r = 1.0 / (ms + eps).sqrt();
-                for ((o, &x), &w) in o.iter_mut().zip(x).zip(w) {
-                    *o = x * *r * w * gain;
-                }
-            }
+        .for_each(|((out, rstd), x)| norm_rows(out, rstd, x, w, gain, c, eps));
+}
+
+/// `rmsnorm_forward` (gain 1) that also copies x into `kept` in the same pass: a block's
+/// input, which the residual update then overwrites, saved for the backward without a serial
+/// copy of its own.
+pub fn rmsnorm_forward_keeping(
+    out: &mut [f32],
+    rstd: &mut [f32],
+    kept: &mut [f32],
+    x: &[f32],
+    w: &[f32],
+    c: usize,
+    eps: f32,
+) {
+    assert_eq!(kept.len(), x.len(), "rmsnorm: kept copy of x");
+    out.par_chunks_mut(c * ROW_CHUNK)
+        .zip(rstd.par_chunks_mut(ROW_CHUNK))
+        .zip(x.par_chunks(c * ROW_CHUNK))
+        .zip(kept.par_chunks_mut(c * ROW_CHUNK))
+        .for_each(|(((out, rstd), x), kept)| {
+            kept.copy_from_slice(x);
+            norm_rows(out, rstd, x, w, 1.0, c, eps);
         });
+}
+
+fn norm_rows(
+    out: &mut [f32],
+    rstd: &mut [f32],
+    x: &[f32],
+    w: &[f32],
+    gain: f32,
+    c: usize,
+    eps: f32,
+) {
+    for ((o, r), x) in out.chunks_mut(c).zip(rstd.iter_mut()).zip(x.chunks(c)) {
+        let ms = dot(x, x) / c as f32;
+        *r = 1.0 / (ms + eps).sqrt();
+        for ((o, &x), &w) in o.iter_mut().zip(x).zip(w) {
+            *o = x * *r * w * gain;
+        }
+    }
 }
 
 /// Writes or accumulates dx (`Grad`) and accumulates dw. In the forward pass
@@ -157,5 +190,19 @@ mod tests {
             let ms: f32 = row.iter().map(|v| v * v).sum::<f32>() / c as f32;
             assert!((ms - 1.0).abs() < 1e-4, "{ms}");
         }
+    }
+
+    /// Keeping the input is the plain forward (the same bits) plus an exact copy of x.
+    #[test]
+    fn keeping_the_input_copies_it_and_normalises_alike() {
+        let (n, c) = (2 * ROW_CHUNK + 3, 40);
+        let (x, w) = (randn(n * c, 8, 2.0), randn(c, 9, 1.0));
+        let (mut want, mut want_rstd) = (vec![0.0; n * c], vec![0.0; n]);
+        rmsnorm_forward(&mut want, &mut want_rstd, &x, &w, 1.0, c, 1e-5);
+        let (mut out, mut rstd, mut kept) = (vec![0.0; n * c], vec![0.0; n], vec![0.0; n * c]);
+        rmsnorm_forward_keeping(&mut out, &mut rstd, &mut kept, &x, &w, c, 1e-5);
+        assert_eq!(out, want);
+        assert_eq!(rstd, want_rstd);
+        assert_eq!(kept, x);
     }
 }

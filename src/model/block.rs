@@ -14,7 +14,7 @@ use crate::kernels::attention::{
     attention_backward, attention_delta, attention_forward, AttnShape,
 };
 use crate::kernels::matmul::{matmul_backward, matmul_forward, matmul_forward_each};
-use crate::kernels::rmsnorm::{rmsnorm_backward, rmsnorm_forward};
+use crate::kernels::rmsnorm::{rmsnorm_backward, rmsnorm_forward, rmsnorm_forward_keeping};
 use crate::kernels::rope::{rope_backward, rope_forward, RopeTable};
 use crate::kernels::sigmoid;
 use crate::kernels::swiglu::{swiglu_backward, swiglu_forward};
@@ -201,13 +201,12 @@ pub fn block_forward(
     let s = &d.shape;
     // A linear layer's weight, with its bf16 copies where inference keeps them.
     let weight = |r: Range<usize>| Bf16Weights::weight_of(wb, w, r);
-    a.x_in[..n * c].copy_from_slice(x);
-    rmsnorm_forward(
+    rmsnorm_forward_keeping(
         &mut a.ln1[..n * c],
         &mut a.rstd1[..n],
+        &mut a.x_in[..n * c],
         x,
         &w[p.input_layernorm.clone()],
-        1.0,
         c,
         d.eps,
     );
@@ -305,14 +304,13 @@ pub fn block_forward(
         c,
         true,
     );
-    a.x_mid[..n * c].copy_from_slice(x);
     let ln2 = &mut a.ln2[..n * c];
-    rmsnorm_forward(
+    rmsnorm_forward_keeping(
         ln2,
         &mut a.rstd2[..n],
+        &mut a.x_mid[..n * c],
         x,
         &w[p.post_attention_layernorm.clone()],
-        1.0,
         c,
         d.eps,
     );
