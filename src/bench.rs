@@ -360,8 +360,18 @@ pub fn bench_attention(config: &ModelConfig, batch: usize, reps: usize) -> Atten
         rand(batch * t * s.nk * s.dk),
         rand(batch * t * s.nv * s.dv),
     );
-    let dout = rand(batch * t * s.nq * s.dv);
-    let (mut o, mut lse) = (vec![0.0; dout.len()], vec![0.0; batch * s.nq * t]);
+    // the diff kinds' backward reads the gradient of the pairs' combined output
+    let do_heads = match config.attention {
+        AttentionKind::Standard => s.nq,
+        _ => s.nq / 2,
+    };
+    let dout = rand(batch * t * do_heads * s.dv);
+    // attention_delta's rows sum dO ∘ O per map: a copy of dout per map stands in for it
+    let dmaps: Vec<f32> = dout
+        .chunks(s.dv)
+        .flat_map(|r| std::iter::repeat_n(r, s.nq / do_heads).flatten().copied())
+        .collect();
+    let (mut o, mut lse) = (vec![0.0; dmaps.len()], vec![0.0; batch * s.nq * t]);
     let mut delta = vec![0.0; batch * t * s.nq];
     let (mut dq, mut dk, mut dv) = (vec![0.0; q.len()], vec![0.0; k.len()], vec![0.0; v.len()]);
     let (mut tf, mut tb) = (Vec::new(), Vec::new());
@@ -377,7 +387,7 @@ pub fn bench_attention(config: &ModelConfig, batch: usize, reps: usize) -> Atten
             let t0 = Instant::now();
             attention_forward(&mut o, &mut lse, &q, &k, &v, batch, t, t, 0, &s);
             let t1 = Instant::now();
-            attention_delta(&mut delta, &dout, &o, s.nq, s.dv);
+            attention_delta(&mut delta, &dmaps, &o, s.nq, s.dv);
             attention_backward(
                 &mut dq, &mut dk, &mut dv, &dout, &q, &k, &v, &delta, &lse, batch, t, &s, pairs,
             );

@@ -294,7 +294,23 @@ fn attention_moves_by_rounding_only(s: &difftx::kernels::attention::AttnShape) {
         randn(b * t * s.nk * s.dk),
         randn(b * t * s.nv * s.dv),
     );
-    let dout = randn(b * t * s.nq * s.dv);
+    let mut dout = randn(b * t * s.nq * s.dv);
+    // diff_v1: the pairs' output was attn1 − 0.6·attn2, whose gradient dcomb the paired
+    // backward reads; the maps' own gradients (for the row sums) are dcomb and −0.6·dcomb
+    let lambda = 0.6;
+    if s.diff_pairs {
+        for pair in dout.chunks_mut(2 * s.dv) {
+            let (d1, d2) = pair.split_at_mut(s.dv);
+            d2.iter_mut()
+                .zip(&*d1)
+                .for_each(|(d2, &d1)| *d2 = -lambda * d1);
+        }
+    }
+    let dcomb: Vec<f32> = if s.diff_pairs {
+        dout.chunks(s.dv).step_by(2).flatten().copied().collect()
+    } else {
+        dout.clone()
+    };
     let forward = |bf16: bool| {
         assert_eq!(set_bf16(bf16), bf16);
         let (mut o, mut lse) = (vec![0.0; dout.len()], vec![0.0; b * s.nq * t]);
@@ -309,10 +325,10 @@ fn attention_moves_by_rounding_only(s: &difftx::kernels::attention::AttnShape) {
     let run = |bf16: bool| {
         let (o, _) = forward(bf16);
         let (mut dq, mut dk, mut dv) = (vec![0.0; q.len()], vec![0.0; k.len()], vec![0.0; v.len()]);
-        // diff_v1's pairs share their value products (dout's second maps are not read)
-        let pairs = s.diff_pairs.then_some(Lambda::Layer(0.6));
+        // diff_v1's pairs share their value products
+        let pairs = s.diff_pairs.then_some(Lambda::Layer(lambda));
         attention_backward(
-            &mut dq, &mut dk, &mut dv, &dout, &q, &k, &v, &delta, &lse32, b, t, &s, pairs,
+            &mut dq, &mut dk, &mut dv, &dcomb, &q, &k, &v, &delta, &lse32, b, t, &s, pairs,
         );
         // the last 3 queries as a decoding step over the cached keys
         let tail = 3;

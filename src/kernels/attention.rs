@@ -528,9 +528,10 @@ const MAX_K: usize = 2;
 /// `delta` (B, T, NQ) (`attention_delta`).
 ///
 /// With `pairs` (diff_v1, diff_v2: query heads 2p and 2p + 1 read one value head, and the
-/// model's output was attn1 − λ·attn2, so that dO₂ = −λ·dO₁) the pair shares its value
-/// products: dP₁ = dO₁·Vᵀ serves both maps (dP₂ = −λ·dP₁) and dV += (P₁ − λ·P₂)ᵀ·dO₁, two
-/// products where there were four. dout's rows of head 2g + 1 are then not read.
+/// model's output was attn1 − λ·attn2, so that dO₁ is that output's gradient and
+/// dO₂ = −λ·dO₁) dout is the combined output's gradient, (B, T, NQ / 2, DV), and the pair
+/// shares its value products: dP₁ = dO₁·Vᵀ serves both maps (dP₂ = −λ·dP₁) and
+/// dV += (P₁ − λ·P₂)ᵀ·dO₁, two products where there were four.
 ///
 /// Key tiles are the outer loop (FlashAttention-2 order): a tile's dK and dV gather over every
 /// later query block in cache-resident buffers and are written back once.
@@ -564,7 +565,12 @@ pub fn attention_backward(
     assert_eq!(dv.len(), b * t * nv * d_v);
     assert_eq!(lse.len(), b * nq * t);
     assert!(q.len() == dq.len() && k.len() == dk.len() && v.len() == dv.len());
-    assert!(dout.len() == b * t * nq * d_v && delta.len() == b * t * nq);
+    // a pair's maps read one row of dout: the combined output's
+    let (do_heads, do_head) = match pairs {
+        Some(_) => (nq / 2, 2),
+        None => (nq, 1),
+    };
+    assert!(dout.len() == b * t * do_heads * d_v && delta.len() == b * t * nq);
     assert!(
         nk <= MAX_K * nv,
         "attention: {nk} key heads for {nv} value heads"
@@ -621,7 +627,7 @@ pub fn attention_backward(
             for (hi, &j) in heads.iter().enumerate() {
                 let kh = s.k_head(j);
                 ops[1 + 4 * hi] = (head_rows(q, bi * t, nq, j, d_k), t, d_k);
-                ops[2 + 4 * hi] = (head_rows(dout, bi * t, nq, j, d_v), t, d_v);
+                ops[2 + 4 * hi] = (head_rows(dout, bi * t, do_heads, j / do_head, d_v), t, d_v);
                 ops[3 + 4 * hi] = (head_rows(k, bi * t, nk, kh, d_k).transposed(), d_k, t);
                 ops[4 + 4 * hi] = (head_rows(k, bi * t, nk, kh, d_k), t, d_k);
             }
@@ -651,7 +657,8 @@ pub fn attention_backward(
                             // scores and dS at s[mi], ds[mi]
                             let op = |mi: usize| 1 + 4 * (ui * unit + mi);
                             let q_blk = |j: usize| head_rows(q, bi * t + q0, nq, j, d_k);
-                            let do_blk = head_rows(dout, bi * t + q0, nq, maps[0], d_v);
+                            let do_blk =
+                                head_rows(dout, bi * t + q0, do_heads, maps[0] / do_head, d_v);
                             let vt = Mat::rows(sc.vt, BK);
                             for (r, keys) in causal_chunks(rows, len, valid, src) {
                                 let (m, n) = (r.len(), keys);
@@ -1200,7 +1207,7 @@ mod tests {
                 attention_forward(&mut o, &mut lse, q, k, v, b, t, t, 0, &s);
                 (o, lse)
             };
-            // L = Σ r · (attn1 − λ·attn2), so dO of pair g is (r, −λ·r)
+            // L = Σ r · (attn1 − λ·attn2), so dO of pair g is (r, −λ·r): the backward reads r
             let mut dout = vec![0.0; b * t * s.nq * s.dv];
             for (n, row) in dout.chunks_mut(2 * s.dv).enumerate() {
                 let lam = lambda.at(n);
@@ -1217,18 +1224,11 @@ mod tests {
                 (vec![5.0; q.len()], vec![-2.0; k.len()], vec![3.0; v.len()]);
             let mut delta = vec![0.0; b * t * s.nq];
             attention_delta(&mut delta, &dout, &o, s.nq, s.dv);
-            // the second maps' rows of dout are not read: spoil them
-            let mut spoiled = dout.clone();
-            spoiled
-                .chunks_mut(s.dv)
-                .skip(1)
-                .step_by(2)
-                .for_each(|x| x.fill(f32::NAN));
             attention_backward(
                 &mut dq,
                 &mut dk,
                 &mut dv,
-                &spoiled,
+                &r,
                 &q,
                 &k,
                 &v,

@@ -72,13 +72,12 @@ pub fn diff_combine_forward(out: &mut [f32], o: &[f32], lambda: Lambda, h: usize
         });
 }
 
-/// Writes do_ (N, 2H, DV) from dout (N, H, DV): do1 = dout, do2 = −λ·dout. Writes
-/// dlambda (N, H) = −Σ dout·attn2 per row and head; for diff_v1 the caller sums it. Writes
-/// delta (N, 2H) = rowsum(do ∘ o) for the attention backward (`attention_delta`) on the way:
-/// do1·attn1, and do2·attn2 = λ·dlambda.
-#[allow(clippy::too_many_arguments)]
+/// The combine's backward, given dout (N, H, DV), the gradient of attn1 − λ·attn2: the maps'
+/// own gradients are do1 = dout and do2 = −λ·dout, which the paired attention backward
+/// derives from dout itself. Writes dlambda (N, H) = −Σ dout·attn2 per row and head (for
+/// diff_v1 the caller sums it) and delta (N, 2H) = rowsum(do ∘ o) for the attention backward
+/// (`attention_delta`): do1·attn1, and do2·attn2 = λ·dlambda.
 pub fn diff_combine_backward(
-    do_: &mut [f32],
     dlambda: &mut [f32],
     delta: &mut [f32],
     dout: &[f32],
@@ -87,20 +86,15 @@ pub fn diff_combine_backward(
     h: usize,
     dv: usize,
 ) {
-    do_.par_chunks_mut(2 * h * dv)
-        .zip(dlambda.par_chunks_mut(h))
+    dlambda
+        .par_chunks_mut(h)
         .zip(delta.par_chunks_mut(2 * h))
         .zip(dout.par_chunks(h * dv))
         .zip(o.par_chunks(2 * h * dv))
         .enumerate()
-        .for_each(|(n, ((((do_, dl), delta), dout), o))| {
+        .for_each(|(n, (((dl, delta), dout), o))| {
             for (i, dy) in dout.chunks(dv).enumerate() {
                 let lam = lambda.at(n * h + i);
-                let (d1, d2) = do_[2 * i * dv..(2 * i + 2) * dv].split_at_mut(dv);
-                d1.copy_from_slice(dy);
-                for (d2, &g) in d2.iter_mut().zip(dy) {
-                    *d2 = -lam * g;
-                }
                 let (o1, o2) = o[2 * i * dv..(2 * i + 2) * dv].split_at(dv);
                 dl[i] = -dot(dy, o2);
                 delta[2 * i] = dot(dy, o1);
@@ -125,10 +119,16 @@ mod tests {
             diff_combine_forward(&mut y, o, Lambda::PerToken(lam), h, dv);
             dot64(&y, &r)
         };
-        let (mut d_o, mut dl) = (vec![0.0; o.len()], vec![0.0; n * h]);
+        let mut dl = vec![0.0; n * h];
         let mut delta = vec![0.0; n * 2 * h];
         let lambda = Lambda::PerToken(&lam);
-        diff_combine_backward(&mut d_o, &mut dl, &mut delta, &r, &o, lambda, h, dv);
+        diff_combine_backward(&mut dl, &mut delta, &r, &o, lambda, h, dv);
+        // the maps' gradients the paired attention backward takes from r: (r, −λ·r)
+        let mut d_o = Vec::with_capacity(o.len());
+        for (ri, &l) in r.chunks(dv).zip(&lam) {
+            d_o.extend_from_slice(ri);
+            d_o.extend(ri.iter().map(|&x| -l * x));
+        }
         check_grad("combine do", &o, &d_o, |o| f(o, &lam));
         check_grad("combine dlambda", &lam, &dl, |l| f(&o, l));
         // the attention's row sums, as attention_delta computes them from do and o

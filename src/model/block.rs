@@ -145,7 +145,6 @@ pub struct Scratch {
     pub dln: Vec<f32>,
     pub dattn: Vec<f32>,
     pub dcomb: Vec<f32>,
-    pub d_o: Vec<f32>,
     pub dlam: Vec<f32>,
     /// rowsum(dO ∘ O) per token and query head (`attention_delta`)
     pub delta: Vec<f32>,
@@ -164,7 +163,6 @@ impl Scratch {
             dln: z(n * d.c),
             dattn: z(n * d.out),
             dcomb: z(n * d.out),
-            d_o: z(n * d.o_width()),
             dlam: z(n * d.h),
             delta: z(n * d.shape.nq),
             dq: z(n * d.q_width()),
@@ -431,36 +429,18 @@ pub fn block_backward(
             };
             let (lambda, e1, e2) = a.lambda_parts;
             let dlam = &mut sc.dlam[..n * d.h];
-            attn::diff_combine_backward(
-                &mut sc.d_o[..n * d.o_width()],
-                dlam,
-                delta,
-                dcomb,
-                o,
-                Lambda::Layer(lambda),
-                d.h,
-                s.dv,
-            );
+            attn::diff_combine_backward(dlam, delta, dcomb, o, Lambda::Layer(lambda), d.h, s.dv);
             let dlambda = dlam.iter().map(|&v| v as f64).sum::<f64>() as f32;
             let ls = p.lambdas.as_ref().expect("diff_v1 layer has lambdas");
             let lambdas = [0, 1, 2, 3].map(|i| &w[ls[i].clone()]);
             let [g0, g1, g2, g3] = split4(g, ls);
             attn::lambda_full_backward([g0, g1, g2, g3], lambdas, e1, e2, dlambda);
-            &sc.d_o[..n * d.o_width()]
+            dcomb
         }
         AttentionKind::DiffV2 => {
             let lam = &a.lam[..n * d.h];
             let dlam = &mut sc.dlam[..n * d.h];
-            attn::diff_combine_backward(
-                &mut sc.d_o[..n * d.o_width()],
-                dlam,
-                delta,
-                dattn,
-                o,
-                Lambda::PerToken(lam),
-                d.h,
-                s.dv,
-            );
+            attn::diff_combine_backward(dlam, delta, dattn, o, Lambda::PerToken(lam), d.h, s.dv);
             // in the forward pass this was `lam = σ(z)`, so dz = dlam · σ · (1 − σ)
             dlam.iter_mut()
                 .zip(lam)
@@ -470,7 +450,7 @@ pub fn block_backward(
                 .clone()
                 .expect("diff_v2 layer has lambda_proj");
             linear_backward(Grad::Set(dln), g, w, &lp, dlam, ln1, n, c, d.h);
-            &sc.d_o[..n * d.o_width()]
+            dattn
         }
     };
     let (dq, dk, dv) = (
@@ -484,7 +464,7 @@ pub fn block_backward(
         &a.v[..n * d.v_width()],
     );
     let (delta, lse) = (&sc.delta[..n * s.nq], &a.lse[..b * s.nq * t]);
-    // a diff pair's second map got −λ times the first's output gradient
+    // a diff pair's maps take their output gradients (dO₁, −λ·dO₁) from the combined output's
     let pairs = match d.kind {
         AttentionKind::Standard => None,
         AttentionKind::DiffV1 => Some(Lambda::Layer(a.lambda_parts.0)),

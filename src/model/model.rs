@@ -500,8 +500,8 @@ impl Workspace {
             .sum();
         let s = &self.scratch;
         let scratch: usize = [
-            &s.dln, &s.dattn, &s.dcomb, &s.d_o, &s.dlam, &s.delta, &s.dq, &s.dk, &s.dv, &s.dhid,
-            &s.dgate, &s.dup,
+            &s.dln, &s.dattn, &s.dcomb, &s.dlam, &s.delta, &s.dq, &s.dk, &s.dv, &s.dhid, &s.dgate,
+            &s.dup,
         ]
         .iter()
         .map(|v| v.len())
