@@ -4,60 +4,42 @@
 use super::{dot, dot3, ensure, with_thread_buffer, Grad, ROW_CHUNK};
 use rayon::prelude::*;
 
-/// x: (N, C) rows, w: (C), out: (N, C); rstd: (N) saved for the backward.
+/// x: (N, C) rows, w: (C), out: (N, C); rstd: (N) saved for the backward. With `kept`, x is
+/// also copied there in the same pass: a block's input, which the residual update then
+/// overwrites, saved for the backward without a serial copy of its own.
 #[allow(clippy::too_many_arguments)]
 pub fn rmsnorm_forward(
     out: &mut [f32],
     rstd: &mut [f32],
     x: &[f32],
+    kept: Option<&mut [f32]>,
     w: &[f32],
     gain: f32,
     c: usize,
     eps: f32,
 ) {
-    out.par_chunks_mut(c * ROW_CHUNK)
+    let norm = |out: &mut [f32], rstd: &mut [f32], x: &[f32]| {
+        for ((o, r), x) in out.chunks_mut(c).zip(rstd.iter_mut()).zip(x.chunks(c)) {
+            let ms = dot(x, x) / c as f32;
+            *r = 1.0 / (ms + eps).sqrt();
+            for ((o, &x), &w) in o.iter_mut().zip(x).zip(w) {
+                *o = x * *r * w * gain;
+            }
+        }
+    };
+    let rows = out
+        .par_chunks_mut(c * ROW_CHUNK)
         .zip(rstd.par_chunks_mut(ROW_CHUNK))
-        .zip(x.par_chunks(c * ROW_CHUNK))
-        .for_each(|((out, rstd), x)| norm_rows(out, rstd, x, w, gain, c, eps));
-}
-
-/// `rmsnorm_forward` (gain 1) that also copies x into `kept` in the same pass: a block's
-/// input, which the residual update then overwrites, saved for the backward without a serial
-/// copy of its own.
-pub fn rmsnorm_forward_keeping(
-    out: &mut [f32],
-    rstd: &mut [f32],
-    kept: &mut [f32],
-    x: &[f32],
-    w: &[f32],
-    c: usize,
-    eps: f32,
-) {
-    assert_eq!(kept.len(), x.len(), "rmsnorm: kept copy of x");
-    out.par_chunks_mut(c * ROW_CHUNK)
-        .zip(rstd.par_chunks_mut(ROW_CHUNK))
-        .zip(x.par_chunks(c * ROW_CHUNK))
-        .zip(kept.par_chunks_mut(c * ROW_CHUNK))
-        .for_each(|(((out, rstd), x), kept)| {
-            kept.copy_from_slice(x);
-            norm_rows(out, rstd, x, w, 1.0, c, eps);
-        });
-}
-
-fn norm_rows(
-    out: &mut [f32],
-    rstd: &mut [f32],
-    x: &[f32],
-    w: &[f32],
-    gain: f32,
-    c: usize,
-    eps: f32,
-) {
-    for ((o, r), x) in out.chunks_mut(c).zip(rstd.iter_mut()).zip(x.chunks(c)) {
-        let ms = dot(x, x) / c as f32;
-        *r = 1.0 / (ms + eps).sqrt();
-        for ((o, &x), &w) in o.iter_mut().zip(x).zip(w) {
-            *o = x * *r * w * gain;
+        .zip(x.par_chunks(c * ROW_CHUNK));
+    match kept {
+        None => rows.for_each(|((out, rstd), x)| norm(out, rstd, x)),
+        Some(kept) => {
+            assert_eq!(kept.len(), x.len(), "rmsnorm: kept copy of x");
+            rows.zip(kept.par_chunks_mut(c * ROW_CHUNK))
+                .for_each(|(((out, rstd), x), kept)| {
+                    kept.copy_from_slice(x);
+                    norm(out, rstd, x);
+                });
         }
     }
 }
@@ -139,7 +121,7 @@ mod tests {
         for gain in [1.0, 0.2] {
             let f = |x: &[f32], w: &[f32]| {
                 let (mut out, mut rstd) = (vec![0.0; n * c], vec![0.0; n]);
-                rmsnorm_forward(&mut out, &mut rstd, x, w, gain, c, eps);
+                rmsnorm_forward(&mut out, &mut rstd, x, None, w, gain, c, eps);
                 (out, rstd)
             };
             let (_, rstd) = f(&x, &w);
@@ -164,7 +146,7 @@ mod tests {
         let (n, c, gain) = (3 * ROW_CHUNK + 5, 24, 0.7);
         let (x, w, d) = (randn(n * c, 5, 1.0), randn(c, 6, 1.0), randn(n * c, 7, 1.0));
         let (mut out, mut rstd) = (vec![0.0; n * c], vec![0.0; n]);
-        rmsnorm_forward(&mut out, &mut rstd, &x, &w, gain, c, 1e-5);
+        rmsnorm_forward(&mut out, &mut rstd, &x, None, &w, gain, c, 1e-5);
         let (mut dx, mut dw) = (vec![0.0; n * c], vec![0.5; c]);
         rmsnorm_backward(Grad::Set(&mut dx), &mut dw, &d, &x, &w, gain, &rstd, c);
         for j in 0..c {
@@ -185,7 +167,7 @@ mod tests {
         let (n, c) = (3, 64);
         let x = randn(n * c, 4, 3.0);
         let (mut out, mut rstd) = (vec![0.0; n * c], vec![0.0; n]);
-        rmsnorm_forward(&mut out, &mut rstd, &x, &vec![1.0; c], 1.0, c, 1e-5);
+        rmsnorm_forward(&mut out, &mut rstd, &x, None, &vec![1.0; c], 1.0, c, 1e-5);
         for row in out.chunks(c) {
             let ms: f32 = row.iter().map(|v| v * v).sum::<f32>() / c as f32;
             assert!((ms - 1.0).abs() < 1e-4, "{ms}");
@@ -198,9 +180,9 @@ mod tests {
         let (n, c) = (2 * ROW_CHUNK + 3, 40);
         let (x, w) = (randn(n * c, 8, 2.0), randn(c, 9, 1.0));
         let (mut want, mut want_rstd) = (vec![0.0; n * c], vec![0.0; n]);
-        rmsnorm_forward(&mut want, &mut want_rstd, &x, &w, 1.0, c, 1e-5);
+        rmsnorm_forward(&mut want, &mut want_rstd, &x, None, &w, 1.0, c, 1e-5);
         let (mut out, mut rstd, mut kept) = (vec![0.0; n * c], vec![0.0; n], vec![0.0; n * c]);
-        rmsnorm_forward_keeping(&mut out, &mut rstd, &mut kept, &x, &w, c, 1e-5);
+        rmsnorm_forward(&mut out, &mut rstd, &x, Some(&mut kept), &w, 1.0, c, 1e-5);
         assert_eq!(out, want);
         assert_eq!(rstd, want_rstd);
         assert_eq!(kept, x);

@@ -14,7 +14,7 @@ use crate::kernels::attention::{
     attention_backward, attention_delta, attention_forward, AttnShape,
 };
 use crate::kernels::matmul::{matmul_backward, matmul_forward, matmul_forward_each};
-use crate::kernels::rmsnorm::{rmsnorm_backward, rmsnorm_forward, rmsnorm_forward_keeping};
+use crate::kernels::rmsnorm::{rmsnorm_backward, rmsnorm_forward};
 use crate::kernels::rope::{rope_backward, rope_forward, RopeTable};
 use crate::kernels::sigmoid;
 use crate::kernels::swiglu::{swiglu_backward, swiglu_forward};
@@ -199,12 +199,13 @@ pub fn block_forward(
     let s = &d.shape;
     // A linear layer's weight, with its bf16 copies where inference keeps them.
     let weight = |r: Range<usize>| Bf16Weights::weight_of(wb, w, r);
-    rmsnorm_forward_keeping(
+    rmsnorm_forward(
         &mut a.ln1[..n * c],
         &mut a.rstd1[..n],
-        &mut a.x_in[..n * c],
         x,
+        Some(&mut a.x_in[..n * c]),
         &w[p.input_layernorm.clone()],
+        1.0,
         c,
         d.eps,
     );
@@ -277,7 +278,16 @@ pub fn block_forward(
                 let y = &mut a.y[..n * d.out];
                 let subln = &w[p.subln.clone().expect("diff_v1 layer has subln")];
                 let sub_rstd = &mut a.sub_rstd[..n * d.h];
-                rmsnorm_forward(y, sub_rstd, comb, subln, 1.0 - lambda_init, s.dv, d.eps);
+                rmsnorm_forward(
+                    y,
+                    sub_rstd,
+                    comb,
+                    None,
+                    subln,
+                    1.0 - lambda_init,
+                    s.dv,
+                    d.eps,
+                );
             }
         }
         AttentionKind::DiffV2 => {
@@ -303,12 +313,13 @@ pub fn block_forward(
         true,
     );
     let ln2 = &mut a.ln2[..n * c];
-    rmsnorm_forward_keeping(
+    rmsnorm_forward(
         ln2,
         &mut a.rstd2[..n],
-        &mut a.x_mid[..n * c],
         x,
+        Some(&mut a.x_mid[..n * c]),
         &w[p.post_attention_layernorm.clone()],
+        1.0,
         c,
         d.eps,
     );

@@ -263,6 +263,7 @@ impl Model {
             lnf,
             &mut ws.rstdf[..rows],
             xin,
+            None,
             &w[self.layout.norm.clone()],
             1.0,
             dm,
