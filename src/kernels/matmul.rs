@@ -493,6 +493,8 @@ mod tests {
             // packs B in parallel (kc·n ≥ 2^15): by slices, and one slice by column groups
             (40, 200, 300),
             (40, 200, 200),
+            // wider than one pass of packed B holds (32 panels): a pass per KC slice
+            (30, 1100, 300),
             // deep and short: the depth is split across the threads, with a ragged last slice
             (40, 33, 1100),
         ];

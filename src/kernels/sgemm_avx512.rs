@@ -28,8 +28,9 @@ const fn a_panel(kc: usize) -> usize {
 }
 /// Rows ahead that packing a row-major source prefetches (`super::prefetch`).
 const PACK_AHEAD: usize = 8;
-/// Most values of packed B per pass over the row blocks (1 MiB: half of L2).
-const MAX_PASS_B: usize = 1 << 18;
+/// Most column panels of packed B per pass over the row blocks (2^18 values, 1 MiB),
+/// counted without their padding.
+const MAX_PASS_PANELS: usize = (1 << 18) / (KC * NR);
 
 thread_local! {
     /// Packed A block of the task running on this thread.
@@ -245,7 +246,7 @@ pub(crate) fn reserve(n_max: usize) {
     // each part may start a panel of its own
     let panels = n_max.div_ceil(NR) + MAX_PARTS - 1;
     with_thread_buffer(&PACK_B, |pb| {
-        ensure_aligned(pb, (panels * B_PANEL).max(MAX_PASS_B));
+        ensure_aligned(pb, panels.max(MAX_PASS_PANELS) * B_PANEL);
     });
     let others = rayon::current_num_threads().saturating_sub(1);
     with_thread_buffer(&PARTIAL, |partial| {
@@ -450,12 +451,12 @@ fn sgemm_rows(m: usize, k: usize, a: Mat, parts: &[Part], accumulate: bool, thre
     }
     let n_panels: usize = parts.iter().map(|p| p.n.div_ceil(NR)).sum();
     let n: usize = parts.iter().map(|p| p.n).sum();
-    // Consecutive KC slices of B are packed together as long as they fit MAX_PASS_B: a row
+    // Consecutive KC slices of B are packed together as long as they fit MAX_PASS_PANELS: a row
     // block then runs through all of them while its rows of C stay in L2, and a pass takes two
     // parallel regions where each slice took two. Panel (slice s, column panel jp) of a pass
     // sits at (s · n_panels + jp) · B_PANEL.
     let slice_len = n_panels * B_PANEL;
-    let per_pass = (MAX_PASS_B / slice_len).max(1);
+    let per_pass = (MAX_PASS_PANELS / n_panels).max(1);
     with_thread_buffer(&PACK_B, |pb| {
         for q0 in (0..k).step_by(per_pass * KC) {
             let q1 = (q0 + per_pass * KC).min(k);
