@@ -360,11 +360,15 @@ pub fn bench_attention(config: &ModelConfig, batch: usize, reps: usize) -> Atten
         rand(batch * t * s.nk * s.dk),
         rand(batch * t * s.nv * s.dv),
     );
-    // the diff kinds' backward reads the gradient of the pairs' combined output
-    let do_heads = match config.attention {
-        AttentionKind::Standard => s.nq,
-        _ => s.nq / 2,
+    // the diff kinds' backward shares each pair's value products, as in the model, and reads
+    // the gradient of the pairs' combined output
+    let lam = vec![0.5; batch * t * s.nq / 2];
+    let pairs = match config.attention {
+        AttentionKind::Standard => None,
+        AttentionKind::DiffV1 => Some(Lambda::Layer(0.5)),
+        AttentionKind::DiffV2 => Some(Lambda::PerToken(&lam)),
     };
+    let do_heads = if pairs.is_some() { s.nq / 2 } else { s.nq };
     let dout = rand(batch * t * do_heads * s.dv);
     // attention_delta's rows sum dO ∘ O per map: a copy of dout per map stands in for it
     let dmaps: Vec<f32> = dout
@@ -375,13 +379,6 @@ pub fn bench_attention(config: &ModelConfig, batch: usize, reps: usize) -> Atten
     let mut delta = vec![0.0; batch * t * s.nq];
     let (mut dq, mut dk, mut dv) = (vec![0.0; q.len()], vec![0.0; k.len()], vec![0.0; v.len()]);
     let (mut tf, mut tb) = (Vec::new(), Vec::new());
-    // the diff kinds' backward shares each pair's value products, as in the model
-    let lam = vec![0.5; batch * t * s.nq / 2];
-    let pairs = match config.attention {
-        AttentionKind::Standard => None,
-        AttentionKind::DiffV1 => Some(Lambda::Layer(0.5)),
-        AttentionKind::DiffV2 => Some(Lambda::PerToken(&lam)),
-    };
     crate::kernels::on_pool(|| {
         for rep in 0..=reps {
             let t0 = Instant::now();

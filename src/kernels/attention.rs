@@ -692,7 +692,7 @@ pub fn attention_backward(
                                     p: &mut s1[row.clone()],
                                     ds: &mut ds1[row.clone()],
                                     lse_delta: ld(maps[1]),
-                                    lambda: l.at((bi * t + i) * (nq / 2) + maps[0] / 2),
+                                    lambda: l.at((bi * t + i) * do_heads + maps[0] / do_head),
                                 });
                                 let (p, ds) = (&mut s0[row.clone()], &mut ds0[row]);
                                 #[cfg(target_arch = "x86_64")]

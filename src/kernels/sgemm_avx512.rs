@@ -437,6 +437,17 @@ fn row_blocks(rows: Range<usize>) -> impl Iterator<Item = (usize, usize)> {
     (0..blocks).map(move |b| (at(b), at(b + 1) - at(b)))
 }
 
+/// f(i, chunk i of `len` values) over buf, on the pool's threads or on this one.
+fn each_chunk(buf: &mut [f32], len: usize, parallel: bool, f: impl Fn(usize, &mut [f32]) + Sync) {
+    if parallel {
+        buf.par_chunks_mut(len)
+            .enumerate()
+            .for_each(|(i, c)| f(i, c));
+    } else {
+        buf.chunks_mut(len).enumerate().for_each(|(i, c)| f(i, c));
+    }
+}
+
 /// `sgemm` (or `sgemm_parts`) with the rows of C split across the threads.
 fn sgemm_rows(m: usize, k: usize, a: Mat, parts: &[Part], accumulate: bool, threads: usize) {
     // What the kernel's raw pointers reach, checked once per call.
@@ -460,8 +471,8 @@ fn sgemm_rows(m: usize, k: usize, a: Mat, parts: &[Part], accumulate: bool, thre
     with_thread_buffer(&PACK_B, |pb| {
         for q0 in (0..k).step_by(per_pass * KC) {
             let q1 = (q0 + per_pass * KC).min(k);
-            let bp = ensure_aligned(pb, (q1 - q0).div_ceil(KC) * slice_len);
             let slices = (q1 - q0).div_ceil(KC);
+            let bp = ensure_aligned(pb, slices * slice_len);
             // Large passes (the weight-gradient products pack the activations) are packed in
             // parallel, by slices and, where a pass has fewer slices than threads, by groups
             // of column panels.
@@ -472,29 +483,14 @@ fn sgemm_rows(m: usize, k: usize, a: Mat, parts: &[Part], accumulate: bool, thre
                 1
             };
             let group_len = n_panels.div_ceil(groups) * B_PANEL;
-            let pack = |si: usize, slice: &mut [f32]| {
+            each_chunk(bp, slice_len, parallel, |si, slice| {
                 let p0 = q0 + si * KC;
                 let kc = KC.min(k - p0);
-                let panels = |(g, group): (usize, &mut [f32])| {
+                each_chunk(slice, group_len, parallel, |g, group| {
                     let first = g * group_len / B_PANEL;
                     pack_b(group, parts, p0, kc, first..first + group.len() / B_PANEL);
-                };
-                if parallel {
-                    slice.par_chunks_mut(group_len).enumerate().for_each(panels);
-                } else {
-                    slice.chunks_mut(group_len).enumerate().for_each(panels);
-                }
-            };
-            let bp = &mut bp[..slices * slice_len];
-            if parallel {
-                bp.par_chunks_mut(slice_len)
-                    .enumerate()
-                    .for_each(|(si, slice)| pack(si, slice));
-            } else {
-                bp.chunks_mut(slice_len)
-                    .enumerate()
-                    .for_each(|(si, slice)| pack(si, slice));
-            }
+                });
+            });
             let bp = &*bp;
             let block = |(i0, mc): (usize, usize)| {
                 with_thread_buffer(&PACK_A, |pa| {

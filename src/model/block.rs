@@ -412,10 +412,12 @@ pub fn block_backward(
     let dln = &mut sc.dln[..n * c];
     let o = &a.o[..n * d.o_width()];
     let delta = &mut sc.delta[..n * s.nq];
-    let d_o: &[f32] = match d.kind {
+    // the attention backward's dO, and for a diff pair how its maps were combined: the maps
+    // take their output gradients (dO₁, −λ·dO₁) from the combined output's
+    let (d_o, pairs): (&[f32], _) = match d.kind {
         AttentionKind::Standard => {
             attention_delta(delta, dattn, o, s.nq, s.dv);
-            dattn
+            (dattn, None)
         }
         AttentionKind::DiffV1 => {
             let dcomb: &[f32] = if d.subln {
@@ -440,18 +442,20 @@ pub fn block_backward(
             };
             let (lambda, e1, e2) = a.lambda_parts;
             let dlam = &mut sc.dlam[..n * d.h];
-            attn::diff_combine_backward(dlam, delta, dcomb, o, Lambda::Layer(lambda), d.h, s.dv);
+            let lambda = Lambda::Layer(lambda);
+            attn::diff_combine_backward(dlam, delta, dcomb, o, lambda, d.h, s.dv);
             let dlambda = dlam.iter().map(|&v| v as f64).sum::<f64>() as f32;
             let ls = p.lambdas.as_ref().expect("diff_v1 layer has lambdas");
             let lambdas = [0, 1, 2, 3].map(|i| &w[ls[i].clone()]);
             let [g0, g1, g2, g3] = split4(g, ls);
             attn::lambda_full_backward([g0, g1, g2, g3], lambdas, e1, e2, dlambda);
-            dcomb
+            (dcomb, Some(lambda))
         }
         AttentionKind::DiffV2 => {
             let lam = &a.lam[..n * d.h];
             let dlam = &mut sc.dlam[..n * d.h];
-            attn::diff_combine_backward(dlam, delta, dattn, o, Lambda::PerToken(lam), d.h, s.dv);
+            let lambda = Lambda::PerToken(lam);
+            attn::diff_combine_backward(dlam, delta, dattn, o, lambda, d.h, s.dv);
             // in the forward pass this was `lam = σ(z)`, so dz = dlam · σ · (1 − σ)
             dlam.iter_mut()
                 .zip(lam)
@@ -461,7 +465,7 @@ pub fn block_backward(
                 .clone()
                 .expect("diff_v2 layer has lambda_proj");
             linear_backward(Grad::Set(dln), g, w, &lp, dlam, ln1, n, c, d.h);
-            dattn
+            (dattn, Some(lambda))
         }
     };
     let (dq, dk, dv) = (
@@ -475,12 +479,6 @@ pub fn block_backward(
         &a.v[..n * d.v_width()],
     );
     let (delta, lse) = (&sc.delta[..n * s.nq], &a.lse[..b * s.nq * t]);
-    // a diff pair's maps take their output gradients (dO₁, −λ·dO₁) from the combined output's
-    let pairs = match d.kind {
-        AttentionKind::Standard => None,
-        AttentionKind::DiffV1 => Some(Lambda::Layer(a.lambda_parts.0)),
-        AttentionKind::DiffV2 => Some(Lambda::PerToken(&a.lam[..n * d.h])),
-    };
     attention_backward(dq, dk, dv, d_o, q, k, v, delta, lse, b, t, s, pairs);
     rope_backward(dq, rope, t, s.nq, &[0]);
     rope_backward(dk, rope, t, s.nk, &[0]);
