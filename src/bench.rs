@@ -51,7 +51,7 @@ pub fn precision() -> &'static str {
 /// Weights of the matrix products (every 2-D tensor but an input embedding that a separate
 /// lm_head leaves to lookups).
 pub fn matmul_params(c: &ModelConfig) -> usize {
-    let layout = crate::model::params::ParamLayout::new(c);
+    let layout = crate::config::params::ParamLayout::new(c);
     layout
         .specs
         .iter()

@@ -5,10 +5,12 @@
 use crate::config::AttentionKind;
 use crate::data::Dataset;
 use crate::error::{Error, Result};
-use crate::report::plot::{plot_runs, thousands, Series};
+use crate::report::plot::{plot_runs, Series};
+use crate::train::metrics::loss_series;
 use crate::train::metrics::{read_metrics, METRICS_FILE};
 use crate::train::trainer::RUN_FILE;
 use crate::train::{train, Observer, TrainOptions};
+use crate::util::thousands;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 
@@ -96,9 +98,11 @@ pub fn run_demo(
     let series: Vec<Series> = runs
         .iter()
         .zip(&metrics)
-        .map(|(r, m)| Series {
-            label: format!("{} ({} params)", r.attention, thousands(r.params)),
-            records: m,
+        .map(|(r, m)| {
+            loss_series(
+                format!("{} ({} params)", r.attention, thousands(r.params)),
+                m,
+            )
         })
         .collect();
     let plot = out.join("loss.png");

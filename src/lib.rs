@@ -13,6 +13,7 @@ pub mod kernels;
 pub mod model;
 pub mod report;
 pub mod train;
+pub mod util;
 
 #[cfg(test)]
 pub(crate) mod testutil;

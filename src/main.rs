@@ -3,7 +3,7 @@
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use difftx::data::Tokenizer;
-use difftx::report::plot::thousands;
+use difftx::util::thousands;
 use difftx::{AttentionKind, Model, ModelConfig, Preset};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::io::IsTerminal;
@@ -443,7 +443,7 @@ fn progress(len: u64, what: &str) -> ProgressBar {
 }
 
 fn eval(a: EvalArgs) -> Result<()> {
-    let model = Model::load(&a.model)?;
+    let model = difftx::interop::load(&a.model)?;
     let tok = Tokenizer::for_model(&a.model, &model.config)?;
     let text = std::fs::read(&a.data).with_context(|| format!("{}", a.data.display()))?;
     let text = String::from_utf8(text)
@@ -539,7 +539,7 @@ fn repro(a: ReproArgs) -> Result<()> {
 
 fn attention_map(a: AttentionMapArgs) -> Result<()> {
     use difftx::report::heatmap::{plot_attention_maps, MapPanel};
-    let model = Model::load(&a.model)?;
+    let model = difftx::interop::load(&a.model)?;
     let tok = Tokenizer::for_model(&a.model, &model.config)?;
     let ids = tok.encode(&a.prompt)?;
     let m = difftx::eval::attention_stats::head_maps(&model, &ids, a.layer, a.head)?;
@@ -861,8 +861,11 @@ fn train(a: TrainArgs) -> Result<()> {
             o.step, o.seconds, o.train_loss
         );
         eprintln!("{name}: model {}", o.checkpoint.display());
-        if let Some(p) = &o.plot {
-            eprintln!("{name}: loss curve {}", p.display());
+        let label = format!("{} ({} params)", run.model.attention, thousands(o.params));
+        let title = format!("{name} — {} preset", run.preset.as_str());
+        match difftx::train::metrics::plot_run(&a.out, label, &title) {
+            Ok(p) => eprintln!("{name}: loss curve {}", p.display()),
+            Err(e) => eprintln!("{name}: could not draw the loss plot: {e}"),
         }
     }
     Ok(())
@@ -897,10 +900,7 @@ fn plot(a: PlotArgs) -> Result<()> {
     }
     let series: Vec<_> = loaded
         .iter()
-        .map(|(label, records)| difftx::report::plot::Series {
-            label: label.clone(),
-            records,
-        })
+        .map(|(label, records)| difftx::train::metrics::loss_series(label.clone(), records))
         .collect();
     let title = a.title.clone().unwrap_or_else(|| {
         a.runs
@@ -930,7 +930,7 @@ fn generate(a: GenerateArgs) -> Result<()> {
             a.temperature
         );
     }
-    let model = Model::load(&a.model)?;
+    let model = difftx::interop::load(&a.model)?;
     let tok = Tokenizer::for_model(&a.model, &model.config)?;
     let mut texts = a.prompt.clone();
     for f in &a.prompt_file {
@@ -1004,7 +1004,7 @@ fn export(a: ExportArgs) -> Result<()> {
     if a.format != "hf" {
         bail!("--format `{}` is not supported (expected hf)", a.format);
     }
-    let model = Model::load(&a.model)?;
+    let model = difftx::interop::load(&a.model)?;
     difftx::interop::hf::export(&model, &a.model, &a.out)?;
     eprintln!(
         "wrote {} ({} as Hugging Face {}; load it with AutoModelForCausalLM.from_pretrained)",
@@ -1277,7 +1277,7 @@ fn run(cli: Cli) -> Result<()> {
         }
         Cmd::Bench(BenchCmd::Decode(a)) => {
             let model = match &a.model {
-                Some(dir) => Model::load(dir)?,
+                Some(dir) => difftx::interop::load(dir)?,
                 None => Model::init(ModelConfig::preset(a.preset, a.attention), 0)?,
             };
             if a.prompt_len == 0 || a.new_tokens == 0 {

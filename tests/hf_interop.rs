@@ -37,7 +37,7 @@ fn check(case: &str, kind: AttentionKind) {
     let mut want_logits = vec![0.0; lv.shape().iter().product()];
     decode_f32(lv.dtype(), lv.data(), &mut want_logits).unwrap();
 
-    let model = Model::load(&dir).unwrap();
+    let model = difftx::interop::load(&dir).unwrap();
     assert_eq!(model.config.attention, kind, "{case}");
     let tok = Tokenizer::for_model(&dir, &model.config).unwrap();
     let prompt = tok.encode(exp["prompt"].as_str().unwrap()).unwrap();
@@ -129,7 +129,7 @@ fn export_to_hf_and_back_gives_identical_logits() {
         let mut m = Model::init(c, 4).unwrap();
         let out = tmp.path().join(kind.as_str());
         difftx::interop::hf::export(&m, tmp.path(), &out).unwrap();
-        let back = Model::load(&out).unwrap();
+        let back = difftx::interop::load(&out).unwrap();
         // A fresh subln weight is all ones, so nothing is folded: the bits come back.
         assert_same_params(&back, &m);
         if kind == AttentionKind::DiffV1 {
@@ -143,7 +143,7 @@ fn export_to_hf_and_back_gives_identical_logits() {
                 *w = 0.5 + i as f32 / 64.0;
             }
             difftx::interop::hf::export(&m, tmp.path(), &out).unwrap();
-            let back = Model::load(&out).unwrap();
+            let back = difftx::interop::load(&out).unwrap();
             let (a, b) = (logits_of(&m, &prompt), logits_of(&back, &prompt));
             let err = a
                 .iter()
@@ -160,10 +160,10 @@ fn export_to_hf_and_back_gives_identical_logits() {
     }
     // An HF model goes out and back bit for bit too.
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf/diffllama_gqa");
-    let m = Model::load(&dir).unwrap();
+    let m = difftx::interop::load(&dir).unwrap();
     let out = tmp.path().join("hf_again");
     difftx::interop::hf::export(&m, &dir, &out).unwrap();
-    assert_same_params(&Model::load(&out).unwrap(), &m);
+    assert_same_params(&difftx::interop::load(&out).unwrap(), &m);
     assert_eq!(
         std::fs::read(out.join("tokenizer.json")).unwrap(),
         std::fs::read(dir.join("tokenizer.json")).unwrap()

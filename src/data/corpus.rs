@@ -5,6 +5,7 @@
 use super::tokenizer::Tokenizer;
 use super::tokens::{TokenFile, TokenSlice, TokenStore, TokenWriter};
 use crate::error::{Error, Result};
+use crate::util::{fnv1a, FNV_START};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
@@ -109,14 +110,6 @@ pub fn expand_inputs(args: &[String]) -> Result<Vec<InputFile>> {
     found.retain(|f| seen.insert(std::fs::canonicalize(&f.path).unwrap_or(f.path.clone())));
     Ok(found)
 }
-
-/// 64-bit FNV-1a, stable across builds and platforms (names cached token files).
-pub fn fnv1a(h: u64, bytes: &[u8]) -> u64 {
-    bytes
-        .iter()
-        .fold(h, |h, &b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3))
-}
-const FNV_START: u64 = 0xcbf2_9ce4_8422_2325;
 
 /// A fingerprint of the inputs (path, size, modification time of each file) and the tokenizer:
 /// equal fingerprints mean the cached token file can be reused.
@@ -452,7 +445,7 @@ pub fn train_bpe(data: &[String], vocab_size: usize, out: &Path) -> Result<usize
         path: out.to_path_buf(),
         msg: format!("cannot serialise tokenizer ({e})"),
     })?;
-    crate::model::checkpoint::write_atomic(out, json.as_bytes())?;
+    crate::util::write_atomic(out, json.as_bytes())?;
     Ok(tok.get_vocab_size(true))
 }
 

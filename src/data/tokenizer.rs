@@ -50,7 +50,7 @@ impl Tokenizer {
         Ok(Tokenizer::Hf {
             tok: Box::new(tok),
             path: path.to_path_buf(),
-            hash: super::corpus::fnv1a(0xcbf2_9ce4_8422_2325, &bytes),
+            hash: crate::util::fnv1a(crate::util::FNV_START, &bytes),
         })
     }
 

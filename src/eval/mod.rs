@@ -4,7 +4,6 @@ pub mod attention_stats;
 pub mod icl;
 pub mod lm_scaling;
 pub mod loss;
-pub mod lowbit;
 pub mod needle;
 pub mod repro;
 

@@ -476,17 +476,14 @@ pub fn export(model: &Model, model_dir: &Path, out: &Path) -> Result<()> {
         path: wpath.clone(),
         msg: format!("cannot serialise ({e})"),
     })?;
-    crate::model::checkpoint::write_atomic(&wpath, &bytes)?;
+    crate::util::write_atomic(&wpath, &bytes)?;
     let tok_src = model_dir.join(crate::data::tokenizer::TOKENIZER_FILE);
     let tok = if tok_src.exists() {
         std::fs::read(&tok_src).map_err(|e| Error::io(&tok_src, e))?
     } else {
         serde_json::to_vec_pretty(&byte_level_tokenizer_json()).expect("json")
     };
-    crate::model::checkpoint::write_atomic(
-        &out.join(crate::data::tokenizer::TOKENIZER_FILE),
-        &tok,
-    )?;
+    crate::util::write_atomic(&out.join(crate::data::tokenizer::TOKENIZER_FILE), &tok)?;
     // Without a tokenizer_config.json transformers would pick a model-specific tokenizer class
     // (LlamaTokenizerFast adds a BOS); the plain fast tokenizer keeps tokenizer.json's rules.
     let tc_src = model_dir.join("tokenizer_config.json");
@@ -498,9 +495,9 @@ pub fn export(model: &Model, model_dir: &Path, out: &Path) -> Result<()> {
         )
         .expect("json")
     };
-    crate::model::checkpoint::write_atomic(&out.join("tokenizer_config.json"), &tc)?;
+    crate::util::write_atomic(&out.join("tokenizer_config.json"), &tc)?;
     let cfg_text = serde_json::to_string_pretty(&Value::Object(cfg)).expect("json");
-    crate::model::checkpoint::write_atomic(&out.join(CONFIG_FILE), cfg_text.as_bytes())
+    crate::util::write_atomic(&out.join(CONFIG_FILE), cfg_text.as_bytes())
 }
 
 #[cfg(test)]

@@ -5,6 +5,7 @@
 pub mod adamw;
 pub mod attention;
 mod attention_decode;
+pub mod attention_lowbit;
 #[cfg(target_arch = "x86_64")]
 mod attention_scores;
 #[cfg(target_arch = "x86_64")]

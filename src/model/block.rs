@@ -8,7 +8,7 @@
 use super::attention::{self as attn, Lambda};
 use super::bf16_weights::Bf16Weights;
 use super::kv_cache::KvCache;
-use super::params::LayerParams;
+use crate::config::params::LayerParams;
 use crate::config::{lambda_init_at, AttentionKind, ModelConfig};
 use crate::kernels::attention::{
     attention_backward, attention_delta, attention_forward, AttnShape,
@@ -233,9 +233,9 @@ pub fn block_forward(
             rope_forward(k, rope, t, s.nk, &[0]);
             match logit_bits {
                 None => attention_forward(o, lse, q, k, v, b, t, t, 0, s),
-                Some(bits) => {
-                    crate::eval::lowbit::quantized_attention_forward(o, q, k, v, b, t, s, bits)
-                }
+                Some(bits) => crate::kernels::attention_lowbit::quantized_attention_forward(
+                    o, q, k, v, b, t, s, bits,
+                ),
             }
         }
         Some((caches, pos0)) => {

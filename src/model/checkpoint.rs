@@ -4,6 +4,7 @@
 use super::model::Model;
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
+use crate::util::write_atomic;
 use safetensors::{Dtype, SafeTensors};
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -46,22 +47,6 @@ pub fn read_safetensors(path: &Path) -> Result<Vec<u8>> {
         msg: format!("not a complete safetensors file ({e})"),
     })?;
     Ok(bytes)
-}
-
-/// Writes `bytes` to `path` atomically: a temporary file, fsync, then rename over the target.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    use std::io::Write;
-    let tmp = PathBuf::from(format!("{}.tmp", path.display()));
-    let res = (|| {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)
-    })();
-    res.map_err(|e| {
-        let _ = std::fs::remove_file(&tmp);
-        Error::io(path, e)
-    })
 }
 
 /// Where a parameter's values come from when loading.
@@ -139,25 +124,34 @@ pub(crate) fn fill_params(
     Ok(())
 }
 
+/// Reads `DIR/config.json`: its path, its text and its JSON. A missing directory, a missing
+/// file and malformed JSON are each one error naming the path.
+pub fn read_config(dir: &Path) -> Result<(PathBuf, String, serde_json::Value)> {
+    if !dir.is_dir() {
+        return Err(Error::io(
+            dir,
+            std::io::Error::new(std::io::ErrorKind::NotFound, "model directory not found"),
+        ));
+    }
+    let cpath = dir.join(CONFIG_FILE);
+    let text = std::fs::read_to_string(&cpath).map_err(|e| Error::io(&cpath, e))?;
+    let json = serde_json::from_str(&text).map_err(|e| Error::Config {
+        path: cpath.clone(),
+        msg: format!("malformed JSON ({e})"),
+    })?;
+    Ok((cpath, text, json))
+}
+
 impl Model {
-    /// Loads a model directory: native difftx (`config.json` + `model.safetensors`), or a Hugging
-    /// Face `llama` / `diffllama` directory (converted exactly on load, see interop::hf).
+    /// Loads a native difftx model directory (`config.json` + `model.safetensors`). A Hugging
+    /// Face directory is refused here; `interop::load` takes either kind.
     pub fn load(dir: &Path) -> Result<Self> {
-        if !dir.is_dir() {
-            return Err(Error::io(
-                dir,
-                std::io::Error::new(std::io::ErrorKind::NotFound, "model directory not found"),
-            ));
-        }
-        let cpath = dir.join(CONFIG_FILE);
-        let text = std::fs::read_to_string(&cpath).map_err(|e| Error::io(&cpath, e))?;
-        let json: serde_json::Value = serde_json::from_str(&text).map_err(|e| Error::Config {
-            path: cpath.clone(),
-            msg: format!("malformed JSON ({e})"),
-        })?;
-        match json.get("model_type").and_then(|v| v.as_str()) {
-            Some("llama") | Some("diffllama") => return crate::interop::hf::load(dir, &json),
-            _ => {}
+        let (cpath, text, json) = read_config(dir)?;
+        if let Some(t @ ("llama" | "diffllama")) = json.get("model_type").and_then(|v| v.as_str()) {
+            return Err(Error::Config {
+                path: cpath,
+                msg: format!("a Hugging Face `{t}` model, not a native difftx one (load it with difftx::interop::load)"),
+            });
         }
         let config = ModelConfig::from_json_str(&text, &cpath)?;
         let wpath = dir.join(WEIGHTS_FILE);

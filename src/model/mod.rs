@@ -1,4 +1,4 @@
-//! The model: parameters, the three attention kinds, blocks, the stack, checkpoints.
+//! The model: the three attention kinds, blocks, the stack, checkpoints.
 
 pub mod attention;
 pub mod bf16_weights;
@@ -7,7 +7,6 @@ pub mod checkpoint;
 pub mod kv_cache;
 #[allow(clippy::module_inception)]
 pub mod model;
-pub mod params;
 
 pub use kv_cache::KvCache;
 pub use model::{Model, Workspace};

@@ -9,7 +9,7 @@
 use super::bf16_weights::Bf16Weights;
 use super::block::{block_backward, block_forward, linear_backward, Dims, LayerActs, Scratch};
 use super::kv_cache::KvCache;
-use super::params::ParamLayout;
+use crate::config::params::ParamLayout;
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::kernels::cross_entropy::{

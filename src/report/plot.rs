@@ -3,7 +3,6 @@
 //! Text is drawn with the DejaVu Sans font the repository ships (assets/), registered once.
 
 use crate::error::{Error, Result};
-use crate::train::metrics::MetricRecord;
 use plotters::prelude::*;
 use plotters::style::FontStyle;
 use std::path::Path;
@@ -50,35 +49,24 @@ pub(crate) fn register() -> Result<()> {
     }
 }
 
-/// One curve set: a label and a run's metrics.
-pub struct Series<'a> {
+/// One run's curves: a label, its training loss at every step and its validation loss where
+/// measured, as (step, loss) points in step order.
+pub struct Series {
     pub label: String,
-    pub records: &'a [MetricRecord],
-}
-
-/// 3345408 → "3,345,408".
-pub fn thousands(n: usize) -> String {
-    let s = n.to_string();
-    let mut out = String::new();
-    for (i, c) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
+    pub train: Vec<(f64, f64)>,
+    pub val: Vec<(f64, f64)>,
 }
 
 /// Bias-corrected exponential moving average of the training loss, (step, value) points.
-fn smoothed(records: &[MetricRecord]) -> Vec<(f64, f64)> {
-    let beta = if records.len() > 200 { 0.95 } else { 0.8 };
+fn smoothed(train: &[(f64, f64)]) -> Vec<(f64, f64)> {
+    let beta = if train.len() > 200 { 0.95 } else { 0.8 };
     let (mut avg, mut w) = (0f64, 0f64);
-    records
+    train
         .iter()
-        .map(|r| {
-            avg = beta * avg + (1.0 - beta) * r.loss as f64;
+        .map(|&(step, loss)| {
+            avg = beta * avg + (1.0 - beta) * loss;
             w = beta * w + (1.0 - beta);
-            (r.step as f64, avg / w)
+            (step, avg / w)
         })
         .collect()
 }
@@ -90,19 +78,12 @@ pub fn plot_runs(series: &[Series], title: &str, out: &Path) -> Result<()> {
         path: out.to_path_buf(),
         msg: format!("cannot draw the plot ({e})"),
     };
-    let trains: Vec<Vec<(f64, f64)>> = series.iter().map(|s| smoothed(s.records)).collect();
-    let vals: Vec<Vec<(f64, f64)>> = series
-        .iter()
-        .map(|s| {
-            s.records
-                .iter()
-                .filter_map(|r| r.val_loss.map(|v| (r.step as f64, v)))
-                .collect()
-        })
-        .collect();
+    let trains: Vec<Vec<(f64, f64)>> = series.iter().map(|s| smoothed(&s.train)).collect();
+    let vals: Vec<Vec<(f64, f64)>> = series.iter().map(|s| s.val.clone()).collect();
     let xmax = series
         .iter()
-        .flat_map(|s| s.records.last().map(|r| r.step as f64))
+        .flat_map(|s| s.train.last().into_iter().chain(s.val.last()))
+        .map(|p| p.0)
         .fold(1.0, f64::max);
     // The y range leaves out the first few percent of training, where the loss falls from
     // log(V): otherwise the part worth comparing is a flat line at the bottom.
@@ -183,35 +164,23 @@ mod tests {
     use super::*;
 
     #[test]
-    fn thousands_groups_digits() {
-        assert_eq!(thousands(3_345_408), "3,345,408");
-        assert_eq!(thousands(999), "999");
-        assert_eq!(thousands(1000), "1,000");
-    }
-
-    #[test]
     fn plot_writes_a_png_with_drawn_text_and_curves() {
-        let recs: Vec<MetricRecord> = (1..=50)
-            .map(|s| MetricRecord {
-                step: s,
-                loss: 5.0 / s as f32 + 1.0,
-                lr: 1e-3,
-                grad_norm: 1.0,
-                tokens_per_s: 1.0,
-                lambda: vec![],
-                val_loss: (s % 10 == 0).then(|| 5.0 / s as f64 + 1.1),
-            })
+        let train: Vec<(f64, f64)> = (1..=50).map(|s| (s as f64, 5.0 / s as f64 + 1.0)).collect();
+        let val: Vec<(f64, f64)> = (1..=5)
+            .map(|i| (10.0 * i as f64, 0.5 / i as f64 + 1.1))
             .collect();
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("x.png");
         let series = [
             Series {
                 label: "a".into(),
-                records: &recs,
+                train: train.clone(),
+                val: val.clone(),
             },
             Series {
                 label: "b".into(),
-                records: &recs[..30],
+                train: train[..30].to_vec(),
+                val: val[..3].to_vec(),
             },
         ];
         plot_runs(&series, "test", &p).unwrap();

@@ -8,13 +8,27 @@
 //! λ = exp(λq1·λk1) − exp(λq2·λk2) + λ_init, diff_v2's mean σ(lambda_proj x) over the step's
 //! last micro-batch; absent for `standard`. Lines are written without allocating.
 
-use super::trainer::StepReport;
 use crate::error::{Error, Result};
+use crate::report::plot::{plot_runs, Series};
 use serde::{Deserialize, Serialize};
 use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
 
 pub const METRICS_FILE: &str = "metrics.jsonl";
+/// The run folder's loss plot, drawn from its metrics by whoever ran the training.
+pub const PLOT_FILE: &str = "loss.png";
+
+/// One finished step, as the observer sees it and as `metrics.jsonl` records it.
+pub struct StepReport<'a> {
+    pub step: u64,
+    pub steps: u64,
+    pub loss: f32,
+    pub lr: f32,
+    pub grad_norm: f32,
+    pub tokens_per_s: f64,
+    pub lambda: &'a [f32],
+    pub val_loss: Option<f64>,
+}
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct MetricRecord {
@@ -50,7 +64,7 @@ impl MetricsLog {
                 text.push('\n');
             }
         }
-        crate::model::checkpoint::write_atomic(path, text.as_bytes())?;
+        crate::util::write_atomic(path, text.as_bytes())?;
         let f = std::fs::OpenOptions::new()
             .append(true)
             .open(path)
@@ -130,6 +144,30 @@ pub fn read_metrics(path: &Path) -> Result<Vec<MetricRecord>> {
             })
         })
         .collect()
+}
+
+/// A run's loss curves for a plot: the training loss of every step and the validation loss
+/// where it was measured.
+pub fn loss_series(label: String, records: &[MetricRecord]) -> Series {
+    Series {
+        label,
+        train: records
+            .iter()
+            .map(|r| (r.step as f64, r.loss as f64))
+            .collect(),
+        val: records
+            .iter()
+            .filter_map(|r| r.val_loss.map(|v| (r.step as f64, v)))
+            .collect(),
+    }
+}
+
+/// Draws `RUN/loss.png` from `RUN/metrics.jsonl`, one run's curves under `label`.
+pub fn plot_run(run: &Path, label: String, title: &str) -> Result<PathBuf> {
+    let records = read_metrics(&run.join(METRICS_FILE))?;
+    let path = run.join(PLOT_FILE);
+    plot_runs(&[loss_series(label, &records)], title, &path)?;
+    Ok(path)
 }
 
 #[cfg(test)]

@@ -9,6 +9,7 @@ pub mod schedule;
 pub mod step;
 pub mod trainer;
 
+pub use metrics::StepReport;
 pub use options::{RunConfig, TrainConfig, TrainOptions};
 pub use step::{Optimizer, TrainStep};
-pub use trainer::{train, Observer, Outcome, Silent, StepReport};
+pub use trainer::{train, Observer, Outcome, Silent};

@@ -6,14 +6,14 @@
 //! ```text
 //! OUT/run.json          the resolved configuration and parameter counts
 //! OUT/metrics.jsonl     one line per step (train/metrics.rs)
-//! OUT/loss.png          train and validation loss, written at the end
+//! OUT/loss.png          train and validation loss, drawn by the caller (metrics::plot_run)
 //! OUT/checkpoints/      step-NNNNNNNN folders (train/checkpoint.rs)
 //! ```
 
 use super::checkpoint::{
     checkpoint_name, list_checkpoints, load_latest, save_checkpoint, TrainerState,
 };
-use super::metrics::{read_metrics, MetricsLog, METRICS_FILE};
+use super::metrics::{MetricsLog, StepReport, METRICS_FILE};
 use super::options::RunConfig;
 use super::schedule::lr_at;
 use super::step::Optimizer;
@@ -28,19 +28,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 pub const RUN_FILE: &str = "run.json";
-pub const PLOT_FILE: &str = "loss.png";
-
-/// One finished step, as the observer sees it.
-pub struct StepReport<'a> {
-    pub step: u64,
-    pub steps: u64,
-    pub loss: f32,
-    pub lr: f32,
-    pub grad_norm: f32,
-    pub tokens_per_s: f64,
-    pub lambda: &'a [f32],
-    pub val_loss: Option<f64>,
-}
 
 /// Receives progress (the CLI draws a progress bar from it).
 pub trait Observer {
@@ -67,7 +54,6 @@ pub struct Outcome {
     pub val_loss: Option<f64>,
     pub params: usize,
     pub seconds: f64,
-    pub plot: Option<PathBuf>,
 }
 
 fn all_finite(x: &[f32]) -> bool {
@@ -309,7 +295,7 @@ pub fn train(
         "params": params,
         "threads": threads(),
     });
-    crate::model::checkpoint::write_atomic(
+    crate::util::write_atomic(
         &out.join(RUN_FILE),
         serde_json::to_string_pretty(&run_json)
             .expect("json")
@@ -455,35 +441,6 @@ pub fn train(
             p
         }
     };
-    let plot = if interrupted {
-        None
-    } else {
-        let path = out.join(PLOT_FILE);
-        let records = read_metrics(&out.join(METRICS_FILE))?;
-        let label = format!(
-            "{} ({} params)",
-            run.model.attention,
-            crate::report::plot::thousands(params)
-        );
-        match crate::report::plot::plot_runs(
-            &[crate::report::plot::Series {
-                label,
-                records: &records,
-            }],
-            &format!(
-                "{} — {} preset",
-                out.file_name().unwrap_or_default().to_string_lossy(),
-                run.preset.as_str()
-            ),
-            &path,
-        ) {
-            Ok(()) => Some(path),
-            Err(e) => {
-                observer.note(&format!("could not draw the loss plot: {e}"));
-                None
-            }
-        }
-    };
     let _ = last_saved;
     Ok(Outcome {
         step,
@@ -493,7 +450,6 @@ pub fn train(
         val_loss: last_val,
         params,
         seconds: started.elapsed().as_secs_f64(),
-        plot,
     })
 }
 

@@ -1,4 +1,7 @@
-//! `ModelConfig` mirrors the native `config.json` (SPEC.md), plus the presets and parameter counts.
+//! `ModelConfig` mirrors the native `config.json` (docs/SPEC.md), plus the presets and the
+//! parameter table (`params`) that the config implies.
+
+pub mod params;
 
 use crate::error::{Error, Result};
 use serde_json::{Map, Value};
@@ -394,7 +397,7 @@ impl ModelConfig {
 
     /// Total number of parameters (every tensor in the checkpoint).
     pub fn num_params(&self) -> usize {
-        crate::model::params::ParamLayout::new(self).total
+        params::ParamLayout::new(self).total
     }
 }
 
@@ -586,7 +589,7 @@ mod tests {
         };
         // bench: L = 4 layers of d = 32
         assert_eq!(no_subln.num_params(), 3_345_408 - 4 * 2 * 32);
-        let layout = crate::model::params::ParamLayout::new(&no_subln);
+        let layout = params::ParamLayout::new(&no_subln);
         assert!(layout.layers.iter().all(|p| p.subln.is_none()));
         assert!(layout.specs.iter().all(|s| !s.name.contains("subln")));
         // a constant λ_init changes no tensor

@@ -2,7 +2,7 @@
 //! Parameters, gradients and AdamW moments all share this layout, so the optimizer and the
 //! gradient norm are single loops.
 
-use crate::config::{AttentionKind, ModelConfig};
+use super::{AttentionKind, ModelConfig};
 use std::ops::Range;
 
 /// One tensor: its Hugging Face style name, torch shape and place in the flat buffer.
