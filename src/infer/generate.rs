@@ -60,6 +60,7 @@ fn generate_in_pool(
     opts: &GenerateOptions,
     mut on_token: impl FnMut(usize, u32),
 ) -> Result<Generation> {
+    opts.sampling.validate()?;
     let ctx = model.config.max_position_embeddings;
     let mut used: Vec<&[u32]> = Vec::with_capacity(prompts.len());
     for (i, p) in prompts.iter().enumerate() {

@@ -1,5 +1,6 @@
 //! Picking the next token from logits: greedy, or temperature with optional top-k / top-p.
 
+use crate::error::{Error, Result};
 use rand::Rng;
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -19,6 +20,28 @@ impl Sampling {
             top_k: None,
             top_p: None,
         }
+    }
+
+    /// Refuses settings that cannot sample: a negative or NaN temperature, top-k of 0, top-p
+    /// outside (0, 1].
+    pub fn validate(&self) -> Result<()> {
+        if let Some(p) = self.top_p {
+            if !(p > 0.0 && p <= 1.0) {
+                return Err(Error::Invalid(format!(
+                    "--top-p must be in (0, 1], got {p}"
+                )));
+            }
+        }
+        if self.top_k == Some(0) {
+            return Err(Error::Invalid("--top-k must be at least 1".into()));
+        }
+        if self.temperature.is_nan() || self.temperature < 0.0 {
+            return Err(Error::Invalid(format!(
+                "--temperature must be 0 (greedy) or positive, got {}",
+                self.temperature
+            )));
+        }
+        Ok(())
     }
 }
 

@@ -236,6 +236,18 @@ pub fn load_latest(out: &Path) -> Result<(Option<Restored>, Vec<String>)> {
     Ok((None, notes))
 }
 
+/// Refuses a run folder that already holds a checkpoint, for a run that does not resume.
+pub fn ensure_fresh(out: &Path) -> Result<()> {
+    match list_checkpoints(out)?.last() {
+        None => Ok(()),
+        Some((step, _)) => Err(Error::Invalid(format!(
+            "{} already holds a training run (checkpoint {}); pass --resume to continue it or choose another --out",
+            out.display(),
+            checkpoint_name(*step)
+        ))),
+    }
+}
+
 /// The run recorded by the newest checkpoint that has a readable trainer state, if any.
 pub fn latest_run(out: &Path) -> Result<Option<RunConfig>> {
     for (_, dir) in list_checkpoints(out)?.into_iter().rev() {

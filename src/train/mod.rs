@@ -12,4 +12,4 @@ pub mod trainer;
 pub use metrics::StepReport;
 pub use options::{RunConfig, TrainConfig, TrainOptions};
 pub use step::{Optimizer, TrainStep};
-pub use trainer::{train, Observer, Outcome, Silent};
+pub use trainer::{prepare_run, train, Observer, Outcome, PreparedRun, Silent};

@@ -14,129 +14,133 @@ use std::path::{Path, PathBuf};
 
 /// Every setting of `difftx train`; `None` / empty means "not given". The TOML keys are the
 /// flag names with underscores (`--max-position-embeddings` is `max_position_embeddings`).
-#[derive(Clone, Debug, Default, PartialEq, clap::Args, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "cli", derive(clap::Args))]
 #[serde(default, deny_unknown_fields)]
 pub struct TrainOptions {
     // ---- data ----
     /// Training text: files, folders (read recursively; files that are not UTF-8 text are
     /// skipped) or glob patterns such as 'texts/*.txt'. Several may follow one --data.
-    #[arg(long, num_args = 1.., value_name = "PATH")]
+    #[cfg_attr(feature = "cli", arg(long, num_args = 1.., value_name = "PATH"))]
     pub data: Vec<String>,
     /// Separate validation text (files, folders or globs); default: hold out the last
     /// --val-fraction of --data.
-    #[arg(long, num_args = 1.., value_name = "PATH")]
+    #[cfg_attr(feature = "cli", arg(long, num_args = 1.., value_name = "PATH"))]
     pub val_data: Vec<String>,
     /// Fraction of the training tokens held out (from the end) for validation [default: 0.01].
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub val_fraction: Option<f64>,
     /// A Hugging Face tokenizer.json (e.g. from `difftx tokenizer train`); the vocabulary size
     /// follows it [default: byte-level, 256 ids].
-    #[arg(long, value_name = "FILE")]
+    #[cfg_attr(feature = "cli", arg(long, value_name = "FILE"))]
     pub tokenizer: Option<PathBuf>,
 
     // ---- model ----
     /// Model size: tiny, small, bench or medium (`difftx presets` lists the parameter counts)
     /// [default: tiny].
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub preset: Option<String>,
     /// standard, diff_v1 or diff_v2; each preset matches parameters across the three
     /// [default: diff_v1].
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub attention: Option<String>,
     /// Model width D. Unless --head-dim is given, the head dim follows as D / heads
     /// (D / 2H for diff_v1), and the SwiGLU width as 8/3 D rounded up to 64.
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub hidden_size: Option<usize>,
     /// SwiGLU hidden width.
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub intermediate_size: Option<usize>,
     /// Number of blocks L.
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub num_hidden_layers: Option<usize>,
     /// Heads H: differential heads for diff_v1, output heads for diff_v2, heads for standard.
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub num_attention_heads: Option<usize>,
     /// Key/value heads (GQA when fewer than the query heads).
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub num_key_value_heads: Option<usize>,
     /// Head dim d (even: RoPE rotates pairs).
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub head_dim: Option<usize>,
     /// Context length T: each training window holds T tokens.
-    #[arg(long, visible_alias = "context")]
+    #[cfg_attr(feature = "cli", arg(long, visible_alias = "context"))]
     pub max_position_embeddings: Option<usize>,
     /// RoPE base [default: 10000].
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub rope_theta: Option<f64>,
     /// RMSNorm epsilon [default: 1e-5].
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub rms_norm_eps: Option<f64>,
     /// Share the input embedding with lm_head (true or false) [default: false].
-    #[arg(long, value_name = "BOOL")]
+    #[cfg_attr(feature = "cli", arg(long, value_name = "BOOL"))]
     pub tie_word_embeddings: Option<bool>,
     /// diff_v1 ablation (paper Table 6): one constant λ_init for every layer, in [0, 1); the
     /// paper tries 0.8 and 0.5 [default: the schedule 0.8 − 0.6·exp(−0.3·l) of layer l].
-    #[arg(long, value_name = "X")]
+    #[cfg_attr(feature = "cli", arg(long, value_name = "X"))]
     pub lambda_init: Option<f64>,
     /// diff_v1 ablation (paper Table 6): no per-head RMSNorm (subln) and no (1 − λ_init)
     /// scale, each head outputs attn1 − λ·attn2 (TOML: no_subln = true).
-    #[arg(long, num_args = 0, default_missing_value = "true")]
+    #[cfg_attr(
+        feature = "cli",
+        arg(long, num_args = 0, default_missing_value = "true")
+    )]
     pub no_subln: Option<bool>,
 
     // ---- optimisation ----
     /// Optimizer steps (updates) in the whole run [default: 1000].
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub steps: Option<u64>,
     /// Windows per micro-batch [default: 8].
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub batch: Option<usize>,
     /// Micro-batches whose gradients are averaged into one update [default: 1].
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub grad_accum: Option<usize>,
     /// Peak learning rate, reached after the warm-up [default: 1e-3].
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub lr: Option<f32>,
     /// Learning rate at the end of the cosine decay [default: lr / 10].
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub min_lr: Option<f32>,
     /// Linear warm-up steps [default: 5% of --steps].
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub warmup: Option<u64>,
     /// Decoupled AdamW weight decay, on matrices only (not norms or lambdas) [default: 0.1].
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub weight_decay: Option<f32>,
     /// AdamW beta1 [default: 0.9].
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub beta1: Option<f32>,
     /// AdamW beta2 [default: 0.95].
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub beta2: Option<f32>,
     /// AdamW epsilon [default: 1e-8].
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub adam_eps: Option<f32>,
     /// Clip the global gradient norm to this; 0 turns clipping off [default: 1.0].
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub clip: Option<f32>,
     /// Seed of the initial weights and of the window sampler [default: 0].
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub seed: Option<u64>,
 
     // ---- evaluation and checkpoints ----
     /// Validation loss every N steps (and at the end) [default: 100].
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub eval_every: Option<u64>,
     /// Validation windows scored each time, in batches of --batch [default: 16 batches].
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub val_batches: Option<usize>,
     /// Checkpoint every N steps (and always at the end); 0: only at the end [default: 500].
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub ckpt_every: Option<u64>,
     /// Checkpoints kept (older ones are deleted after a newer one is complete) [default: 3].
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub keep_last: Option<usize>,
     /// Matrix products in bf16: set by the global `--bf16` flag (or TOML `bf16 = true`)
     /// and recorded, so that a resumed run keeps the precision it started with.
-    #[arg(skip)]
+    #[cfg_attr(feature = "cli", arg(skip))]
     pub bf16: Option<bool>,
 }
 
@@ -425,6 +429,18 @@ impl RunConfig {
             let vb = &b[k];
             (va != vb).then(|| (k.clone(), va.to_string(), vb.to_string()))
         })
+    }
+
+    /// Refuses to resume the run recorded in `dir` with settings that would train differently,
+    /// naming the first such setting, its recorded value and the one given now.
+    pub fn check_resumes(&self, recorded: &RunConfig, dir: &Path) -> Result<()> {
+        match recorded.first_difference(self) {
+            None => Ok(()),
+            Some((k, was, now)) => Err(Error::Invalid(format!(
+                "--resume: {k} is {now}, but the run in {} used {was}",
+                dir.display()
+            ))),
+        }
     }
 
     pub fn to_json(&self) -> Value {

@@ -11,14 +11,15 @@
 //! ```
 
 use super::checkpoint::{
-    checkpoint_name, list_checkpoints, load_latest, save_checkpoint, TrainerState,
+    checkpoint_name, ensure_fresh, latest_run, list_checkpoints, load_latest, save_checkpoint,
+    TrainerState,
 };
 use super::metrics::{MetricsLog, StepReport, METRICS_FILE};
-use super::options::RunConfig;
+use super::options::{RunConfig, TrainOptions};
 use super::schedule::lr_at;
 use super::step::Optimizer;
 use crate::config::AttentionKind;
-use crate::data::{Dataset, TokenSlice, WindowSampler};
+use crate::data::{Dataset, TokenSlice, Tokenizer, WindowSampler};
 use crate::error::{Error, Result};
 use crate::kernels::adamw::AdamWParams;
 use crate::model::attention::lambda_full;
@@ -178,6 +179,48 @@ fn validate(
     Ok(sum / count as f64)
 }
 
+/// A run about to start or resume: its resolved settings, its tokenizer, and the options as
+/// given over the recorded ones.
+pub struct PreparedRun {
+    pub run: RunConfig,
+    pub tokenizer: Tokenizer,
+    pub options: TrainOptions,
+}
+
+/// Resolves what a run in `out` will do, before anything is written: on `resume` the settings
+/// recorded by its newest checkpoint are the base that `opts` overlays (and any setting given
+/// again must agree with them); otherwise `out` must hold no run yet.
+pub fn prepare_run(opts: &TrainOptions, out: &Path, resume: bool) -> Result<PreparedRun> {
+    let recorded = if resume {
+        latest_run(out)?
+    } else {
+        ensure_fresh(out)?;
+        None
+    };
+    let opts = match &recorded {
+        Some(r) => r.to_options().overlaid(opts),
+        None => opts.clone(),
+    };
+    let tokenizer = match &opts.tokenizer {
+        Some(p) => Tokenizer::from_file(p)?,
+        None => Tokenizer::Bytes,
+    };
+    let run = opts.resolve(tokenizer.vocab_size())?;
+    if let Some(r) = &recorded {
+        run.check_resumes(r, out)?;
+    }
+    if run.data.data.is_empty() {
+        return Err(Error::Invalid(
+            "no training data: pass --data FILE|FOLDER|GLOB".into(),
+        ));
+    }
+    Ok(PreparedRun {
+        run,
+        tokenizer,
+        options: opts,
+    })
+}
+
 /// Checks that the data holds at least one window, naming the split and the numbers.
 pub fn check_windows(data: &Dataset, t: usize) -> Result<()> {
     for (what, s, hint) in [
@@ -225,15 +268,8 @@ pub fn train(
     check_windows(data, t)?;
 
     // ---- fresh start or resume ----
-    let existing = list_checkpoints(out)?;
     if !resume {
-        if let Some((_, last)) = existing.last() {
-            return Err(Error::Invalid(format!(
-                "{} already holds a training run (checkpoint {}); pass --resume to continue it or choose another --out",
-                out.display(),
-                last.file_name().unwrap_or_default().to_string_lossy()
-            )));
-        }
+        ensure_fresh(out)?;
     }
     let (restored, notes) = if resume {
         load_latest(out)?
@@ -252,12 +288,7 @@ pub fn train(
     };
     let (mut model, mut opt, mut sampler, first_step, mut tokens_seen) = match restored {
         Some(r) => {
-            if let Some((k, was, now)) = r.run.first_difference(run) {
-                return Err(Error::Invalid(format!(
-                    "--resume: {k} is {now}, but the run in {} used {was}",
-                    r.dir.display()
-                )));
-            }
+            run.check_resumes(&r.run, &r.dir)?;
             if r.state.threads != threads() {
                 observer.note(&format!(
                     "note: the run was written with {} threads and resumes with {}; losses will not match the uninterrupted run bit for bit",

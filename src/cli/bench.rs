@@ -1,0 +1,457 @@
+//! `difftx bench …`: speed and memory benchmarks (train step, matmul, decode, attention,
+//! memory, bf16 against f32).
+
+use super::percent;
+use super::progress::progress;
+use anyhow::{bail, Result};
+use clap::{Args, Subcommand};
+use difftx::util::thousands;
+use difftx::{AttentionKind, Model, ModelConfig, Preset};
+use std::path::PathBuf;
+
+#[derive(Subcommand)]
+pub enum BenchCmd {
+    /// Median time of a full training step (forward, backward, AdamW) on random tokens.
+    Train(BenchTrainArgs),
+    /// GFLOP/s of one matrix product, difftx's f32 kernel against the `gemm` crate (and bf16
+    /// where the CPU has AVX512_BF16), alternating.
+    Matmul(BenchMatmulArgs),
+    /// Prefill and batch-1 greedy decode tokens/s (compare with bench/hf_decode.py).
+    Decode(BenchDecodeArgs),
+    /// One layer's attention kernel, forward and backward, on a preset's head layout.
+    Attention(BenchAttentionArgs),
+    /// Peak memory of a training step against what the buffers add up to.
+    Memory(BenchMemoryArgs),
+    /// The same short training run with f32 and with bf16 matrix products: step times,
+    /// how far apart the loss curves end up, and both curves in a PNG.
+    Bf16(BenchBf16Args),
+}
+
+pub fn run(cmd: BenchCmd) -> Result<()> {
+    match cmd {
+        BenchCmd::Train(a) => train(a),
+        BenchCmd::Bf16(a) => bf16(a),
+        BenchCmd::Memory(a) => memory(a),
+        BenchCmd::Attention(a) => attention(a),
+        BenchCmd::Decode(a) => decode(a),
+        BenchCmd::Matmul(a) => matmul(a),
+    }
+}
+
+/// The model a benchmark builds: a preset of one attention kind, its batch and context.
+#[derive(Args)]
+pub struct BenchShape {
+    /// tiny, small, bench or medium
+    #[arg(long, default_value = "bench")]
+    pub preset: Preset,
+    /// standard, diff_v1 or diff_v2
+    #[arg(long, default_value = "diff_v1")]
+    pub attention: AttentionKind,
+    /// Sequences per step.
+    #[arg(long, default_value_t = 8)]
+    pub batch: usize,
+    /// Override the preset's context length.
+    #[arg(long)]
+    pub seq: Option<usize>,
+}
+
+impl BenchShape {
+    fn config(&self) -> Result<ModelConfig> {
+        let mut c = ModelConfig::preset(self.preset, self.attention);
+        if let Some(t) = self.seq {
+            c.max_position_embeddings = t;
+        }
+        if self.batch == 0 || c.max_position_embeddings == 0 {
+            bail!("--batch and --seq must be positive");
+        }
+        Ok(c)
+    }
+}
+
+#[derive(Args)]
+pub struct BenchTrainArgs {
+    #[command(flatten)]
+    pub shape: BenchShape,
+    #[arg(long, default_value_t = 3)]
+    pub warmup: usize,
+    #[arg(long, default_value_t = 10)]
+    pub steps: usize,
+    /// Print one JSON object on stdout (step_ms, tokens_per_second, peak_rss_bytes, ...).
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args)]
+pub struct BenchBf16Args {
+    #[command(flatten)]
+    pub shape: BenchShape,
+    /// Training steps of each run.
+    #[arg(long, default_value_t = 300)]
+    pub steps: u64,
+    /// Peak learning rate (warm-up, then cosine to a tenth).
+    #[arg(long, default_value_t = 1e-3)]
+    pub lr: f32,
+    #[arg(long, default_value_t = 30)]
+    pub warmup: u64,
+    /// Text to train on, byte-level: a file, or a folder of fortune files. Default: Debian's
+    /// fortunes (/usr/share/games/fortunes) where installed, else the built-in demo text.
+    #[arg(long)]
+    pub corpus: Option<PathBuf>,
+    /// Write both loss curves (means over 10 steps) to this PNG.
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
+    /// Print one JSON object on stdout (both curves included).
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args)]
+pub struct BenchMemoryArgs {
+    #[command(flatten)]
+    pub shape: BenchShape,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args)]
+pub struct BenchAttentionArgs {
+    #[command(flatten)]
+    pub shape: BenchShape,
+    #[arg(long, default_value_t = 5)]
+    pub reps: usize,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args)]
+pub struct BenchDecodeArgs {
+    /// A model directory; without it, a freshly initialised --preset/--attention model.
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    #[arg(long, default_value = "bench")]
+    pub preset: Preset,
+    #[arg(long, default_value = "diff_v1")]
+    pub attention: AttentionKind,
+    #[arg(long, default_value_t = 128)]
+    pub prompt_len: usize,
+    #[arg(long, default_value_t = 128)]
+    pub new_tokens: usize,
+    #[arg(long, default_value_t = 3)]
+    pub reps: usize,
+    /// Also measure read bandwidth, of main memory and of a buffer the size of the weights and
+    /// KV cache (cache-resident where it fits), and compare each token's time with reading
+    /// those bytes once at each rate.
+    #[arg(long)]
+    pub bandwidth: bool,
+    /// Print one JSON object on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args)]
+pub struct BenchMatmulArgs {
+    /// M = N = K unless --m/--n/--k are given.
+    #[arg(long, default_value_t = 1024)]
+    pub size: usize,
+    #[arg(long)]
+    pub m: Option<usize>,
+    #[arg(long)]
+    pub n: Option<usize>,
+    #[arg(long)]
+    pub k: Option<usize>,
+    #[arg(long, default_value_t = 20)]
+    pub reps: usize,
+    /// Operand storage: nn (both row-major), nt (B stored transposed: X·Wᵀ, a linear layer's
+    /// forward) or tn (A stored transposed: dYᵀ·X, its weight gradient).
+    #[arg(long, default_value = "nn", value_parser = ["nn", "nt", "tn"])]
+    pub layout: String,
+    /// A and C from main memory, as inside a training step (whose activations do not stay in
+    /// the caches): each repetition takes the next of enough copies of them to overflow the L3.
+    /// B (a weight) stays cached.
+    #[arg(long)]
+    pub cold: bool,
+    /// One JSON object per backend on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn train(a: BenchTrainArgs) -> Result<()> {
+    let config = a.shape.config()?;
+    if a.steps == 0 {
+        bail!("--steps must be positive");
+    }
+    let pb = progress((a.warmup + a.steps) as u64, "steps");
+    let r =
+        difftx::bench::bench_train(&config, a.shape.batch, a.warmup, a.steps, |_, _| pb.inc(1))?;
+    pb.finish_and_clear();
+    if a.json {
+        println!("{}", serde_json::to_string(&r)?);
+    } else {
+        let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+        println!(
+            "{} {} ({} params), batch {} × {} tokens, {} threads, {} matrix products",
+            a.shape.preset.as_str(),
+            r.attention,
+            r.params,
+            r.batch,
+            r.seq,
+            r.threads,
+            r.precision
+        );
+        println!(
+            "step {:.1} ms median (min {:.1}, max {:.1}) over {} steps  |  {:.0} tokens/s  |  {:.1} GFLOP/s ({:.2} GFLOP/step)",
+            r.step_ms,
+            r.step_ms_min,
+            r.step_ms_max,
+            r.steps,
+            r.tokens_per_second,
+            r.gflops,
+            r.flops_per_step / 1e9
+        );
+        println!(
+            "memory: peak RSS {:.1} MiB; params+grads+AdamW {:.1} MiB; activations+scratch {:.1} MiB",
+            mib(r.peak_rss_bytes),
+            mib(r.state_bytes),
+            mib(r.workspace_bytes)
+        );
+    }
+    Ok(())
+}
+
+fn bf16(a: BenchBf16Args) -> Result<()> {
+    use difftx::eval::lm_scaling::{load_fortunes, FORTUNES_DIR};
+    use difftx::report::lines::{plot_lines, Axes, Line, Point};
+    let config = a.shape.config()?;
+    if a.steps == 0 {
+        bail!("--steps must be positive");
+    }
+    let (text, source) = match &a.corpus {
+        Some(p) => (load_fortunes(p)?, p.display().to_string()),
+        None if std::path::Path::new(FORTUNES_DIR).is_dir() => (
+            load_fortunes(std::path::Path::new(FORTUNES_DIR))?,
+            FORTUNES_DIR.to_string(),
+        ),
+        None => (
+            difftx::demo::DEMO_TEXT.as_bytes().to_vec(),
+            "the built-in demo text".to_string(),
+        ),
+    };
+    let run = difftx::train::in_memory::ShortRun {
+        steps: a.steps,
+        batch: a.shape.batch,
+        context: config.max_position_embeddings,
+        lr: a.lr,
+        warmup: a.warmup.min(a.steps),
+    };
+    eprintln!(
+        "bench bf16: {} {}, {} steps × {} × {} bytes of {source} ({} bytes), f32 then bf16",
+        a.shape.preset.as_str(),
+        config.attention,
+        run.steps,
+        run.batch,
+        run.context,
+        thousands(text.len())
+    );
+    let pb = progress(2 * a.steps, "steps");
+    let r = difftx::bench::bench_bf16(&config, &run, &text, |tag, _| {
+        pb.set_message(tag.to_string());
+        pb.inc(1)
+    })?;
+    pb.finish_and_clear();
+    if let Some(path) = &a.plot {
+        let line = |p: &difftx::bench::PrecisionRun| Line {
+            label: format!("{} products (val {:.4})", p.precision, p.val_loss),
+            points: difftx::bench::window_means(&p.losses)
+                .into_iter()
+                .enumerate()
+                .map(|(i, y)| Point {
+                    x: ((i + 1) * difftx::bench::WINDOW).min(p.losses.len()) as f64,
+                    y,
+                    sd: None,
+                })
+                .collect(),
+        };
+        let title = format!(
+            "{} {}: training loss, f32 vs bf16 matrix products (max gap {})",
+            a.shape.preset.as_str(),
+            r.attention,
+            percent(r.max_window_rel_diff)
+        );
+        plot_lines(
+            &[line(&r.f32), line(&r.bf16)],
+            &Axes {
+                title: &title,
+                x_label: "step",
+                y_label: "training loss (nats/byte, 10-step means)",
+                log_x: false,
+                y_range: None,
+            },
+            path,
+        )?;
+        eprintln!("bench bf16: wrote {}", path.display());
+    }
+    if a.json {
+        println!("{}", serde_json::to_string(&r)?);
+    } else {
+        let tail = |p: &difftx::bench::PrecisionRun| {
+            let w = &p.losses[p.losses.len().saturating_sub(difftx::bench::WINDOW)..];
+            w.iter().sum::<f32>() / w.len() as f32
+        };
+        println!(
+            "{} ({} params), batch {} × {} tokens, {} threads",
+            r.attention, r.params, r.batch, r.seq, r.threads
+        );
+        for p in [&r.f32, &r.bf16] {
+            println!(
+                "{:>4}: step {:.1} ms median  |  final training loss {:.4}  |  val loss {:.4}",
+                p.precision,
+                p.step_ms,
+                tail(p),
+                p.val_loss
+            );
+        }
+        println!(
+            "bf16 vs f32: {:.2}× faster per step; loss curves (10-step means) differ by at most {}, {} at the end; val loss by {} ({} 1%)",
+            r.speedup,
+            percent(r.max_window_rel_diff),
+            percent(r.final_rel_diff),
+            percent(r.val_rel_diff),
+            if r.max_window_rel_diff <= 0.01 && r.val_rel_diff <= 0.01 { "within" } else { "NOT within" }
+        );
+    }
+    Ok(())
+}
+
+fn memory(a: BenchMemoryArgs) -> Result<()> {
+    let config = a.shape.config()?;
+    let r = difftx::bench::bench_train(&config, a.shape.batch, 0, 1, |_, _| {})?;
+    let computed = r.state_bytes + r.workspace_bytes;
+    let ratio = r.peak_rss_bytes as f64 / computed as f64;
+    if a.json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "preset": a.shape.preset.as_str(), "attention": r.attention, "batch": r.batch, "seq": r.seq,
+                "params": r.params, "state_bytes": r.state_bytes, "workspace_bytes": r.workspace_bytes,
+                "computed_bytes": computed, "peak_rss_bytes": r.peak_rss_bytes, "ratio": ratio,
+                "step_ms": r.step_ms
+            })
+        );
+    } else {
+        let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+        println!(
+            "{} {} ({} params), batch {} × {} tokens: params+grads+AdamW {:.1} MiB + activations and scratch {:.1} MiB = {:.1} MiB computed; peak RSS {:.1} MiB ({:.3}× computed). Attention keeps no T×T matrix.",
+            a.shape.preset.as_str(), r.attention, r.params, r.batch, r.seq, mib(r.state_bytes), mib(r.workspace_bytes), mib(computed), mib(r.peak_rss_bytes), ratio
+        );
+    }
+    Ok(())
+}
+
+fn attention(a: BenchAttentionArgs) -> Result<()> {
+    let c = a.shape.config()?;
+    let r = difftx::bench::bench_attention(&c, a.shape.batch, a.reps.max(1));
+    if a.json {
+        println!("{}", serde_json::to_string(&r)?);
+    } else {
+        println!(
+            "{} attention, batch {} × {} tokens, {} threads: forward {:.2} ms ({:.1} GFLOP/s), backward {:.2} ms ({:.1} GFLOP/s)",
+            r.attention, r.batch, r.seq, r.threads, r.forward_ms, r.forward_gflops, r.backward_ms, r.backward_gflops
+        );
+    }
+    Ok(())
+}
+
+fn decode(a: BenchDecodeArgs) -> Result<()> {
+    let model = match &a.model {
+        Some(dir) => difftx::interop::load(dir)?,
+        None => Model::init(ModelConfig::preset(a.preset, a.attention), 0)?,
+    };
+    if a.prompt_len == 0 || a.new_tokens == 0 {
+        bail!("--prompt-len and --new-tokens must be positive");
+    }
+    if a.prompt_len + a.new_tokens > model.config.max_position_embeddings {
+        bail!(
+            "--prompt-len {} + --new-tokens {} exceed the context of {} tokens",
+            a.prompt_len,
+            a.new_tokens,
+            model.config.max_position_embeddings
+        );
+    }
+    let r = difftx::bench::bench_decode(&model, a.prompt_len, a.new_tokens, a.reps)?;
+    if a.json {
+        println!("{}", serde_json::to_string(&r)?);
+    } else {
+        let bw_bytes = r.weight_bytes + r.kv_cache_bytes;
+        println!(
+            "{} ({} params), {} threads, {} weights: prefill {} tokens {:.0} tokens/s; decode {} tokens at batch 1 {:.1} tokens/s ({:.2} ms/token; reads ≥ {:.1} MiB/token)",
+            r.attention,
+            r.params,
+            r.threads,
+            r.precision,
+            r.prompt_len,
+            r.prefill_tokens_per_s,
+            r.new_tokens,
+            r.decode_tokens_per_s,
+            1e3 / r.decode_tokens_per_s,
+            bw_bytes as f64 / (1u64 << 20) as f64
+        );
+        if a.bandwidth {
+            let ms = 1e3 / r.decode_tokens_per_s;
+            let bound_ms = |gbs: f64| bw_bytes as f64 / (gbs * 1e9) * 1e3;
+            let gbs = difftx::bench::memory_read_gbs();
+            println!(
+                "decode {ms:.3} ms/token; memory reads at {gbs:.1} GB/s would take {:.3} ms for the weights and the full KV cache: {:.2}× that bound",
+                bound_ms(gbs),
+                ms / bound_ms(gbs)
+            );
+            // The same bytes read again and again, as decoding reads them: where they
+            // fit in a cache this is the tighter bound.
+            let gbs = difftx::bench::read_gbs(bw_bytes as usize);
+            println!(
+                "reading those {:.1} MiB over and over runs at {gbs:.1} GB/s: {:.3} ms, {:.2}× that bound",
+                bw_bytes as f64 / (1u64 << 20) as f64,
+                bound_ms(gbs),
+                ms / bound_ms(gbs)
+            );
+        }
+    }
+    Ok(())
+}
+
+fn matmul(a: BenchMatmulArgs) -> Result<()> {
+    let (m, n, k) = (
+        a.m.unwrap_or(a.size),
+        a.n.unwrap_or(a.size),
+        a.k.unwrap_or(a.size),
+    );
+    if m * n * k == 0 || a.reps == 0 {
+        bail!("matrix sizes and --reps must be positive");
+    }
+    if !a.json {
+        if let Some(peak) = difftx::bench::fma_peak_gflops() {
+            println!("FMA peak of one core (AVX-512, registers only): {peak:.1} GFLOP/s");
+        }
+        if let Some(peak) = difftx::bench::dot_bf16_peak_gflops() {
+            println!(
+                "bf16 dot-product peak of one core (VDPBF16PS, registers only): {peak:.1} GFLOP/s"
+            );
+        }
+    }
+    let layout = (a.layout == "tn", a.layout == "nt");
+    for r in difftx::bench::bench_matmul(m, n, k, layout, a.reps, a.cold) {
+        if a.json {
+            println!("{}", serde_json::to_string(&r)?);
+        } else {
+            println!(
+                "{:<11} {m}x{n}x{k} {}{}: {:.3} ms  {:.1} GFLOP/s  ({} threads)",
+                r.backend,
+                a.layout,
+                if a.cold { " cold" } else { "" },
+                r.ms,
+                r.gflops,
+                r.threads
+            );
+        }
+    }
+    Ok(())
+}

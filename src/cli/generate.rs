@@ -1,0 +1,116 @@
+//! `difftx generate`: continue prompts with the KV cache, streaming a single prompt.
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use difftx::data::Tokenizer;
+use std::path::PathBuf;
+
+#[derive(Args)]
+pub struct GenerateArgs {
+    /// Model directory: native difftx (config.json, model.safetensors, optional tokenizer.json)
+    /// or a Hugging Face llama / diffllama directory.
+    #[arg(long)]
+    pub model: PathBuf,
+    /// Prompt text; repeat the flag (or mix with --prompt-file) to generate a batch.
+    #[arg(long)]
+    pub prompt: Vec<String>,
+    /// Read a prompt from a file (the whole file is one prompt); may be repeated.
+    #[arg(long)]
+    pub prompt_file: Vec<PathBuf>,
+    /// Tokens to generate after each prompt (fewer if the end-of-text token or the end of the
+    /// context comes first).
+    #[arg(long, default_value_t = 100)]
+    pub max_new_tokens: usize,
+    /// 0 is greedy decoding.
+    #[arg(long, default_value_t = 0.8)]
+    pub temperature: f32,
+    /// Sample only among the K most likely tokens.
+    #[arg(long)]
+    pub top_k: Option<usize>,
+    /// Sample only among the most likely tokens whose probabilities add up to P.
+    #[arg(long)]
+    pub top_p: Option<f32>,
+    /// Seed of the sampling generator (same seed, same text).
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Keep the end of a prompt longer than the context instead of failing.
+    #[arg(long)]
+    pub truncate_prompt: bool,
+    /// Print prefill and decode tokens/s to stderr.
+    #[arg(long)]
+    pub stats: bool,
+}
+
+pub fn run(a: GenerateArgs) -> Result<()> {
+    use std::io::Write;
+    let sampling = difftx::infer::Sampling {
+        temperature: a.temperature,
+        top_k: a.top_k,
+        top_p: a.top_p,
+    };
+    sampling.validate()?;
+    let model = difftx::interop::load(&a.model)?;
+    let tok = Tokenizer::for_model(&a.model, &model.config)?;
+    let mut texts = a.prompt.clone();
+    for f in &a.prompt_file {
+        texts.push(std::fs::read_to_string(f).with_context(|| format!("{}", f.display()))?);
+    }
+    if texts.is_empty() {
+        bail!("give a prompt with --prompt TEXT or --prompt-file FILE");
+    }
+    let prompts = texts
+        .iter()
+        .map(|t| tok.encode(t))
+        .collect::<difftx::Result<Vec<_>>>()?;
+    let opts = difftx::infer::GenerateOptions {
+        max_new_tokens: a.max_new_tokens,
+        sampling,
+        seed: a.seed,
+        eos: tok.eos_id(&model.config),
+        truncate_prompt: a.truncate_prompt,
+    };
+    let single = prompts.len() == 1;
+    let mut stream = difftx::data::tokenizer::TextStream::default();
+    let g = difftx::infer::generate(&model, &prompts, &opts, |_, id| {
+        // One prompt streams as it goes; a batch prints each continuation at the end.
+        if single {
+            if let Ok(piece) = stream.push(&tok, id) {
+                let mut stdout = std::io::stdout().lock();
+                let _ = stdout.write_all(piece.as_bytes());
+                let _ = stdout.flush();
+            }
+        }
+    })?;
+    let mut stdout = std::io::stdout().lock();
+    if single {
+        let _ = stdout.write_all(stream.finish(&tok)?.as_bytes());
+        let _ = writeln!(stdout);
+    } else {
+        for ids in &g.tokens {
+            let _ = writeln!(stdout, "{}", tok.decode(ids)?);
+        }
+    }
+    for (i, &full) in g.hit_context.iter().enumerate() {
+        if full {
+            eprintln!(
+                "warning: prompt {}: stopped at the context limit ({} tokens) after {} new tokens",
+                i + 1,
+                model.config.max_position_embeddings,
+                g.tokens[i].len()
+            );
+        }
+    }
+    if a.stats {
+        eprintln!(
+            "prefill: {} tokens in {:.3} s ({:.0} tokens/s); decode: {} tokens in {:.3} s ({:.1} tokens/s), batch {}",
+            g.prompt_tokens.iter().sum::<usize>(),
+            g.prefill_seconds,
+            g.prefill_tokens_per_second(),
+            g.decode_tokens,
+            g.decode_seconds,
+            g.decode_tokens_per_second(),
+            prompts.len()
+        );
+    }
+    Ok(())
+}

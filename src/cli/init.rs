@@ -1,0 +1,47 @@
+//! `difftx init`: a model directory with freshly initialised weights.
+
+use super::ablations;
+use anyhow::Result;
+use clap::Args;
+use difftx::{AttentionKind, Model, ModelConfig, Preset};
+use std::path::PathBuf;
+
+#[derive(Args)]
+pub struct InitArgs {
+    #[arg(long, default_value = "tiny")]
+    pub preset: Preset,
+    /// standard, diff_v1 or diff_v2
+    #[arg(long, default_value = "diff_v1")]
+    pub attention: AttentionKind,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// diff_v1 ablation (paper Table 6): one constant λ_init for every layer, in [0, 1)
+    /// [default: the schedule 0.8 − 0.6·exp(−0.3·l) of layer l].
+    #[arg(long, value_name = "X")]
+    pub lambda_init: Option<f64>,
+    /// diff_v1 ablation (paper Table 6): no per-head RMSNorm (subln) and no (1 − λ_init) scale.
+    #[arg(long)]
+    pub no_subln: bool,
+    /// Output model directory.
+    #[arg(long)]
+    pub out: PathBuf,
+}
+
+pub fn run(a: InitArgs) -> Result<()> {
+    let config = ModelConfig {
+        lambda_init: a.lambda_init,
+        subln: !a.no_subln,
+        ..ModelConfig::preset(a.preset, a.attention)
+    };
+    let model = Model::init(config, a.seed)?;
+    model.save(&a.out)?;
+    eprintln!(
+        "wrote {} ({} {}{}, {} parameters)",
+        a.out.display(),
+        a.preset.as_str(),
+        a.attention,
+        ablations(&model.config),
+        model.num_params()
+    );
+    Ok(())
+}

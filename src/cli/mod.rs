@@ -1,0 +1,45 @@
+//! One module per command (uv's `commands/`): each holds its arguments and a `run` that
+//! calls the library and prints. Helpers shared by several commands live here.
+
+pub mod attention_map;
+pub mod bench;
+pub mod demo;
+pub mod eval;
+pub mod export;
+pub mod generate;
+pub mod init;
+pub mod plot;
+pub mod presets;
+pub mod progress;
+pub mod repro;
+pub mod tokenizer;
+pub mod train;
+
+use difftx::ModelConfig;
+
+/// The paper's Table 6 ablations a diff_v1 config turns on, as " (…)", or "".
+pub fn ablations(m: &ModelConfig) -> String {
+    let on: Vec<String> = [
+        m.lambda_init.map(|l| format!("constant λ_init {l}")),
+        (!m.subln).then(|| "no subln".to_string()),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    if on.is_empty() {
+        String::new()
+    } else {
+        format!(" ({})", on.join(", "))
+    }
+}
+
+/// A relative difference as a percentage with two decimals, or two significant digits where
+/// those decimals would print a gap as 0.00%.
+pub fn percent(rel: f64) -> String {
+    let p = 100.0 * rel;
+    if p == 0.0 || p >= 0.01 {
+        format!("{p:.2}%")
+    } else {
+        format!("{p:.1e}%")
+    }
+}

@@ -1,0 +1,155 @@
+//! `difftx train`: train on your text, with checkpoints that resume exactly.
+
+use super::ablations;
+use super::progress::{stop_flag, Progress};
+use anyhow::{bail, Result};
+use clap::Args;
+use difftx::util::thousands;
+use difftx::AttentionKind;
+use std::path::PathBuf;
+
+#[derive(Args)]
+#[command(after_help = "Examples:
+  difftx train --data notes/ --attention diff_v1 --steps 2000 --out runs/a
+  difftx train --config run.toml --out runs/b          (TOML keys = flag names with _)
+  difftx train --data notes/ --out runs/a --resume     (after a crash or Ctrl-C)
+
+The run folder holds run.json, metrics.jsonl, loss.png and checkpoints/step-N/ (each a model
+directory that `difftx eval --model` loads, plus optimizer.safetensors and trainer_state.json).
+Ctrl-C or SIGTERM saves a checkpoint and exits; a second Ctrl-C exits at once.")]
+pub struct TrainArgs {
+    /// Run folder: metrics, plot and checkpoints go here.
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Continue from the newest complete checkpoint in --out (start fresh if there is none).
+    /// The recorded settings are used; any setting given again must match them.
+    #[arg(long)]
+    pub resume: bool,
+    /// A TOML file of settings (same names as the flags, with underscores); flags override it.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Folder for token files (reused by any run on the same data and tokenizer)
+    /// [default: token-cache/ next to --out].
+    #[arg(long, value_name = "DIR")]
+    pub token_cache: Option<PathBuf>,
+    #[command(flatten)]
+    pub opts: difftx::train::TrainOptions,
+}
+
+/// Parameter counts of the three kinds at these settings (a kind whose settings do not
+/// resolve is left out; the diff_v1 ablations apply to diff_v1 only).
+fn matched_counts(opts: &difftx::train::TrainOptions, vocab: usize) -> String {
+    AttentionKind::ALL
+        .iter()
+        .filter_map(|k| {
+            let mut o = difftx::train::TrainOptions {
+                attention: Some(k.as_str().into()),
+                ..opts.clone()
+            };
+            if *k != AttentionKind::DiffV1 {
+                (o.lambda_init, o.no_subln) = (None, None);
+            }
+            o.resolve(vocab)
+                .ok()
+                .map(|r| format!("{k} {}", thousands(r.model.num_params())))
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+pub fn run(a: TrainArgs) -> Result<()> {
+    let mut opts = match &a.config {
+        Some(p) => difftx::train::TrainOptions::from_toml_file(p)?.overlaid(&a.opts),
+        None => a.opts.clone(),
+    };
+    if difftx::kernels::matmul::bf16() {
+        opts.bf16 = Some(true);
+    }
+    // Everything that can be checked is checked before anything is written or printed.
+    let difftx::train::PreparedRun {
+        run,
+        tokenizer: tok,
+        options: opts,
+    } = difftx::train::prepare_run(&opts, &a.out, a.resume)?;
+    // A run recorded with bf16 products (or `bf16 = true` in TOML) trains with them.
+    if run.train.bf16 && !difftx::kernels::matmul::set_bf16(true) {
+        bail!("this run uses bf16 matrix products (--bf16), which need a CPU with AVX512_BF16 (AMD Zen 4 or later, Intel Cooper Lake or later); this machine has none");
+    }
+    let stop = stop_flag()?;
+    let cache = a.token_cache.clone().unwrap_or_else(|| {
+        let parent = a.out.parent().filter(|p| !p.as_os_str().is_empty());
+        parent
+            .unwrap_or(std::path::Path::new("."))
+            .join("token-cache")
+    });
+    let name = a
+        .out
+        .file_name()
+        .map_or("train".into(), |n| n.to_string_lossy().into_owned());
+    let data = difftx::data::prepare_dataset(&run.data, &tok, &cache, &stop)?;
+    difftx::train::trainer::check_windows(&data, run.model.max_position_embeddings)?;
+    for n in &data.notes {
+        eprintln!("{name}: {n}");
+    }
+    let m = &run.model;
+    eprintln!(
+        "{name}: {} {}{} — {} parameters (matched at these settings: {}); D {} L {} heads {}/{} d {} context {}, vocab {}",
+        run.preset.as_str(),
+        m.attention,
+        ablations(m),
+        thousands(m.num_params()),
+        matched_counts(&opts, tok.vocab_size()),
+        m.hidden_size,
+        m.num_hidden_layers,
+        m.num_attention_heads,
+        m.num_key_value_heads,
+        m.head_dim,
+        m.max_position_embeddings,
+        m.vocab_size
+    );
+    eprintln!(
+        "{name}: {} steps × {} tokens ({} windows × {} accumulated × {}), {} threads, {} matrix products",
+        run.train.steps,
+        run.train.tokens_per_step(m.max_position_embeddings),
+        run.train.batch,
+        run.train.grad_accum,
+        m.max_position_embeddings,
+        rayon::current_num_threads(),
+        difftx::bench::precision()
+    );
+    let mut progress = Progress::new(&name);
+    let o = difftx::train::train(
+        &run,
+        &data,
+        &a.out,
+        tok.file(),
+        a.resume,
+        &mut progress,
+        &stop,
+    )?;
+    drop(progress);
+    let val = o.val_loss.map_or("-".into(), |v| format!("{v:.4}"));
+    if o.interrupted {
+        eprintln!(
+            "{name}: interrupted at step {}; checkpoint {} saved — continue with the same command and --resume",
+            o.step,
+            o.checkpoint.display()
+        );
+    } else if o.train_loss.is_nan() && o.val_loss.is_none() {
+        // resumed from the final checkpoint: no step was left to take
+        eprintln!("{name}: already complete at step {}", o.step);
+    } else {
+        eprintln!(
+            "{name}: done, {} steps in {:.0} s; train loss {:.4}, val loss {val}",
+            o.step, o.seconds, o.train_loss
+        );
+        eprintln!("{name}: model {}", o.checkpoint.display());
+        let label = format!("{} ({} params)", run.model.attention, thousands(o.params));
+        let title = format!("{name} — {} preset", run.preset.as_str());
+        match difftx::train::metrics::plot_run(&a.out, label, &title) {
+            Ok(p) => eprintln!("{name}: loss curve {}", p.display()),
+            Err(e) => eprintln!("{name}: could not draw the loss plot: {e}"),
+        }
+    }
+    Ok(())
+}
