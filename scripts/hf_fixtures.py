@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Hugging Face transformers fixtures for difftx's `llama` / `diffllama` import (see SPEC.md,
+"""Hugging Face transformers fixtures for difftx's `llama` / `diffllama` import (see docs/SPEC.md,
 "Hugging Face interop", and scripts/HF_DIFFLLAMA_NOTES.md for how HF's DiffLlama computes).
 
 Three modes:
@@ -219,7 +219,7 @@ def to_legacy_rope(config_path):
 
 
 # ----------------------------------------------------------------------------------------------
-# HF -> native difftx layout (SPEC.md), used for the cross-check against scripts/reference.py
+# HF -> native difftx layout (docs/SPEC.md), used for the cross-check against scripts/reference.py
 
 
 def rope_perm(d):

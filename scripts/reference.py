@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Plain-PyTorch reference for the difftx model family (see SPEC.md), and the parity fixtures.
+"""Plain-PyTorch reference for the difftx model family (see docs/SPEC.md), and the parity fixtures.
 
 One model definition, written functionally over a dict of named parameters whose names and
 layouts are exactly the native checkpoint layout (torch Linear weights, [out, in]; y = x @ W.T):

@@ -1,4 +1,4 @@
-//! DESIGN.md: "No allocation inside a training step." A counting global allocator sees every
+//! The rule "no allocation inside a training step". A counting global allocator sees every
 //! allocation on every thread; after a warm-up step (thread-local tiles and pools are sized on
 //! first use), further steps must allocate nothing.
 

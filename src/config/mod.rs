@@ -105,7 +105,7 @@ const KNOWN_KEYS: &[&str] = &[
     "tokenizer",
 ];
 
-/// The preset sizes. Each attention kind gets matched parameters (SPEC.md "Configuration matching").
+/// The preset sizes. Each attention kind gets matched parameters (docs/SPEC.md, "Configuration matching").
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Preset {
     Tiny,

@@ -1,4 +1,4 @@
-//! Native checkpoints (SPEC.md): `config.json` + `model.safetensors` with Hugging Face Llama
+//! Native checkpoints (docs/SPEC.md): `config.json` + `model.safetensors` with Hugging Face Llama
 //! tensor names in torch `Linear` layout. Loading checks every tensor against the config.
 
 use super::model::Model;

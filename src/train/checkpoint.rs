@@ -1,4 +1,4 @@
-//! Training checkpoints. Each is a model directory (SPEC.md layout, loadable by `eval`) plus the
+//! Training checkpoints. Each is a model directory (docs/SPEC.md layout, loadable by `eval`) plus the
 //! optimizer and trainer state:
 //!
 //! ```text

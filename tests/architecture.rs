@@ -1,0 +1,216 @@
+//! The crate's layering, read from the source: every top-level module sits on a layer, and a
+//! module may name only modules on its own layer or below, with no cycle among them (in the
+//! spirit of ArchUnit). A new `use crate::…` that points up, or closes a loop, fails here with
+//! the file and the edge.
+//!
+//! ```text
+//! cli (the binary) → experiments → data | train | infer | interop → model → kernels
+//!                  → config → report → util | error
+//! ```
+//! docs/ARCHITECTURE.md draws the same picture.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+/// Top-level modules from the bottom layer up; modules on one line share a layer.
+const LAYERS: &[&[&str]] = &[
+    &["error", "util", "testutil"],
+    &["report"],
+    &["config"],
+    &["kernels"],
+    &["model"],
+    &["data", "train", "infer", "interop"],
+    &["experiments", "bench", "demo", "eval"],
+    &["cli"],
+];
+
+fn layer_of(module: &str) -> Option<usize> {
+    LAYERS.iter().position(|l| l.contains(&module))
+}
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            rust_files(&p, out);
+        } else if p.extension().is_some_and(|x| x == "rs") {
+            out.push(p);
+        }
+    }
+}
+
+/// The top-level module a source file belongs to (`src/model/block.rs` → `model`; the binary's
+/// `main.rs` and `cli/` → `cli`); `None` for the crate root `lib.rs`.
+fn module_of(src: &Path, file: &Path) -> Option<String> {
+    let rel = file.strip_prefix(src).unwrap();
+    let first = rel.components().next()?.as_os_str().to_string_lossy();
+    let name = first.trim_end_matches(".rs");
+    match name {
+        "lib" => None,
+        "main" => Some("cli".into()),
+        n => Some(n.to_string()),
+    }
+}
+
+/// The top-level modules a file names: `crate::x`, `crate::{x, y::…}`, and in the binary
+/// `difftx::x`. Comments are skipped.
+fn named_modules(text: &str, prefix: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for line in text.lines() {
+        let code = line.split("//").next().unwrap_or("");
+        let mut rest = code;
+        while let Some(i) = rest.find(prefix) {
+            rest = &rest[i + prefix.len()..];
+            if let Some(group) = rest.strip_prefix('{') {
+                let inner = group.split('}').next().unwrap_or("");
+                for item in inner.split(',') {
+                    let head = item.trim().split("::").next().unwrap_or("").trim();
+                    if !head.is_empty() {
+                        out.insert(head.to_string());
+                    }
+                }
+            } else {
+                let head: String = rest
+                    .chars()
+                    .take_while(|c| c.is_alphanumeric() || *c == '_')
+                    .collect();
+                if !head.is_empty() {
+                    out.insert(head);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Edges between top-level modules, each with one file that makes it.
+fn module_graph() -> BTreeMap<(String, String), PathBuf> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let mut edges = BTreeMap::new();
+    for f in files {
+        let Some(from) = module_of(&src, &f) else {
+            continue;
+        };
+        let text = std::fs::read_to_string(&f).unwrap();
+        let prefix = if from == "cli" { "difftx::" } else { "crate::" };
+        for to in named_modules(&text, prefix) {
+            // re-exports at the crate root (`crate::Result`, `difftx::Model`) are not modules
+            if to != from && to.chars().next().is_some_and(|c| c.is_lowercase()) {
+                edges.entry((from.clone(), to)).or_insert(f.clone());
+            }
+        }
+    }
+    edges
+}
+
+#[test]
+fn every_module_has_a_layer() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let missing: BTreeSet<String> = files
+        .iter()
+        .filter_map(|f| module_of(&src, f))
+        .filter(|m| layer_of(m).is_none())
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "top-level modules without a layer in tests/architecture.rs: {missing:?}"
+    );
+}
+
+#[test]
+fn dependencies_point_down_the_layers() {
+    let mut wrong = Vec::new();
+    for ((from, to), file) in module_graph() {
+        let (Some(a), Some(b)) = (layer_of(&from), layer_of(&to)) else {
+            continue; // a name that is not a module of ours (a function at the root)
+        };
+        if b > a {
+            wrong.push(format!("{from} -> {to} ({})", file.display()));
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "imports that point up the layers:\n{}",
+        wrong.join("\n")
+    );
+}
+
+#[test]
+fn top_level_modules_form_no_cycle() {
+    let edges = module_graph();
+    let mut next: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    for (from, to) in edges.keys() {
+        if layer_of(to).is_some() {
+            next.entry(from).or_default().push(to);
+        }
+    }
+    // depth-first search; a node met again while on the path closes a cycle
+    fn visit<'a>(
+        n: &'a str,
+        next: &BTreeMap<&'a str, Vec<&'a str>>,
+        path: &mut Vec<&'a str>,
+        done: &mut BTreeSet<&'a str>,
+    ) -> Option<Vec<&'a str>> {
+        if let Some(i) = path.iter().position(|&p| p == n) {
+            let mut cycle = path[i..].to_vec();
+            cycle.push(n);
+            return Some(cycle);
+        }
+        if !done.insert(n) {
+            return None;
+        }
+        path.push(n);
+        for &m in next.get(n).into_iter().flatten() {
+            if let Some(c) = visit(m, next, path, done) {
+                return Some(c);
+            }
+        }
+        path.pop();
+        None
+    }
+    let mut done = BTreeSet::new();
+    for &n in next.keys() {
+        if let Some(c) = visit(n, &next, &mut Vec::new(), &mut done) {
+            panic!("a cycle among top-level modules: {}", c.join(" -> "));
+        }
+    }
+}
+
+#[test]
+fn the_library_names_clap_only_behind_the_cli_feature() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    for f in files {
+        if module_of(&src, &f).as_deref() == Some("cli") {
+            continue;
+        }
+        for (i, line) in std::fs::read_to_string(&f).unwrap().lines().enumerate() {
+            if line.contains("clap::") || line.contains("#[arg(") || line.contains("#[command(") {
+                assert!(
+                    line.contains("cfg_attr(feature = \"cli\""),
+                    "{}:{}: the library names clap outside the `cli` feature",
+                    f.display(),
+                    i + 1
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn the_checks_catch_what_they_are_for() {
+    // the parser sees plain, grouped and nested paths, and ignores comments
+    let found = named_modules(
+        "use crate::{model::Model, util};\nlet x = crate::kernels::rope(); // crate::train\n",
+        "crate::",
+    );
+    let want: BTreeSet<String> = ["model", "util", "kernels"].map(String::from).into();
+    assert_eq!(found, want);
+    assert!(layer_of("kernels") < layer_of("model"));
+    assert_eq!(layer_of("train"), layer_of("data"));
+}
