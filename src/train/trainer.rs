@@ -250,6 +250,216 @@ fn threads() -> usize {
     rayon::current_num_threads()
 }
 
+/// Where a run stands: the model, its optimizer and sampler, and how far it has come.
+struct RunState {
+    model: Model,
+    opt: Optimizer,
+    sampler: WindowSampler,
+    step: u64,
+    tokens_seen: u64,
+}
+
+/// The buffers of the loop, all allocated before the first step.
+struct LoopBuffers {
+    ws: Workspace,
+    x: Vec<u32>,
+    y: Vec<u32>,
+    lambdas: Vec<f32>,
+    /// how many of `lambdas` a step reports (none for `standard`)
+    lambda_len: usize,
+}
+
+/// Writes the run's checkpoints and remembers the newest one, for messages and the end.
+struct Checkpointer<'a> {
+    run: &'a RunConfig,
+    out: &'a Path,
+    tokenizer: Option<&'a Path>,
+    last: Option<(u64, PathBuf)>,
+}
+
+impl Checkpointer<'_> {
+    /// The newest checkpoint's name, or "none".
+    fn last_name(&self) -> String {
+        self.last
+            .as_ref()
+            .map_or("none".into(), |(s, _)| checkpoint_name(*s))
+    }
+
+    /// Saves `state` as a checkpoint, refusing non-finite values so that the last good
+    /// checkpoint is never overwritten by a broken one.
+    fn save(&mut self, state: &RunState) -> Result<PathBuf> {
+        let (model, opt, step) = (&state.model, &state.opt, state.step);
+        if !(all_finite(&model.params) && all_finite(&opt.m) && all_finite(&opt.v)) {
+            return Err(Error::Invalid(format!(
+                "step {step}: parameters or optimizer moments are not finite; not saving over the last good checkpoint"
+            )));
+        }
+        let trainer_state = TrainerState {
+            format: 1,
+            step,
+            adam_t: opt.t,
+            sampler: state.sampler.state(),
+            tokens_seen: state.tokens_seen,
+            threads: threads(),
+            run: self.run.to_json(),
+        };
+        let keep = self.run.train.keep_last;
+        let out = self.out;
+        let p = save_checkpoint(out, model, opt, &trainer_state, self.tokenizer, keep).map_err(
+            |e| {
+                let prev = list_checkpoints(out)
+                    .ok()
+                    .and_then(|v| v.last().map(|(s, _)| checkpoint_name(*s)))
+                    .map_or("no earlier checkpoint exists".to_string(), |n| {
+                        format!("the previous checkpoint {n} is intact")
+                    });
+                Error::Invalid(format!(
+                    "cannot write checkpoint {} ({e}); {prev}",
+                    checkpoint_name(step)
+                ))
+            },
+        )?;
+        self.last = Some((step, p.clone()));
+        Ok(p)
+    }
+}
+
+/// A fresh model and optimizer, or the newest complete checkpoint of `out` on `resume`.
+fn start_or_resume(
+    run: &RunConfig,
+    out: &Path,
+    resume: bool,
+    observer: &mut dyn Observer,
+) -> Result<RunState> {
+    let tc = &run.train;
+    let hp = AdamWParams {
+        lr: tc.lr,
+        beta1: tc.beta1,
+        beta2: tc.beta2,
+        eps: tc.adam_eps,
+        weight_decay: tc.weight_decay,
+    };
+    if !resume {
+        ensure_fresh(out)?;
+    }
+    let (restored, notes) = if resume {
+        load_latest(out)?
+    } else {
+        (None, Vec::new())
+    };
+    for n in &notes {
+        observer.note(n);
+    }
+    let Some(r) = restored else {
+        let model = Model::init(run.model.clone(), tc.seed)?;
+        let opt = Optimizer::new(&model, hp, tc.clip);
+        let sampler = WindowSampler::new(tc.seed ^ 0x5eed_da7a);
+        return Ok(RunState {
+            model,
+            opt,
+            sampler,
+            step: 0,
+            tokens_seen: 0,
+        });
+    };
+    run.check_resumes(&r.run, &r.dir)?;
+    if r.state.threads != threads() {
+        observer.note(&format!(
+            "note: the run was written with {} threads and resumes with {}; losses will not match the uninterrupted run bit for bit",
+            r.state.threads,
+            threads()
+        ));
+    }
+    let mut opt = Optimizer::new(&r.model, hp, tc.clip);
+    opt.m = r.m;
+    opt.v = r.v;
+    opt.t = r.state.adam_t;
+    observer.note(&format!(
+        "resuming from {} (step {})",
+        r.dir.display(),
+        r.state.step
+    ));
+    Ok(RunState {
+        model: r.model,
+        opt,
+        sampler: WindowSampler::restore(&r.state.sampler)?,
+        step: r.state.step,
+        tokens_seen: r.state.tokens_seen,
+    })
+}
+
+/// Writes `OUT/run.json`: the resolved run, its parameter count and the thread count.
+fn write_run_file(run: &RunConfig, out: &Path, params: usize) -> Result<()> {
+    std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
+    let run_json = serde_json::json!({
+        "run": run.to_json(),
+        "params": params,
+        "threads": threads(),
+    });
+    crate::util::write_atomic(
+        &out.join(RUN_FILE),
+        serde_json::to_string_pretty(&run_json)
+            .expect("json")
+            .as_bytes(),
+    )
+}
+
+/// One optimizer step: `grad_accum` micro-batches of fresh windows, their mean gradient,
+/// clipping and AdamW at `lr`. Returns the mean loss and the gradient norm; a non-finite
+/// loss or gradient stops the run, naming where it first appeared.
+fn optimizer_step(
+    st: &mut RunState,
+    bufs: &mut LoopBuffers,
+    run: &RunConfig,
+    data: &Dataset,
+    lr: f32,
+    ckpt: &Checkpointer,
+) -> Result<(f32, f32)> {
+    let tc = &run.train;
+    let (b, t) = (tc.batch, run.model.max_position_embeddings);
+    let LoopBuffers { ws, x, y, .. } = bufs;
+    let RunState {
+        model,
+        opt,
+        sampler,
+        step,
+        ..
+    } = st;
+    // The step's compute is one call on the pool, its workers kept awake (kernels::on_pool).
+    crate::kernels::on_pool(|| -> Result<(f32, f32)> {
+        opt.zero_grad();
+        let mut loss_sum = 0f32;
+        for _ in 0..tc.grad_accum {
+            sampler.fill(&data.train, x, y, b, t);
+            let loss = opt.accumulate(model, ws, x, y, b, t)?;
+            if !loss.is_finite() {
+                return Err(Error::Invalid(format!(
+                    "step {}: the loss is {loss}; the first non-finite value is in {}; stopped without saving (last good checkpoint: {})",
+                    *step + 1,
+                    locate_forward(model, ws, b * t),
+                    ckpt.last_name(),
+                )));
+            }
+            loss_sum += loss;
+        }
+        let loss = loss_sum / tc.grad_accum as f32;
+        if tc.grad_accum > 1 {
+            opt.scale_grads(1.0 / tc.grad_accum as f32);
+        }
+        let grad_norm = opt.grad_norm();
+        if !grad_norm.is_finite() {
+            return Err(Error::Invalid(format!(
+                "step {}: the gradient norm is {grad_norm}; the first non-finite gradient is in {}; stopped without saving (last good checkpoint: {})",
+                *step + 1,
+                locate_grad(model, &opt.grads),
+                ckpt.last_name(),
+            )));
+        }
+        opt.apply(model, grad_norm, lr);
+        Ok((loss, grad_norm))
+    })
+}
+
 /// Trains (or, with `resume`, continues) the run `run` on `data` in the folder `out`.
 /// `tokenizer` is the tokenizer.json to ship in checkpoints (none for byte-level). Stops
 /// cleanly, with a checkpoint, when `stop` becomes true.
@@ -267,185 +477,64 @@ pub fn train(
     let (b, t) = (tc.batch, run.model.max_position_embeddings);
     check_windows(data, t)?;
 
-    // ---- fresh start or resume ----
-    if !resume {
-        ensure_fresh(out)?;
-    }
-    let (restored, notes) = if resume {
-        load_latest(out)?
-    } else {
-        (None, Vec::new())
-    };
-    for n in &notes {
-        observer.note(n);
-    }
-    let hp = AdamWParams {
-        lr: tc.lr,
-        beta1: tc.beta1,
-        beta2: tc.beta2,
-        eps: tc.adam_eps,
-        weight_decay: tc.weight_decay,
-    };
-    let (mut model, mut opt, mut sampler, first_step, mut tokens_seen) = match restored {
-        Some(r) => {
-            run.check_resumes(&r.run, &r.dir)?;
-            if r.state.threads != threads() {
-                observer.note(&format!(
-                    "note: the run was written with {} threads and resumes with {}; losses will not match the uninterrupted run bit for bit",
-                    r.state.threads,
-                    threads()
-                ));
-            }
-            let mut opt = Optimizer::new(&r.model, hp, tc.clip);
-            opt.m = r.m;
-            opt.v = r.v;
-            opt.t = r.state.adam_t;
-            observer.note(&format!(
-                "resuming from {} (step {})",
-                r.dir.display(),
-                r.state.step
-            ));
-            (
-                r.model,
-                opt,
-                WindowSampler::restore(&r.state.sampler)?,
-                r.state.step,
-                r.state.tokens_seen,
-            )
-        }
-        None => {
-            let model = Model::init(run.model.clone(), tc.seed)?;
-            let opt = Optimizer::new(&model, hp, tc.clip);
-            (model, opt, WindowSampler::new(tc.seed ^ 0x5eed_da7a), 0, 0)
-        }
-    };
-    std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
-    let params = model.num_params();
-    let run_json = serde_json::json!({
-        "run": run.to_json(),
-        "params": params,
-        "threads": threads(),
-    });
-    crate::util::write_atomic(
-        &out.join(RUN_FILE),
-        serde_json::to_string_pretty(&run_json)
-            .expect("json")
-            .as_bytes(),
-    )?;
-    let mut log = MetricsLog::open(&out.join(METRICS_FILE), first_step)?;
+    // 1. Start: a fresh model, or the newest complete checkpoint
+    let mut st = start_or_resume(run, out, resume, observer)?;
+    let first_step = st.step;
 
-    // ---- buffers, all allocated before the loop ----
-    let mut ws = Workspace::new(&model, b, t);
-    let (mut x, mut y) = (vec![0u32; b * t], vec![0u32; b * t]);
-    let mut lambdas = vec![0f32; model.config.num_hidden_layers];
-    let lambda_len = if run.model.attention == AttentionKind::Standard {
-        0
-    } else {
-        lambdas.len()
+    // 2. Record the run and open its metrics log (a resumed log keeps its first steps)
+    let params = st.model.num_params();
+    write_run_file(run, out, params)?;
+    let mut log = MetricsLog::open(&out.join(METRICS_FILE), first_step)?;
+    let mut ckpt = Checkpointer {
+        run,
+        out,
+        tokenizer,
+        last: list_checkpoints(out)?
+            .into_iter()
+            .rev()
+            .find(|(s, _)| *s == first_step),
+    };
+
+    // 3. Buffers, all allocated before the loop
+    let layers = st.model.config.num_hidden_layers;
+    let mut bufs = LoopBuffers {
+        ws: Workspace::new(&st.model, b, t),
+        x: vec![0u32; b * t],
+        y: vec![0u32; b * t],
+        lambdas: vec![0f32; layers],
+        lambda_len: if run.model.attention == AttentionKind::Standard {
+            0
+        } else {
+            layers
+        },
     };
     let tokens_per_step = tc.tokens_per_step(t);
-    let mut last_saved: Option<(u64, PathBuf)> = list_checkpoints(out)?
-        .into_iter()
-        .rev()
-        .find(|(s, _)| *s == first_step);
     let (mut last_loss, mut last_val) = (f32::NAN, None);
 
-    let save = |model: &Model,
-                opt: &Optimizer,
-                sampler: &WindowSampler,
-                step: u64,
-                tokens_seen: u64|
-     -> Result<PathBuf> {
-        if !(all_finite(&model.params) && all_finite(&opt.m) && all_finite(&opt.v)) {
-            return Err(Error::Invalid(format!(
-                "step {step}: parameters or optimizer moments are not finite; not saving over the last good checkpoint"
-            )));
-        }
-        let state = TrainerState {
-            format: 1,
-            step,
-            adam_t: opt.t,
-            sampler: sampler.state(),
-            tokens_seen,
-            threads: threads(),
-            run: run.to_json(),
-        };
-        save_checkpoint(out, model, opt, &state, tokenizer, tc.keep_last).map_err(|e| {
-            let prev = list_checkpoints(out)
-                .ok()
-                .and_then(|v| v.last().map(|(s, _)| checkpoint_name(*s)))
-                .map_or("no earlier checkpoint exists".to_string(), |n| {
-                    format!("the previous checkpoint {n} is intact")
-                });
-            Error::Invalid(format!(
-                "cannot write checkpoint {} ({e}); {prev}",
-                checkpoint_name(step)
-            ))
-        })
-    };
-
     observer.start(first_step, tc.steps);
-    let mut step = first_step;
-    while step < tc.steps {
-        if stop.load(Ordering::Relaxed) {
-            break;
-        }
+    while st.step < tc.steps && !stop.load(Ordering::Relaxed) {
+        // 4. One optimizer step at the schedule's learning rate
         let t0 = Instant::now();
-        let lr = lr_at(step, tc.steps, tc.lr, tc.min_lr, tc.warmup);
-        // The step's compute is one call on the pool, its workers kept awake (kernels::on_pool).
-        let (loss, grad_norm) = crate::kernels::on_pool(|| -> Result<(f32, f32)> {
-            opt.zero_grad();
-            let mut loss_sum = 0f32;
-            for _ in 0..tc.grad_accum {
-                sampler.fill(&data.train, &mut x, &mut y, b, t);
-                let loss = opt.accumulate(&model, &mut ws, &x, &y, b, t)?;
-                if !loss.is_finite() {
-                    return Err(Error::Invalid(format!(
-                        "step {}: the loss is {loss}; the first non-finite value is in {}; stopped without saving (last good checkpoint: {})",
-                        step + 1,
-                        locate_forward(&model, &ws, b * t),
-                        last_saved.as_ref().map_or("none".into(), |(s, _)| checkpoint_name(*s))
-                    )));
-                }
-                loss_sum += loss;
-            }
-            let loss = loss_sum / tc.grad_accum as f32;
-            if tc.grad_accum > 1 {
-                opt.scale_grads(1.0 / tc.grad_accum as f32);
-            }
-            let grad_norm = opt.grad_norm();
-            if !grad_norm.is_finite() {
-                return Err(Error::Invalid(format!(
-                    "step {}: the gradient norm is {grad_norm}; the first non-finite gradient is in {}; stopped without saving (last good checkpoint: {})",
-                    step + 1,
-                    locate_grad(&model, &opt.grads),
-                    last_saved.as_ref().map_or("none".into(), |(s, _)| checkpoint_name(*s))
-                )));
-            }
-            opt.apply(&mut model, grad_norm, lr);
-            Ok((loss, grad_norm))
-        })?;
-        step += 1;
-        tokens_seen += tokens_per_step;
-        layer_lambdas(&model, &ws, b * t, &mut lambdas);
+        let lr = lr_at(st.step, tc.steps, tc.lr, tc.min_lr, tc.warmup);
+        let (loss, grad_norm) = optimizer_step(&mut st, &mut bufs, run, data, lr, &ckpt)?;
+        st.step += 1;
+        st.tokens_seen += tokens_per_step;
+        let step = st.step;
+
+        // 5. Measure: each layer's λ, throughput, and the validation loss when due
+        layer_lambdas(&st.model, &bufs.ws, b * t, &mut bufs.lambdas);
         let tokens_per_s = tokens_per_step as f64 / t0.elapsed().as_secs_f64();
         let val_loss = if step % tc.eval_every == 0 || step == tc.steps {
-            let v = validate(
-                &model,
-                &mut ws,
-                &data.val,
-                tc.val_batches * b,
-                b,
-                t,
-                &mut x,
-                &mut y,
-            )?;
+            let LoopBuffers { ws, x, y, .. } = &mut bufs;
+            let v = validate(&st.model, ws, &data.val, tc.val_batches * b, b, t, x, y)?;
             last_val = Some(v);
             Some(v)
         } else {
             None
         };
         last_loss = loss;
+
+        // 6. Report: a line of metrics.jsonl and the observer
         let report = StepReport {
             step,
             steps: tc.steps,
@@ -453,29 +542,26 @@ pub fn train(
             lr,
             grad_norm,
             tokens_per_s,
-            lambda: &lambdas[..lambda_len],
+            lambda: &bufs.lambdas[..bufs.lambda_len],
             val_loss,
         };
         log.write(&report)?;
         observer.step(&report);
+
+        // 7. Checkpoint when due
         if (tc.ckpt_every > 0 && step % tc.ckpt_every == 0) || step == tc.steps {
-            let p = save(&model, &opt, &sampler, step, tokens_seen)?;
-            last_saved = Some((step, p));
+            ckpt.save(&st)?;
         }
     }
-    let interrupted = step < tc.steps;
-    let checkpoint = match &last_saved {
-        Some((s, p)) if *s == step => p.clone(),
-        _ => {
-            let p = save(&model, &opt, &sampler, step, tokens_seen)?;
-            last_saved = Some((step, p.clone()));
-            p
-        }
+
+    // 8. The end: the checkpoint of the last step, saved now unless step 7 just did
+    let checkpoint = match &ckpt.last {
+        Some((s, p)) if *s == st.step => p.clone(),
+        _ => ckpt.save(&st)?,
     };
-    let _ = last_saved;
     Ok(Outcome {
-        step,
-        interrupted,
+        step: st.step,
+        interrupted: st.step < tc.steps,
         checkpoint,
         train_loss: last_loss,
         val_loss: last_val,
