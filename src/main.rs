@@ -64,6 +64,10 @@ fn main() {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
     if let Err(e) = try_main(Cli::parse()) {
+        // A run stopped by a signal has said so; it exits as shells report a signal (130, 143).
+        if let Some(cli::progress::Interrupted(code)) = e.downcast_ref() {
+            std::process::exit(*code);
+        }
         // One line: the error and its causes, no backtrace.
         eprintln!("error: {e:#}");
         std::process::exit(1);

@@ -617,3 +617,155 @@ fn bench_matmul_cold_reports_each_backend_and_refuses_empty_sizes() {
         &["positive"],
     );
 }
+
+#[test]
+fn a_training_run_folder_serves_as_its_newest_checkpoint() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = text_file(tmp.path(), "a.txt", &TEXT.repeat(20));
+    let run = tmp.path().join("run");
+    let (d, r) = (data.to_str().unwrap(), run.to_str().unwrap());
+    let out = difftx(&[
+        "train",
+        "--data",
+        d,
+        "--out",
+        r,
+        "--preset",
+        "tiny",
+        "--context",
+        "32",
+        "--batch",
+        "2",
+        "--steps",
+        "4",
+        "--ckpt-every",
+        "2",
+        "--eval-every",
+        "2",
+        "--val-fraction",
+        "0.1",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // the same loss as the checkpoint's own directory, and a line saying which one
+    let by_run = eval(&run, &data);
+    let by_dir = eval(&run.join("checkpoints/step-00000004"), &data);
+    assert!(
+        by_run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&by_run.stderr)
+    );
+    assert_eq!(by_run.stdout, by_dir.stdout);
+    let err = String::from_utf8_lossy(&by_run.stderr);
+    assert!(
+        err.contains("using its newest checkpoint step-00000004"),
+        "{err}"
+    );
+    let gen = difftx(&[
+        "generate",
+        "--model",
+        r,
+        "--prompt",
+        "a",
+        "--max-new-tokens",
+        "3",
+    ]);
+    assert!(
+        gen.status.success(),
+        "{}",
+        String::from_utf8_lossy(&gen.stderr)
+    );
+    let png = tmp.path().join("map.png");
+    let map = difftx(&[
+        "attention-map",
+        "--model",
+        r,
+        "--prompt",
+        "abc",
+        "--layer",
+        "0",
+        "--head",
+        "0",
+        "--out",
+        png.to_str().unwrap(),
+    ]);
+    assert!(
+        map.status.success(),
+        "{}",
+        String::from_utf8_lossy(&map.stderr)
+    );
+    let hf = tmp.path().join("hf");
+    let exp = difftx(&["export", "--model", r, "--out", hf.to_str().unwrap()]);
+    assert!(
+        exp.status.success(),
+        "{}",
+        String::from_utf8_lossy(&exp.stderr)
+    );
+    assert!(hf.join("config.json").is_file());
+    // a run folder whose checkpoints are all incomplete is one line naming it
+    std::fs::remove_dir_all(run.join("checkpoints")).unwrap();
+    std::fs::create_dir_all(run.join("checkpoints/.tmp-step-00000002")).unwrap();
+    fails_with(
+        &eval(&run, &data),
+        &["run", "without a complete checkpoint"],
+    );
+}
+
+#[test]
+fn generate_json_gives_one_object_per_prompt_and_a_batch_has_separators() {
+    let tmp = tempfile::tempdir().unwrap();
+    let m = init_model(tmp.path(), "diff_v1");
+    let m = m.to_str().unwrap();
+    let args = |extra: &[&'static str]| {
+        let mut v = vec!["generate", "--model", m, "--temperature", "0"];
+        v.extend([
+            "--max-new-tokens",
+            "5",
+            "--prompt",
+            "It was",
+            "--prompt",
+            "the age",
+        ]);
+        v.extend_from_slice(extra);
+        v
+    };
+    let out = difftx(&args(&["--json"]));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    let objs: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(objs.len(), 2, "{text}");
+    assert_eq!(objs[0]["prompt"], "It was");
+    assert_eq!(objs[1]["prompt"], "the age");
+    for o in &objs {
+        assert_eq!(o["new_tokens"], 5, "{o}");
+        assert_eq!(
+            o["prompt_tokens"].as_u64().unwrap(),
+            6 + (o["prompt"] == "the age") as u64
+        );
+        assert_eq!(o["batch"], 2);
+        assert!(o["decode_seconds"].as_f64().unwrap() > 0.0);
+    }
+    // the text form: each continuation under a line naming its prompt, the same greedy text
+    let out = difftx(&args(&["--stats"]));
+    let text = String::from_utf8(out.stdout).unwrap();
+    let mut lines = text.lines();
+    assert_eq!(lines.next(), Some("=== prompt 1 of 2 ==="));
+    assert!(text.contains("\n=== prompt 2 of 2 ===\n"), "{text}");
+    assert!(text.ends_with('\n'), "{text:?}");
+    assert!(
+        text.contains(objs[0]["continuation"].as_str().unwrap()),
+        "{text}"
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.starts_with("prefill: "), "{err}");
+}

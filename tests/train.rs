@@ -171,42 +171,52 @@ fn resume_after_sigkill_matches_uninterrupted_run() {
 }
 
 #[test]
-fn sigterm_saves_a_checkpoint_that_eval_loads_and_exits_cleanly() {
-    let tmp = tempfile::tempdir().unwrap();
-    let data = text_file(tmp.path(), "gpl.txt", DEMO);
-    let out = tmp.path().join("run");
-    let mut args = small_run(s(&data), s(&out), "100000");
-    args.extend(["--ckpt-every", "0", "--warmup", "10"]);
-    let child = bin()
-        .args(&args)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let metrics = out.join("metrics.jsonl");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while std::fs::read_to_string(&metrics).map_or(0, |t| t.lines().count()) < 20 {
-        assert!(Instant::now() < deadline, "no progress");
-        std::thread::sleep(Duration::from_millis(20));
+fn a_signal_saves_a_checkpoint_that_eval_loads_and_exits_as_shells_report_it() {
+    for (signal, code) in [("TERM", 143), ("INT", 130)] {
+        let tmp = tempfile::tempdir().unwrap();
+        let data = text_file(tmp.path(), "gpl.txt", DEMO);
+        let out = tmp.path().join("run");
+        let mut args = small_run(s(&data), s(&out), "100000");
+        args.extend(["--ckpt-every", "0", "--warmup", "10", "--log-every", "5"]);
+        let child = bin()
+            .args(&args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let metrics = out.join("metrics.jsonl");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while std::fs::read_to_string(&metrics).map_or(0, |t| t.lines().count()) < 20 {
+            assert!(Instant::now() < deadline, "no progress");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let st = Command::new("kill")
+            .args([&format!("-{signal}"), &child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(st.success());
+        let o = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(code), "SIG{signal}: {err}");
+        assert!(err.contains("interrupted at step"), "{err}");
+        assert!(!err.contains("error") && !err.contains("panicked"), "{err}");
+        // stderr is a pipe, not a terminal: plain progress lines every 5 steps
+        for step in [5, 10, 15, 20] {
+            let line = format!("run: step {step}/100000 loss ");
+            assert!(err.contains(&line), "no `{line}` in: {err}");
+        }
+        assert!(err.contains(" tok/s ETA "), "{err}");
+        let ck = checkpoints(&out);
+        assert_eq!(ck.len(), 1, "{ck:?}");
+        let steps_logged = loss_log(&out).len();
+        assert_eq!(ck[0], format!("step-{steps_logged:08}"));
+        // the checkpoint is a model directory that eval loads
+        let model = out.join("checkpoints").join(&ck[0]);
+        let e = difftx(&["eval", "--model", s(&model), "--data", s(&data), "--json"]);
+        ok(&e);
+        let v: Value = serde_json::from_slice(&e.stdout).unwrap();
+        assert!(v["loss"].as_f64().unwrap() < 5.0, "{v}");
     }
-    let st = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(st.success());
-    let o = child.wait_with_output().unwrap();
-    let err = ok(&o);
-    assert!(err.contains("interrupted at step"), "{err}");
-    let ck = checkpoints(&out);
-    assert_eq!(ck.len(), 1, "{ck:?}");
-    let steps_logged = loss_log(&out).len();
-    assert_eq!(ck[0], format!("step-{steps_logged:08}"));
-    // the checkpoint is a model directory that eval loads
-    let model = out.join("checkpoints").join(&ck[0]);
-    let e = difftx(&["eval", "--model", s(&model), "--data", s(&data), "--json"]);
-    ok(&e);
-    let v: Value = serde_json::from_slice(&e.stdout).unwrap();
-    assert!(v["loss"].as_f64().unwrap() < 5.0, "{v}");
 }
 
 #[test]

@@ -8,7 +8,8 @@ use std::path::PathBuf;
 
 #[derive(Args)]
 pub struct AttentionMapArgs {
-    /// Model directory (config.json, model.safetensors, optional tokenizer.json).
+    /// Model directory (native difftx, or Hugging Face llama / diffllama), or a training run
+    /// folder, which stands for its newest complete checkpoint.
     #[arg(long)]
     pub model: PathBuf,
     /// Prompt text, tokenized with the model's tokenizer; at most the model's context.
@@ -27,8 +28,8 @@ pub struct AttentionMapArgs {
 
 pub fn run(a: AttentionMapArgs) -> Result<()> {
     use difftx::report::heatmap::{plot_attention_maps, MapPanel};
-    let model = difftx::interop::load(&a.model)?;
-    let tok = Tokenizer::for_model(&a.model, &model.config)?;
+    let (model, dir) = super::load_model(&a.model)?;
+    let tok = Tokenizer::for_model(&dir, &model.config)?;
     let ids = tok.encode(&a.prompt)?;
     let m = difftx::eval::attention_stats::head_maps(&model, &ids, a.layer, a.head)?;
     let kind = model.config.attention;

@@ -125,7 +125,8 @@ pub struct BenchAttentionArgs {
 
 #[derive(Args)]
 pub struct BenchDecodeArgs {
-    /// A model directory; without it, a freshly initialised --preset/--attention model.
+    /// A model directory or training run folder; without it, a freshly initialised
+    /// --preset/--attention model.
     #[arg(long)]
     pub model: Option<PathBuf>,
     #[arg(long, default_value = "bench")]
@@ -363,7 +364,7 @@ fn attention(a: BenchAttentionArgs) -> Result<()> {
 
 fn decode(a: BenchDecodeArgs) -> Result<()> {
     let model = match &a.model {
-        Some(dir) => difftx::interop::load(dir)?,
+        Some(dir) => super::load_model(dir)?.0,
         None => Model::init(ModelConfig::preset(a.preset, a.attention), 0)?,
     };
     if a.prompt_len == 0 || a.new_tokens == 0 {

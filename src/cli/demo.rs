@@ -1,6 +1,6 @@
 //! `difftx demo`: the quick demo, a tiny diff_v1 and its matched standard baseline.
 
-use super::progress::{stop_flag, Progress};
+use super::progress::{Progress, Stop};
 use anyhow::Result;
 use clap::Args;
 use std::path::PathBuf;
@@ -20,7 +20,7 @@ pub struct DemoArgs {
 }
 
 pub fn run(a: DemoArgs) -> Result<()> {
-    let stop = stop_flag()?;
+    let stop = Stop::new()?;
     let data = difftx::demo::demo_dataset();
     eprintln!(
         "difftx demo: tiny preset, byte-level, {} training / {} validation bytes of the built-in text (GNU GPL v3), {} steps each",
@@ -28,13 +28,20 @@ pub fn run(a: DemoArgs) -> Result<()> {
         data.val.len(),
         a.steps
     );
-    let (runs, plot) = difftx::demo::run_demo(
+    let demo = difftx::demo::run_demo(
         &a.out,
         a.steps,
         a.seed,
-        |kind| Box::new(Progress::new(kind.as_str())),
-        &stop,
-    )?;
+        |kind| Box::new(Progress::new(kind.as_str(), None)),
+        &stop.flag,
+    );
+    if stop.flag.load(std::sync::atomic::Ordering::Relaxed) {
+        if let Err(e) = &demo {
+            eprintln!("difftx demo: {e}");
+        }
+        return Err(stop.interrupted().into());
+    }
+    let (runs, plot) = demo?;
     println!(
         "{:<10} {:>10} {:>12} {:>10} {:>8}",
         "attention", "params", "train loss", "val loss", "seconds"

@@ -8,8 +8,8 @@ use std::path::PathBuf;
 
 #[derive(Args)]
 pub struct EvalArgs {
-    /// Model directory: native difftx (config.json, model.safetensors, optional tokenizer.json)
-    /// or a Hugging Face llama / diffllama directory.
+    /// Model directory (native difftx, or Hugging Face llama / diffllama), or a training run
+    /// folder, which stands for its newest complete checkpoint.
     #[arg(long)]
     pub model: PathBuf,
     /// UTF-8 text file to score, tokenized with the model's tokenizer.
@@ -24,8 +24,8 @@ pub struct EvalArgs {
 }
 
 pub fn run(a: EvalArgs) -> Result<()> {
-    let model = difftx::interop::load(&a.model)?;
-    let tok = Tokenizer::for_model(&a.model, &model.config)?;
+    let (model, dir) = super::load_model(&a.model)?;
+    let tok = Tokenizer::for_model(&dir, &model.config)?;
     let text = std::fs::read(&a.data).with_context(|| format!("{}", a.data.display()))?;
     let text = String::from_utf8(text)
         .map_err(|e| anyhow::anyhow!("{}: not UTF-8 text ({e})", a.data.display()))?;

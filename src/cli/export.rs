@@ -7,7 +7,8 @@ use std::path::PathBuf;
 
 #[derive(Args)]
 pub struct ExportArgs {
-    /// Model directory (native difftx, or a Hugging Face llama / diffllama).
+    /// Model directory (native difftx, or Hugging Face llama / diffllama), or a training run
+    /// folder, which stands for its newest complete checkpoint.
     #[arg(long)]
     pub model: PathBuf,
     /// Target format; `hf` is the only one.
@@ -22,8 +23,8 @@ pub fn run(a: ExportArgs) -> Result<()> {
     if a.format != "hf" {
         bail!("--format `{}` is not supported (expected hf)", a.format);
     }
-    let model = difftx::interop::load(&a.model)?;
-    difftx::interop::hf::export(&model, &a.model, &a.out)?;
+    let (model, dir) = super::load_model(&a.model)?;
+    difftx::interop::hf::export(&model, &dir, &a.out)?;
     eprintln!(
         "wrote {} ({} as Hugging Face {}; load it with AutoModelForCausalLM.from_pretrained)",
         a.out.display(),

@@ -7,11 +7,12 @@ use std::path::PathBuf;
 
 #[derive(Args)]
 pub struct GenerateArgs {
-    /// Model directory: native difftx (config.json, model.safetensors, optional tokenizer.json)
-    /// or a Hugging Face llama / diffllama directory.
+    /// Model directory (native difftx, or Hugging Face llama / diffllama), or a training run
+    /// folder, which stands for its newest complete checkpoint.
     #[arg(long)]
     pub model: PathBuf,
-    /// Prompt text; repeat the flag (or mix with --prompt-file) to generate a batch.
+    /// Prompt text; repeat the flag (or mix with --prompt-file) to generate a batch, whose
+    /// continuations print each under a line `=== prompt I of N ===` (or see --json).
     #[arg(long)]
     pub prompt: Vec<String>,
     /// Read a prompt from a file (the whole file is one prompt); may be repeated.
@@ -39,6 +40,10 @@ pub struct GenerateArgs {
     /// Print prefill and decode tokens/s to stderr.
     #[arg(long)]
     pub stats: bool,
+    /// Print one JSON object per prompt on stdout (prompt, continuation, token counts, whether
+    /// the context filled, and the batch's prefill and decode seconds) instead of the text.
+    #[arg(long)]
+    pub json: bool,
 }
 
 pub fn run(a: GenerateArgs) -> Result<()> {
@@ -49,8 +54,8 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         top_p: a.top_p,
     };
     sampling.validate()?;
-    let model = difftx::interop::load(&a.model)?;
-    let tok = Tokenizer::for_model(&a.model, &model.config)?;
+    let (model, dir) = super::load_model(&a.model)?;
+    let tok = Tokenizer::for_model(&dir, &model.config)?;
     let mut texts = a.prompt.clone();
     for f in &a.prompt_file {
         texts.push(std::fs::read_to_string(f).with_context(|| format!("{}", f.display()))?);
@@ -69,7 +74,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         eos: tok.eos_id(&model.config),
         truncate_prompt: a.truncate_prompt,
     };
-    let single = prompts.len() == 1;
+    let single = prompts.len() == 1 && !a.json;
     let mut stream = difftx::data::tokenizer::TextStream::default();
     let g = difftx::infer::generate(&model, &prompts, &opts, |_, id| {
         // One prompt streams as it goes; a batch prints each continuation at the end.
@@ -85,8 +90,25 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     if single {
         let _ = stdout.write_all(stream.finish(&tok)?.as_bytes());
         let _ = writeln!(stdout);
+    } else if a.json {
+        for (i, ids) in g.tokens.iter().enumerate() {
+            let line = serde_json::json!({
+                "prompt": texts[i],
+                "continuation": tok.decode(ids)?,
+                "prompt_tokens": g.prompt_tokens[i],
+                "new_tokens": ids.len(),
+                "hit_context": g.hit_context[i],
+                "prefill_seconds": g.prefill_seconds,
+                "decode_seconds": g.decode_seconds,
+                "batch": prompts.len(),
+            });
+            let _ = writeln!(stdout, "{line}");
+        }
     } else {
-        for ids in &g.tokens {
+        // A batch: each continuation under a line naming its prompt, since a continuation
+        // may hold blank lines of its own.
+        for (i, ids) in g.tokens.iter().enumerate() {
+            let _ = writeln!(stdout, "=== prompt {} of {} ===", i + 1, g.tokens.len());
             let _ = writeln!(stdout, "{}", tok.decode(ids)?);
         }
     }

@@ -15,7 +15,27 @@ pub mod repro;
 pub mod tokenizer;
 pub mod train;
 
-use difftx::ModelConfig;
+use anyhow::Result;
+use difftx::{Model, ModelConfig};
+use std::path::{Path, PathBuf};
+
+/// The model directory a `--model` names: a model directory, or a training run folder (its
+/// newest complete checkpoint, said on stderr).
+pub fn model_dir(path: &Path) -> Result<PathBuf> {
+    let (dir, note) = difftx::train::checkpoint::model_dir(path)?;
+    if let Some(n) = note {
+        eprintln!("{n}");
+    }
+    Ok(dir)
+}
+
+/// Loads what a `--model` names (see `model_dir`), native or Hugging Face; returns the model
+/// and the directory it came from (for its tokenizer).
+pub fn load_model(path: &Path) -> Result<(Model, PathBuf)> {
+    let dir = model_dir(path)?;
+    let model = difftx::interop::load(&dir)?;
+    Ok((model, dir))
+}
 
 /// The paper's Table 6 ablations a diff_v1 config turns on, as " (…)", or "".
 pub fn ablations(m: &ModelConfig) -> String {

@@ -1,12 +1,14 @@
-//! Progress on a terminal (bars with ETA) and the stop flag of SIGINT/SIGTERM.
+//! Progress for a person: a bar with ETA on a terminal, a plain line every few steps in a log
+//! (nohup, Slurm, CI), and the stop that SIGINT/SIGTERM ask for, with the shell's exit code.
 
 use anyhow::Result;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::io::IsTerminal;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
+/// A bar over `len` units on a terminal; hidden when stderr is not one.
 pub fn progress(len: u64, what: &str) -> ProgressBar {
     let pb = ProgressBar::new(len);
     if std::io::stderr().is_terminal() {
@@ -22,48 +24,112 @@ pub fn progress(len: u64, what: &str) -> ProgressBar {
     pb
 }
 
-pub fn stop_flag() -> Result<Arc<AtomicBool>> {
-    use signal_hook::consts::{SIGINT, SIGTERM};
-    let stop = Arc::new(AtomicBool::new(false));
-    for sig in [SIGINT, SIGTERM] {
-        // The first signal asks for a checkpoint and a clean exit; a second one exits at once.
-        signal_hook::flag::register_conditional_shutdown(sig, 128 + sig, stop.clone())?;
-        signal_hook::flag::register(sig, stop.clone())?;
-    }
-    Ok(stop)
+/// What SIGINT and SIGTERM ask of a long command: the first sets `flag` (the library then saves
+/// and returns), a second one exits at once.
+pub struct Stop {
+    pub flag: Arc<AtomicBool>,
+    signal: Arc<AtomicUsize>,
 }
 
-/// Progress for a training run: a bar on a terminal, nothing otherwise.
+/// A command that stopped because a signal asked it to: the process exits with `code`
+/// (128 + the signal: 130 after SIGINT, 143 after SIGTERM) and prints nothing more.
+#[derive(Debug)]
+pub struct Interrupted(pub i32);
+
+impl std::fmt::Display for Interrupted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "interrupted (exit code {})", self.0)
+    }
+}
+
+impl std::error::Error for Interrupted {}
+
+impl Stop {
+    /// Registers the handlers.
+    pub fn new() -> Result<Self> {
+        use signal_hook::consts::{SIGINT, SIGTERM};
+        let flag = Arc::new(AtomicBool::new(false));
+        let signal = Arc::new(AtomicUsize::new(0));
+        for sig in [SIGINT, SIGTERM] {
+            signal_hook::flag::register_conditional_shutdown(sig, 128 + sig, flag.clone())?;
+            signal_hook::flag::register_usize(sig, signal.clone(), sig as usize)?;
+            signal_hook::flag::register(sig, flag.clone())?;
+        }
+        Ok(Stop { flag, signal })
+    }
+
+    /// The error that ends the process with the shell's code for the signal that stopped it.
+    pub fn interrupted(&self) -> Interrupted {
+        match self.signal.load(Ordering::Relaxed) {
+            0 => Interrupted(130),
+            sig => Interrupted(128 + sig as i32),
+        }
+    }
+}
+
+/// Progress of a training run: a bar on a terminal; off one, a plain line every `every` steps
+/// (and at the last), so that a log shows the run moving.
 pub struct Progress {
     pb: ProgressBar,
     name: String,
+    terminal: bool,
+    every: u64,
     last_draw: Instant,
     val: Option<f64>,
     tok_s: f64,
+    /// the first step of this process and when it started, for the ETA of plain lines
+    start: (u64, Instant),
 }
 
 impl Progress {
-    pub fn new(name: &str) -> Self {
-        let pb = ProgressBar::new(0);
-        if std::io::stderr().is_terminal() {
-            pb.set_style(
-                ProgressStyle::with_template(
-                    "{prefix} [{bar:25}] step {pos}/{len} {msg} ETA {eta}",
-                )
+    /// `every`: steps between plain lines off a terminal (`None`: about twenty lines a run).
+    pub fn new(name: &str, every: Option<u64>) -> Self {
+        // Hidden until `start` knows the length: a bar drawn before it would show 0/0.
+        let pb = ProgressBar::hidden();
+        pb.set_style(
+            ProgressStyle::with_template("{prefix} [{bar:25}] step {pos}/{len} {msg} ETA {eta}")
                 .expect("template")
                 .progress_chars("=> "),
-            );
-            pb.set_prefix(name.to_string());
-        } else {
-            pb.set_draw_target(ProgressDrawTarget::hidden());
-        }
+        );
+        pb.set_prefix(name.to_string());
         Progress {
             pb,
             name: name.to_string(),
+            terminal: std::io::stderr().is_terminal(),
+            every: every.unwrap_or(0),
             last_draw: Instant::now(),
             val: None,
             tok_s: 0.0,
+            start: (0, Instant::now()),
         }
+    }
+
+    /// One plain progress line (step, losses, learning rate, tokens/s, ETA).
+    fn line(&self, r: &difftx::train::StepReport) -> String {
+        let done = r.step - self.start.0;
+        let left = r.steps - r.step;
+        let eta = self.start.1.elapsed().as_secs_f64() / done.max(1) as f64 * left as f64;
+        let val = self.val.map_or(String::new(), |v| format!(" val {v:.4}"));
+        format!(
+            "{}: step {}/{} loss {:.4}{val} lr {:.2e} {:.0} tok/s ETA {}",
+            self.name,
+            r.step,
+            r.steps,
+            r.loss,
+            r.lr,
+            self.tok_s,
+            clock(Duration::from_secs_f64(eta))
+        )
+    }
+}
+
+/// 75 s → "1m15s", 3,700 s → "1h01m".
+fn clock(d: Duration) -> String {
+    let s = d.as_secs();
+    match s {
+        0..60 => format!("{s}s"),
+        60..3600 => format!("{}m{:02}s", s / 60, s % 60),
+        _ => format!("{}h{:02}m", s / 3600, s % 3600 / 60),
     }
 }
 
@@ -72,9 +138,16 @@ impl difftx::train::Observer for Progress {
         self.pb.suspend(|| eprintln!("{}: {msg}", self.name));
     }
     fn start(&mut self, first: u64, steps: u64) {
+        self.start = (first, Instant::now());
+        if self.every == 0 {
+            self.every = ((steps - first) / 20).max(1);
+        }
         self.pb.set_length(steps);
         self.pb.set_position(first);
         self.pb.reset_eta();
+        if self.terminal {
+            self.pb.set_draw_target(ProgressDrawTarget::stderr());
+        }
     }
     fn step(&mut self, r: &difftx::train::StepReport) {
         self.pb.set_position(r.step);
@@ -85,6 +158,12 @@ impl difftx::train::Observer for Progress {
         };
         if r.val_loss.is_some() {
             self.val = r.val_loss;
+        }
+        if !self.terminal {
+            if r.step % self.every == 0 || r.step == r.steps {
+                eprintln!("{}", self.line(r));
+            }
+            return;
         }
         // Redraw at most 4 times a second, so the loop formats almost nothing.
         if self.last_draw.elapsed().as_millis() >= 250 || r.val_loss.is_some() {
@@ -101,5 +180,18 @@ impl difftx::train::Observer for Progress {
 impl Drop for Progress {
     fn drop(&mut self) {
         self.pb.finish_and_clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::clock;
+    use std::time::Duration;
+
+    #[test]
+    fn clock_reads_like_a_person_writes_it() {
+        assert_eq!(clock(Duration::from_secs(7)), "7s");
+        assert_eq!(clock(Duration::from_secs(75)), "1m15s");
+        assert_eq!(clock(Duration::from_secs(3700)), "1h01m");
     }
 }

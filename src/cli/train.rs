@@ -1,7 +1,7 @@
 //! `difftx train`: train on your text, with checkpoints that resume exactly.
 
 use super::ablations;
-use super::progress::{stop_flag, Progress};
+use super::progress::{Progress, Stop};
 use anyhow::{bail, Result};
 use clap::Args;
 use difftx::util::thousands;
@@ -16,7 +16,9 @@ use std::path::PathBuf;
 
 The run folder holds run.json, metrics.jsonl, loss.png and checkpoints/step-N/ (each a model
 directory that `difftx eval --model` loads, plus optimizer.safetensors and trainer_state.json).
-Ctrl-C or SIGTERM saves a checkpoint and exits; a second Ctrl-C exits at once.")]
+Ctrl-C or SIGTERM saves a checkpoint and exits with code 130 (SIGINT) or 143 (SIGTERM), as
+shells report a signal, so a script can tell an interrupted run from a finished one (exit 0);
+a second Ctrl-C exits at once.")]
 pub struct TrainArgs {
     /// Run folder: metrics, plot and checkpoints go here.
     #[arg(long)]
@@ -32,6 +34,10 @@ pub struct TrainArgs {
     /// [default: token-cache/ next to --out].
     #[arg(long, value_name = "DIR")]
     pub token_cache: Option<PathBuf>,
+    /// Off a terminal (a log file, nohup, Slurm, CI), print a progress line every N steps
+    /// [default: about twenty lines a run]. On a terminal a progress bar shows instead.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub log_every: Option<u64>,
     #[command(flatten)]
     pub opts: difftx::train::TrainOptions,
 }
@@ -75,7 +81,7 @@ pub fn run(a: TrainArgs) -> Result<()> {
     if run.train.bf16 && !difftx::kernels::matmul::set_bf16(true) {
         bail!("this run uses bf16 matrix products (--bf16), which need a CPU with AVX512_BF16 (AMD Zen 4 or later, Intel Cooper Lake or later); this machine has none");
     }
-    let stop = stop_flag()?;
+    let stop = Stop::new()?;
     let cache = a.token_cache.clone().unwrap_or_else(|| {
         let parent = a.out.parent().filter(|p| !p.as_os_str().is_empty());
         parent
@@ -86,7 +92,12 @@ pub fn run(a: TrainArgs) -> Result<()> {
         .out
         .file_name()
         .map_or("train".into(), |n| n.to_string_lossy().into_owned());
-    let data = difftx::data::prepare_dataset(&run.data, &tok, &cache, &stop)?;
+    let data = difftx::data::prepare_dataset(&run.data, &tok, &cache, &stop.flag);
+    if stop.flag.load(std::sync::atomic::Ordering::Relaxed) {
+        eprintln!("{name}: interrupted while preparing the data; nothing was trained");
+        return Err(stop.interrupted().into());
+    }
+    let data = data?;
     difftx::train::trainer::check_windows(&data, run.model.max_position_embeddings)?;
     for n in &data.notes {
         eprintln!("{name}: {n}");
@@ -117,7 +128,7 @@ pub fn run(a: TrainArgs) -> Result<()> {
         rayon::current_num_threads(),
         difftx::bench::precision()
     );
-    let mut progress = Progress::new(&name);
+    let mut progress = Progress::new(&name, a.log_every);
     let o = difftx::train::train(
         &run,
         &data,
@@ -125,7 +136,7 @@ pub fn run(a: TrainArgs) -> Result<()> {
         tok.file(),
         a.resume,
         &mut progress,
-        &stop,
+        &stop.flag,
     )?;
     drop(progress);
     let val = o.val_loss.map_or("-".into(), |v| format!("{v:.4}"));
@@ -135,6 +146,7 @@ pub fn run(a: TrainArgs) -> Result<()> {
             o.step,
             o.checkpoint.display()
         );
+        return Err(stop.interrupted().into());
     } else if o.train_loss.is_nan() && o.val_loss.is_none() {
         // resumed from the final checkpoint: no step was left to take
         eprintln!("{name}: already complete at step {}", o.step);

@@ -236,6 +236,34 @@ pub fn load_latest(out: &Path) -> Result<(Option<Restored>, Vec<String>)> {
     Ok((None, notes))
 }
 
+/// The model directory that `path` names: `path` itself when it holds a `config.json` (or is no
+/// run folder: loading it then says what is missing), else, for a training run folder, its
+/// newest checkpoint that holds a model, returned with a line saying which.
+pub fn model_dir(path: &Path) -> Result<(PathBuf, Option<String>)> {
+    let is_run = path.join(CHECKPOINTS_DIR).is_dir();
+    if path.join(crate::model::checkpoint::CONFIG_FILE).is_file() || !is_run {
+        return Ok((path.to_path_buf(), None));
+    }
+    let newest = list_checkpoints(path)?.into_iter().rev().find(|(_, dir)| {
+        dir.join(crate::model::checkpoint::CONFIG_FILE).is_file()
+            && dir.join(crate::model::checkpoint::WEIGHTS_FILE).is_file()
+    });
+    match newest {
+        Some((step, dir)) => {
+            let note = format!(
+                "{}: a training run; using its newest checkpoint {} (step {step})",
+                path.display(),
+                checkpoint_name(step)
+            );
+            Ok((dir, Some(note)))
+        }
+        None => Err(Error::Config {
+            path: path.to_path_buf(),
+            msg: "a training run without a complete checkpoint yet (no config.json either)".into(),
+        }),
+    }
+}
+
 /// Refuses a run folder that already holds a checkpoint, for a run that does not resume.
 pub fn ensure_fresh(out: &Path) -> Result<()> {
     match list_checkpoints(out)?.last() {
