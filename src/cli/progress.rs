@@ -160,7 +160,7 @@ impl difftx::train::Observer for Progress {
             self.val = r.val_loss;
         }
         if !self.terminal {
-            if r.step % self.every == 0 || r.step == r.steps {
+            if r.step.is_multiple_of(self.every) || r.step == r.steps {
                 eprintln!("{}", self.line(r));
             }
             return;
