@@ -1,7 +1,7 @@
 //! `difftx bench`: timed training steps on random tokens, the peak memory, and the FLOP count.
 
 use crate::config::{AttentionKind, ModelConfig};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::kernels::adamw::AdamWParams;
 use crate::model::{Model, Workspace};
 use crate::train::Optimizer;
@@ -281,6 +281,17 @@ pub fn bench_decode(
     reps: usize,
 ) -> Result<DecodeBench> {
     use crate::infer::{generate, GenerateOptions, Sampling};
+    let ctx = model.config.max_position_embeddings;
+    if prompt_len == 0 || new_tokens == 0 {
+        return Err(Error::Invalid(
+            "--prompt-len and --new-tokens must be positive".into(),
+        ));
+    }
+    if prompt_len + new_tokens > ctx {
+        return Err(Error::Invalid(format!(
+            "--prompt-len {prompt_len} + --new-tokens {new_tokens} exceed the context of {ctx} tokens"
+        )));
+    }
     let mut rng = ChaCha8Rng::seed_from_u64(0);
     let prompt: Vec<u32> = (0..prompt_len)
         .map(|_| rng.random_range(0..model.config.vocab_size as u32))

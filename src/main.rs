@@ -12,11 +12,8 @@ struct Cli {
     /// Worker threads (default: all cores). Results are bit-identical for a given thread count.
     #[arg(long, global = true)]
     threads: Option<usize>,
-    /// Matrix products (linear layers, LM head and the attention's tiles, forward and backward)
-    /// with bf16 operands, accumulated in f32 (AVX512_BF16 dot products, or Intel's AMX tile
-    /// unit where the CPU has one); weights, gradients, AdamW state and the softmax stay f32.
-    /// Decoding reads a bf16 copy of the weights (half the memory traffic). Off by default.
-    /// Needs a CPU with AVX512_BF16 (AMD Zen 4 or later, Intel Cooper Lake or later).
+    /// Matrix products in bf16 with f32 accumulation; weights, gradients and AdamW stay f32.
+    /// Needs AVX512_BF16 (AMD Zen 4, Intel Cooper Lake or later).
     #[arg(long, global = true)]
     bf16: bool,
     #[command(subcommand)]
@@ -102,5 +99,31 @@ fn try_main(cli: Cli) -> Result<()> {
             cli::presets::run();
             Ok(())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Cli;
+    use clap::CommandFactory;
+
+    /// Every flag of every command says what it does in `--help`.
+    #[test]
+    fn every_flag_has_a_description() {
+        fn walk(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            for a in cmd.get_arguments() {
+                let id = a.get_id().as_str();
+                if id != "help" && id != "version" && a.get_help().is_none() {
+                    missing.push(format!("{path} --{id}"));
+                }
+            }
+            for s in cmd.get_subcommands() {
+                walk(s, &format!("{path} {}", s.get_name()), missing);
+            }
+        }
+        let mut missing = Vec::new();
+        walk(&Cli::command(), "difftx", &mut missing);
+        assert!(missing.is_empty(), "flags without help: {missing:?}");
+        Cli::command().debug_assert();
     }
 }

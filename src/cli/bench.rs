@@ -41,7 +41,7 @@ pub fn run(cmd: BenchCmd) -> Result<()> {
 /// The model a benchmark builds: a preset of one attention kind, its batch and context.
 #[derive(Args)]
 pub struct BenchShape {
-    /// tiny, small, bench or medium
+    /// tiny, bench, small or medium (`difftx presets` shows each shape)
     #[arg(long, default_value = "bench")]
     pub preset: Preset,
     /// standard, diff_v1 or diff_v2
@@ -72,8 +72,10 @@ impl BenchShape {
 pub struct BenchTrainArgs {
     #[command(flatten)]
     pub shape: BenchShape,
+    /// Steps run first and not timed (buffers, caches and thread pools settle).
     #[arg(long, default_value_t = 3)]
     pub warmup: usize,
+    /// Timed steps; the median is reported, with the min and max.
     #[arg(long, default_value_t = 10)]
     pub steps: usize,
     /// Print one JSON object on stdout (step_ms, tokens_per_second, peak_rss_bytes, ...).
@@ -91,6 +93,7 @@ pub struct BenchBf16Args {
     /// Peak learning rate (warm-up, then cosine to a tenth).
     #[arg(long, default_value_t = 1e-3)]
     pub lr: f32,
+    /// Linear warm-up steps of the learning rate.
     #[arg(long, default_value_t = 30)]
     pub warmup: u64,
     /// Text to train on, byte-level: a file, or a folder of fortune files. Default: Debian's
@@ -109,6 +112,7 @@ pub struct BenchBf16Args {
 pub struct BenchMemoryArgs {
     #[command(flatten)]
     pub shape: BenchShape,
+    /// Print one JSON object on stdout.
     #[arg(long)]
     pub json: bool,
 }
@@ -117,8 +121,10 @@ pub struct BenchMemoryArgs {
 pub struct BenchAttentionArgs {
     #[command(flatten)]
     pub shape: BenchShape,
+    /// Timed repetitions of the forward and the backward; the median is reported.
     #[arg(long, default_value_t = 5)]
     pub reps: usize,
+    /// Print one JSON object on stdout.
     #[arg(long)]
     pub json: bool,
 }
@@ -129,14 +135,19 @@ pub struct BenchDecodeArgs {
     /// --preset/--attention model.
     #[arg(long)]
     pub model: Option<PathBuf>,
+    /// Preset of the fresh model (without --model).
     #[arg(long, default_value = "bench")]
     pub preset: Preset,
+    /// Attention kind of the fresh model (without --model): standard, diff_v1 or diff_v2.
     #[arg(long, default_value = "diff_v1")]
     pub attention: AttentionKind,
-    #[arg(long, default_value_t = 128)]
-    pub prompt_len: usize,
-    #[arg(long, default_value_t = 128)]
-    pub new_tokens: usize,
+    /// Prompt tokens (prefill) [default: 128, or half the context if that is less].
+    #[arg(long)]
+    pub prompt_len: Option<usize>,
+    /// Tokens decoded after the prompt [default: 128, or what the context has left].
+    #[arg(long)]
+    pub new_tokens: Option<usize>,
+    /// Timed repetitions; the median is reported.
     #[arg(long, default_value_t = 3)]
     pub reps: usize,
     /// Also measure read bandwidth, of main memory and of a buffer the size of the weights and
@@ -154,12 +165,16 @@ pub struct BenchMatmulArgs {
     /// M = N = K unless --m/--n/--k are given.
     #[arg(long, default_value_t = 1024)]
     pub size: usize,
+    /// Rows of A and C.
     #[arg(long)]
     pub m: Option<usize>,
+    /// Columns of B and C.
     #[arg(long)]
     pub n: Option<usize>,
+    /// The shared dimension: columns of A, rows of B.
     #[arg(long)]
     pub k: Option<usize>,
+    /// Timed repetitions per backend; the median is reported.
     #[arg(long, default_value_t = 20)]
     pub reps: usize,
     /// Operand storage: nn (both row-major), nt (B stored transposed: X·Wᵀ, a linear layer's
@@ -367,18 +382,12 @@ fn decode(a: BenchDecodeArgs) -> Result<()> {
         Some(dir) => super::load_model(dir)?.0,
         None => Model::init(ModelConfig::preset(a.preset, a.attention), 0)?,
     };
-    if a.prompt_len == 0 || a.new_tokens == 0 {
-        bail!("--prompt-len and --new-tokens must be positive");
-    }
-    if a.prompt_len + a.new_tokens > model.config.max_position_embeddings {
-        bail!(
-            "--prompt-len {} + --new-tokens {} exceed the context of {} tokens",
-            a.prompt_len,
-            a.new_tokens,
-            model.config.max_position_embeddings
-        );
-    }
-    let r = difftx::bench::bench_decode(&model, a.prompt_len, a.new_tokens, a.reps)?;
+    let ctx = model.config.max_position_embeddings;
+    let prompt_len = a.prompt_len.unwrap_or(128.min(ctx / 2).max(1));
+    let new_tokens = a
+        .new_tokens
+        .unwrap_or(128.min(ctx.saturating_sub(prompt_len)).max(1));
+    let r = difftx::bench::bench_decode(&model, prompt_len, new_tokens, a.reps)?;
     if a.json {
         println!("{}", serde_json::to_string(&r)?);
     } else {

@@ -8,11 +8,13 @@ use std::path::PathBuf;
 
 #[derive(Args)]
 pub struct InitArgs {
+    /// Model size: tiny, bench, small or medium (`difftx presets` shows each shape).
     #[arg(long, default_value = "tiny")]
     pub preset: Preset,
     /// standard, diff_v1 or diff_v2
     #[arg(long, default_value = "diff_v1")]
     pub attention: AttentionKind,
+    /// Seed of the initial weights (same seed, same weights).
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
     /// diff_v1 ablation (paper Table 6): one constant λ_init for every layer, in [0, 1)
