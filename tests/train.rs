@@ -499,3 +499,55 @@ fn plot_overlays_several_runs_into_one_png() {
         &["/nonexistent/run/metrics.jsonl"],
     );
 }
+
+#[test]
+fn a_resumed_run_prints_the_same_summary_and_counts_only_its_own_steps() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = text_file(tmp.path(), "gpl.txt", DEMO);
+    let out = tmp.path().join("run");
+    let mut args = small_run(s(&data), s(&out), "20");
+    args.extend(["--ckpt-every", "10"]);
+    let first = ok(&difftx(&args));
+    let summary = |err: &str| {
+        err.lines()
+            .find(|l| l.contains("matched at these settings"))
+            .unwrap_or_else(|| panic!("no summary line in: {err}"))
+            .to_string()
+    };
+    assert!(first.contains("done, 20 steps in "), "{first}");
+    // back to step 10, then resume with nothing but --resume
+    std::fs::remove_dir_all(out.join("checkpoints/step-00000020")).unwrap();
+    let again = ok(&difftx(&["train", "--out", s(&out), "--resume"]));
+    assert_eq!(summary(&again), summary(&first));
+    assert!(again.contains("done, step 20: 10 steps in "), "{again}");
+    assert!(again.contains("(resumed at 10)"), "{again}");
+    // run.json records f32 settings as they were written
+    let run_json = std::fs::read_to_string(out.join("run.json")).unwrap();
+    assert!(run_json.contains("\"beta1\": 0.9,"), "{run_json}");
+    assert!(run_json.contains("\"lr\": 0.001,"), "{run_json}");
+}
+
+#[test]
+fn a_tokenizer_smaller_than_asked_says_so() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = text_file(tmp.path(), "gpl.txt", &DEMO[..4000]);
+    let tok = tmp.path().join("tok.json");
+    let err = ok(&difftx(&[
+        "tokenizer",
+        "train",
+        "--data",
+        s(&data),
+        "--vocab-size",
+        "70000",
+        "--out",
+        s(&tok),
+    ]));
+    assert!(
+        err.contains("--vocab-size 70,000 asked for more tokens"),
+        "{err}"
+    );
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&tok).unwrap()).unwrap();
+    let n = v["model"]["vocab"].as_object().unwrap().len();
+    let stopped = format!("BPE stopped at {}", difftx::util::thousands(n));
+    assert!(err.contains(&stopped), "{err}: {n}");
+}

@@ -2,6 +2,7 @@
 
 use anyhow::Result;
 use clap::{Args, Subcommand};
+use difftx::util::thousands;
 use std::path::PathBuf;
 
 #[derive(Subcommand)]
@@ -32,6 +33,13 @@ pub fn run(cmd: TokenizerCmd) -> Result<()> {
 
 fn train(a: TokenizerTrainArgs) -> Result<()> {
     let n = difftx::data::corpus::train_bpe(&a.data, a.vocab_size, &a.out)?;
-    eprintln!("wrote {} ({n} tokens)", a.out.display());
+    eprintln!("wrote {} ({} tokens)", a.out.display(), thousands(n));
+    if n < a.vocab_size {
+        eprintln!(
+            "note: --vocab-size {} asked for more tokens than this text yields: BPE stopped at {} when no pair of tokens was left to merge",
+            thousands(a.vocab_size),
+            thousands(n)
+        );
+    }
     Ok(())
 }

@@ -152,8 +152,9 @@ pub fn run(a: TrainArgs) -> Result<()> {
         eprintln!("{name}: already complete at step {}", o.step);
     } else {
         eprintln!(
-            "{name}: done, {} steps in {:.0} s; train loss {:.4}, val loss {val}",
-            o.step, o.seconds, o.train_loss
+            "{name}: done, {}; train loss {:.4}, val loss {val}",
+            steps_done(&o),
+            o.train_loss
         );
         eprintln!("{name}: model {}", o.checkpoint.display());
         let label = format!("{} ({} params)", run.model.attention, thousands(o.params));
@@ -164,4 +165,17 @@ pub fn run(a: TrainArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// "600 steps in 17 s", or for a resumed run "step 600: 400 steps in 17 s (resumed at 200)".
+fn steps_done(o: &difftx::train::Outcome) -> String {
+    let ran = o.step - o.first_step;
+    if o.first_step == 0 {
+        format!("{ran} steps in {:.0} s", o.seconds)
+    } else {
+        format!(
+            "step {}: {ran} steps in {:.0} s (resumed at {})",
+            o.step, o.seconds, o.first_step
+        )
+    }
 }

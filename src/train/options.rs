@@ -178,6 +178,13 @@ pub struct RunConfig {
     pub tokenizer: Option<PathBuf>,
 }
 
+/// `v` as JSON whose f32 fields read as written (0.9, not 0.8999999761581421): serialised to
+/// text first, where each f32 prints its shortest form, then parsed.
+fn shortest_json(v: &impl Serialize) -> Value {
+    let text = serde_json::to_string(v).expect("options serialise");
+    serde_json::from_str(&text).expect("serde_json reads what it writes")
+}
+
 fn overlay_json(base: &mut Value, over: &Value) {
     let (Some(b), Some(o)) = (base.as_object_mut(), over.as_object()) else {
         return;
@@ -417,8 +424,8 @@ impl RunConfig {
     /// The first setting (by option name) in which `other` would train differently, if any.
     /// Checkpoint frequency and retention do not change the run and may differ.
     pub fn first_difference(&self, other: &RunConfig) -> Option<(String, String, String)> {
-        let mut a = serde_json::to_value(self.to_options()).expect("json");
-        let mut b = serde_json::to_value(other.to_options()).expect("json");
+        let mut a = shortest_json(&self.to_options());
+        let mut b = shortest_json(&other.to_options());
         for v in [&mut a, &mut b] {
             let o = v.as_object_mut().expect("object");
             o.remove("ckpt_every");
@@ -429,6 +436,29 @@ impl RunConfig {
             let vb = &b[k];
             (va != vb).then(|| (k.clone(), va.to_string(), vb.to_string()))
         })
+    }
+
+    /// The fewest options that resolve to this run: `to_options` without the head layout and
+    /// SwiGLU width where the preset and the model width derive them anyway. These are the
+    /// settings "as given", so that the same settings for another attention kind derive that
+    /// kind's layout (the matched parameter counts of a resumed run equal the first run's).
+    pub fn minimal_options(&self) -> TrainOptions {
+        let vocab = self.model.vocab_size;
+        let mut o = self.to_options();
+        let derived: [fn(&mut TrainOptions); 4] = [
+            |o| o.head_dim = None,
+            |o| o.num_key_value_heads = None,
+            |o| o.num_attention_heads = None,
+            |o| o.intermediate_size = None,
+        ];
+        for drop in derived {
+            let mut fewer = o.clone();
+            drop(&mut fewer);
+            if fewer.resolve(vocab).is_ok_and(|r| r.model == self.model) {
+                o = fewer;
+            }
+        }
+        o
     }
 
     /// Refuses to resume the run recorded in `dir` with settings that would train differently,
@@ -447,7 +477,7 @@ impl RunConfig {
         serde_json::json!({
             "preset": self.preset.as_str(),
             "model": self.model.to_json(),
-            "train": self.train,
+            "train": shortest_json(&self.train),
             "data": self.data,
             "tokenizer": self.tokenizer,
         })

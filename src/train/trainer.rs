@@ -48,6 +48,8 @@ impl Observer for Silent {}
 pub struct Outcome {
     /// updates done
     pub step: u64,
+    /// the step this process started from (0, or the checkpoint it resumed)
+    pub first_step: u64,
     /// true when stopped by the stop flag (SIGINT / SIGTERM) before the last step
     pub interrupted: bool,
     pub checkpoint: PathBuf,
@@ -179,8 +181,8 @@ fn validate(
     Ok(sum / count as f64)
 }
 
-/// A run about to start or resume: its resolved settings, its tokenizer, and the options as
-/// given over the recorded ones.
+/// A run about to start or resume: its resolved settings, its tokenizer, and its options as
+/// given (on resume: the recorded run's `minimal_options` under the ones given now).
 pub struct PreparedRun {
     pub run: RunConfig,
     pub tokenizer: Tokenizer,
@@ -197,9 +199,12 @@ pub fn prepare_run(opts: &TrainOptions, out: &Path, resume: bool) -> Result<Prep
         ensure_fresh(out)?;
         None
     };
-    let opts = match &recorded {
-        Some(r) => r.to_options().overlaid(opts),
-        None => opts.clone(),
+    let (opts, given) = match &recorded {
+        Some(r) => (
+            r.to_options().overlaid(opts),
+            r.minimal_options().overlaid(opts),
+        ),
+        None => (opts.clone(), opts.clone()),
     };
     let tokenizer = match &opts.tokenizer {
         Some(p) => Tokenizer::from_file(p)?,
@@ -217,7 +222,7 @@ pub fn prepare_run(opts: &TrainOptions, out: &Path, resume: bool) -> Result<Prep
     Ok(PreparedRun {
         run,
         tokenizer,
-        options: opts,
+        options: given,
     })
 }
 
@@ -561,6 +566,7 @@ pub fn train(
     };
     Ok(Outcome {
         step: st.step,
+        first_step,
         interrupted: st.step < tc.steps,
         checkpoint,
         train_loss: last_loss,
