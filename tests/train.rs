@@ -551,3 +551,83 @@ fn a_tokenizer_smaller_than_asked_says_so() {
     let stopped = format!("BPE stopped at {}", difftx::util::thousands(n));
     assert!(err.contains(&stopped), "{err}: {n}");
 }
+
+#[test]
+fn extend_steps_trains_past_the_end_at_the_final_learning_rate() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = text_file(tmp.path(), "gpl.txt", DEMO);
+    let out = tmp.path().join("run");
+    ok(&difftx(&small_run(s(&data), s(&out), "10")));
+    // a larger --steps on resume is refused, with the way to do it
+    let mut more = small_run(s(&data), s(&out), "15");
+    more.push("--resume");
+    fails_with(
+        &difftx(&more),
+        &["steps is 15", "used 10", "--extend-steps"],
+    );
+    let err = ok(&difftx(&[
+        "train",
+        "--out",
+        s(&out),
+        "--resume",
+        "--extend-steps",
+        "5",
+    ]));
+    assert!(
+        err.contains("decays to 1.00e-4 by step 10, then stays there until step 15"),
+        "{err}"
+    );
+    assert!(err.contains("done, step 15: 5 steps in "), "{err}");
+    let log = loss_log(&out);
+    assert_eq!(log.len(), 15);
+    let lrs: Vec<f64> = std::fs::read_to_string(out.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<Value>(l).unwrap()["lr"]
+                .as_f64()
+                .unwrap()
+        })
+        .collect();
+    for lr in &lrs[9..] {
+        assert!((lr - 1e-4).abs() < 1e-9, "{lrs:?}");
+    }
+    // extending again keeps the decay's end; --extend-steps without a run, or with --steps, refuses
+    let err = ok(&difftx(&[
+        "train",
+        "--out",
+        s(&out),
+        "--resume",
+        "--extend-steps",
+        "2",
+    ]));
+    assert!(
+        err.contains("by step 10, then stays there until step 17"),
+        "{err}"
+    );
+    let fresh = tmp.path().join("fresh");
+    fails_with(
+        &difftx(&[
+            "train",
+            "--out",
+            s(&fresh),
+            "--resume",
+            "--extend-steps",
+            "2",
+        ]),
+        &["holds none"],
+    );
+    fails_with(
+        &difftx(&[
+            "train",
+            "--out",
+            s(&out),
+            "--resume",
+            "--extend-steps",
+            "2",
+            "--steps",
+            "30",
+        ]),
+        &["give neither"],
+    );
+}

@@ -34,6 +34,11 @@ pub struct TrainArgs {
     /// [default: token-cache/ next to --out].
     #[arg(long, value_name = "DIR")]
     pub token_cache: Option<PathBuf>,
+    /// With --resume: train N steps past the run's recorded end. The learning rate stays at
+    /// --min-lr, where the cosine ended; a run planned that long from the start would have
+    /// decayed more slowly, so the result differs from it (docs/TRAINING.md).
+    #[arg(long, value_name = "N", requires = "resume", value_parser = clap::value_parser!(u64).range(1..))]
+    pub extend_steps: Option<u64>,
     /// Off a terminal (a log file, nohup, Slurm, CI), print a progress line every N steps
     /// [default: about twenty lines a run]. On a terminal a progress bar shows instead.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
@@ -76,7 +81,7 @@ pub fn run(a: TrainArgs) -> Result<()> {
         run,
         tokenizer: tok,
         options: opts,
-    } = difftx::train::prepare_run(&opts, &a.out, a.resume)?;
+    } = difftx::train::prepare_run(&opts, &a.out, a.resume, a.extend_steps)?;
     // A run recorded with bf16 products (or `bf16 = true` in TOML) trains with them.
     if run.train.bf16 && !difftx::kernels::matmul::set_bf16(true) {
         bail!("this run uses bf16 matrix products (--bf16), which need a CPU with AVX512_BF16 (AMD Zen 4 or later, Intel Cooper Lake or later); this machine has none");
@@ -128,6 +133,12 @@ pub fn run(a: TrainArgs) -> Result<()> {
         rayon::current_num_threads(),
         difftx::bench::precision()
     );
+    if let Some(end) = run.train.decay_steps {
+        eprintln!(
+            "{name}: the learning rate decays to {:.2e} by step {end}, then stays there until step {}",
+            run.train.min_lr, run.train.steps
+        );
+    }
     let mut progress = Progress::new(&name, a.log_every);
     let o = difftx::train::train(
         &run,

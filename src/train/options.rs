@@ -103,6 +103,10 @@ pub struct TrainOptions {
     /// Learning rate at the end of the cosine decay [default: lr / 10].
     #[cfg_attr(feature = "cli", arg(long))]
     pub min_lr: Option<f32>,
+    /// Steps over which the learning rate decays (cosine) to --min-lr, after which it stays
+    /// there [default: --steps]. `--resume --extend-steps N` sets it to the original --steps.
+    #[cfg_attr(feature = "cli", arg(long, value_name = "N"))]
+    pub decay_steps: Option<u64>,
     /// Linear warm-up steps [default: 5% of --steps].
     #[cfg_attr(feature = "cli", arg(long))]
     pub warmup: Option<u64>,
@@ -148,6 +152,9 @@ pub struct TrainOptions {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct TrainConfig {
     pub steps: u64,
+    /// the cosine decay's end when it is not `steps` (a run extended past its schedule)
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decay_steps: Option<u64>,
     pub batch: usize,
     pub grad_accum: usize,
     pub lr: f32,
@@ -297,6 +304,7 @@ impl TrainOptions {
         let lr = self.lr.unwrap_or(1e-3);
         let train = TrainConfig {
             steps,
+            decay_steps: self.decay_steps.filter(|&d| d != steps),
             batch: self.batch.unwrap_or(8),
             grad_accum: self.grad_accum.unwrap_or(1),
             lr,
@@ -369,7 +377,25 @@ impl TrainConfig {
                 self.warmup, self.steps
             )));
         }
+        if self.decay_end() < self.warmup {
+            return Err(Error::Invalid(format!(
+                "--decay-steps ({}) is shorter than --warmup ({})",
+                self.decay_end(),
+                self.warmup
+            )));
+        }
         Ok(())
+    }
+
+    /// The step at which the cosine reaches `min_lr`: `decay_steps`, or the run's end.
+    pub fn decay_end(&self) -> u64 {
+        self.decay_steps.unwrap_or(self.steps)
+    }
+
+    /// The learning rate of update `step` (0-based): warm-up, cosine decay to `min_lr` at
+    /// `decay_end`, then `min_lr`.
+    pub fn lr_at(&self, step: u64) -> f32 {
+        super::schedule::lr_at(step, self.decay_end(), self.lr, self.min_lr, self.warmup)
     }
 
     /// Tokens seen per optimizer step.
@@ -402,6 +428,7 @@ impl RunConfig {
             lambda_init: m.lambda_init,
             no_subln: Some(!m.subln),
             steps: Some(t.steps),
+            decay_steps: t.decay_steps,
             batch: Some(t.batch),
             grad_accum: Some(t.grad_accum),
             lr: Some(t.lr),
@@ -424,12 +451,22 @@ impl RunConfig {
     /// The first setting (by option name) in which `other` would train differently, if any.
     /// Checkpoint frequency and retention do not change the run and may differ.
     pub fn first_difference(&self, other: &RunConfig) -> Option<(String, String, String)> {
+        self.difference_ignoring(other, &[])
+    }
+
+    /// `first_difference`, leaving the settings named in `ignore` out as well.
+    fn difference_ignoring(
+        &self,
+        other: &RunConfig,
+        ignore: &[&str],
+    ) -> Option<(String, String, String)> {
         let mut a = shortest_json(&self.to_options());
         let mut b = shortest_json(&other.to_options());
         for v in [&mut a, &mut b] {
             let o = v.as_object_mut().expect("object");
-            o.remove("ckpt_every");
-            o.remove("keep_last");
+            for k in ["ckpt_every", "keep_last"].iter().chain(ignore) {
+                o.remove(*k);
+            }
         }
         let (a, b) = (a.as_object().unwrap(), b.as_object().unwrap());
         a.iter().find_map(|(k, va)| {
@@ -461,15 +498,39 @@ impl RunConfig {
         o
     }
 
+    /// The same run trained further: `recorded` with `extra` more steps at the end, the learning
+    /// rate staying at `min_lr` after the recorded decay (`--extend-steps`).
+    pub fn extended(&self, extra: u64) -> RunConfig {
+        let mut r = self.clone();
+        r.train.decay_steps = Some(self.train.decay_end());
+        r.train.steps += extra;
+        r
+    }
+
     /// Refuses to resume the run recorded in `dir` with settings that would train differently,
-    /// naming the first such setting, its recorded value and the one given now.
+    /// naming the first such setting, its recorded value and the one given now. A run extended
+    /// past its end (more steps, the same decay) resumes it.
     pub fn check_resumes(&self, recorded: &RunConfig, dir: &Path) -> Result<()> {
-        match recorded.first_difference(self) {
+        let extends = self.train.steps >= recorded.train.steps
+            && self.train.decay_end() == recorded.train.decay_end();
+        let ignore: &[&str] = if extends {
+            &["steps", "decay_steps"]
+        } else {
+            &[]
+        };
+        match recorded.difference_ignoring(self, ignore) {
             None => Ok(()),
-            Some((k, was, now)) => Err(Error::Invalid(format!(
-                "--resume: {k} is {now}, but the run in {} used {was}",
-                dir.display()
-            ))),
+            Some((k, was, now)) => {
+                let hint = if k == "steps" {
+                    " (to train past the end, keep --steps and pass --extend-steps N)"
+                } else {
+                    ""
+                };
+                Err(Error::Invalid(format!(
+                    "--resume: {k} is {now}, but the run in {} used {was}{hint}",
+                    dir.display()
+                )))
+            }
         }
     }
 

@@ -16,7 +16,6 @@ use super::checkpoint::{
 };
 use super::metrics::{MetricsLog, StepReport, METRICS_FILE};
 use super::options::{RunConfig, TrainOptions};
-use super::schedule::lr_at;
 use super::step::Optimizer;
 use crate::config::AttentionKind;
 use crate::data::{Dataset, TokenSlice, Tokenizer, WindowSampler};
@@ -191,13 +190,36 @@ pub struct PreparedRun {
 
 /// Resolves what a run in `out` will do, before anything is written: on `resume` the settings
 /// recorded by its newest checkpoint are the base that `opts` overlays (and any setting given
-/// again must agree with them); otherwise `out` must hold no run yet.
-pub fn prepare_run(opts: &TrainOptions, out: &Path, resume: bool) -> Result<PreparedRun> {
+/// again must agree with them); otherwise `out` must hold no run yet. `extend_steps` adds steps
+/// past the recorded end at the final learning rate (`RunConfig::extended`).
+pub fn prepare_run(
+    opts: &TrainOptions,
+    out: &Path,
+    resume: bool,
+    extend_steps: Option<u64>,
+) -> Result<PreparedRun> {
     let recorded = if resume {
         latest_run(out)?
     } else {
         ensure_fresh(out)?;
         None
+    };
+    let recorded = match (recorded, extend_steps) {
+        (r, None) => r,
+        (Some(r), Some(n)) if opts.steps.is_none() && opts.decay_steps.is_none() => {
+            Some(r.extended(n))
+        }
+        (Some(_), Some(_)) => {
+            return Err(Error::Invalid(
+                "--extend-steps sets the run's --steps and --decay-steps; give neither".into(),
+            ))
+        }
+        (None, Some(_)) => {
+            return Err(Error::Invalid(format!(
+                "--extend-steps continues a run, but {} holds none (it needs --resume and a checkpoint)",
+                out.display()
+            )))
+        }
     };
     let (opts, given) = match &recorded {
         Some(r) => (
@@ -520,7 +542,7 @@ pub fn train(
     while st.step < tc.steps && !stop.load(Ordering::Relaxed) {
         // 4. One optimizer step at the schedule's learning rate
         let t0 = Instant::now();
-        let lr = lr_at(st.step, tc.steps, tc.lr, tc.min_lr, tc.warmup);
+        let lr = tc.lr_at(st.step);
         let (loss, grad_norm) = optimizer_step(&mut st, &mut bufs, run, data, lr, &ckpt)?;
         st.step += 1;
         st.tokens_seen += tokens_per_step;
