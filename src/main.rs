@@ -457,7 +457,7 @@ fn eval(a: EvalArgs) -> Result<()> {
         );
     }
     let pb = progress(0, "eval");
-    let r = difftx::eval::evaluate_loss(&model, &ids, a.batch, |done, total| {
+    let r = difftx::infer::evaluate_loss(&model, &ids, a.batch, |done, total| {
         pb.set_length(total as u64);
         pb.set_position(done as u64);
     })?;
@@ -477,8 +477,8 @@ fn eval(a: EvalArgs) -> Result<()> {
 }
 
 fn repro(a: ReproArgs) -> Result<()> {
-    use difftx::eval::lm_scaling::FORTUNES_DIR;
-    use difftx::eval::repro::{run_repro, Corpus, ReproPlan};
+    use difftx::experiments::lm_scaling::FORTUNES_DIR;
+    use difftx::experiments::repro::{run_repro, Corpus, ReproPlan};
     let mut plan = if a.quick {
         ReproPlan::quick()
     } else {
@@ -498,10 +498,10 @@ fn repro(a: ReproArgs) -> Result<()> {
     let corpus = match (&a.corpus, a.quick) {
         (Some(p), _) => Corpus::load(p)?,
         (None, true) => Corpus {
-            text: difftx::demo::DEMO_TEXT.as_bytes().to_vec(),
+            text: difftx::experiments::demo::DEMO_TEXT.as_bytes().to_vec(),
             line: format!(
                 "the built-in demo text (data/demo.txt, {} bytes; the last 10% is validation)",
-                difftx::demo::DEMO_TEXT.len()
+                difftx::experiments::demo::DEMO_TEXT.len()
             ),
         },
         // A dry run states the plan even where the default corpus is not installed yet.
@@ -542,7 +542,7 @@ fn attention_map(a: AttentionMapArgs) -> Result<()> {
     let model = difftx::interop::load(&a.model)?;
     let tok = Tokenizer::for_model(&a.model, &model.config)?;
     let ids = tok.encode(&a.prompt)?;
-    let m = difftx::eval::attention_stats::head_maps(&model, &ids, a.layer, a.head)?;
+    let m = difftx::experiments::attention_stats::head_maps(&model, &ids, a.layer, a.head)?;
     let kind = model.config.attention;
     let t = m.t;
     let panels = match (m.a2, m.diff) {
@@ -677,14 +677,14 @@ impl Drop for Progress {
 
 fn demo(a: DemoArgs) -> Result<()> {
     let stop = stop_flag()?;
-    let data = difftx::demo::demo_dataset();
+    let data = difftx::experiments::demo::demo_dataset();
     eprintln!(
         "difftx demo: tiny preset, byte-level, {} training / {} validation bytes of the built-in text (GNU GPL v3), {} steps each",
         data.train.len(),
         data.val.len(),
         a.steps
     );
-    let (runs, plot) = difftx::demo::run_demo(
+    let (runs, plot) = difftx::experiments::demo::run_demo(
         &a.out,
         a.steps,
         a.seed,
@@ -1050,7 +1050,7 @@ fn percent(rel: f64) -> String {
 }
 
 fn bench_bf16(a: BenchBf16Args) -> Result<()> {
-    use difftx::eval::lm_scaling::{load_fortunes, FORTUNES_DIR};
+    use difftx::experiments::lm_scaling::{load_fortunes, FORTUNES_DIR};
     use difftx::report::lines::{plot_lines, Axes, Line, Point};
     let config = a.shape.config()?;
     if a.steps == 0 {
@@ -1063,7 +1063,7 @@ fn bench_bf16(a: BenchBf16Args) -> Result<()> {
             FORTUNES_DIR.to_string(),
         ),
         None => (
-            difftx::demo::DEMO_TEXT.as_bytes().to_vec(),
+            difftx::experiments::demo::DEMO_TEXT.as_bytes().to_vec(),
             "the built-in demo text".to_string(),
         ),
     };

@@ -2,7 +2,7 @@
 //! every kind at every size plus a variant trains, scores and lands in the report, the plot
 //! and the JSON.
 
-use difftx::eval::lm_scaling::{
+use difftx::experiments::lm_scaling::{
     corpus_line, lm_json, lm_section, load_fortunes, plot_scaling, run_lm, LmPlan, PaperSays,
     SCALING_PLOT,
 };

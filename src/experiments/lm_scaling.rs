@@ -1051,7 +1051,7 @@ pub fn lm_json(runs: &[LmRun]) -> serde_json::Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::eval::evaluate_loss;
+    use crate::infer::evaluate_loss;
 
     #[test]
     fn fortunes_load_text_files_in_name_order_skipping_dat_symlinks_and_folders() {

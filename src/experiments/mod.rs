@@ -1,13 +1,11 @@
-//! Evaluations of trained models.
+//! The paper's experiments: tasks, measurements and their reports (`difftx repro`, `difftx demo`).
 
 pub mod attention_stats;
+pub mod demo;
 pub mod icl;
 pub mod lm_scaling;
-pub mod loss;
 pub mod needle;
 pub mod repro;
-
-pub use loss::{evaluate_loss, EvalResult};
 
 use crate::error::{Error, Result};
 use crate::model::{Model, Workspace};

@@ -1,9 +1,9 @@
 //! `difftx repro`: the paper's claims measured side by side on models a 2-core CPU can train.
 //!
 //! Each attention kind (standard, diff_v1, diff_v2) is trained at matched parameters on the
-//! same multi-needle episodes (eval/needle.rs) with the same seeds, steps and token budget,
+//! same multi-needle episodes (experiments/needle.rs) with the same seeds, steps and token budget,
 //! then measured: retrieval accuracy per (depth, context length), attention allocation and
-//! activation outliers (eval/attention_stats.rs). The run folder gets:
+//! activation outliers (experiments/attention_stats.rs). The run folder gets:
 //!
 //! ```text
 //! OUT/REPRO.md            tables (mean ± std over seeds), parameter counts, command, wall time, protocol
