@@ -477,8 +477,8 @@ fn eval(a: EvalArgs) -> Result<()> {
 }
 
 fn repro(a: ReproArgs) -> Result<()> {
-    use difftx::experiments::lm_scaling::FORTUNES_DIR;
-    use difftx::experiments::repro::{run_repro, Corpus, ReproPlan};
+    use difftx::experiments::corpus::{Corpus, FORTUNES_DIR};
+    use difftx::experiments::repro::{run_repro, ReproPlan};
     let mut plan = if a.quick {
         ReproPlan::quick()
     } else {
@@ -488,8 +488,8 @@ fn repro(a: ReproArgs) -> Result<()> {
         plan.seeds = n;
     }
     if let Some(n) = a.steps {
-        plan.steps = n;
-        plan.warmup = plan.warmup.min(n / 10);
+        plan.train.steps = n;
+        plan.train.warmup = plan.train.warmup.min(n / 10);
     }
     plan.validate()?;
     for line in plan.describe() {
@@ -1050,7 +1050,7 @@ fn percent(rel: f64) -> String {
 }
 
 fn bench_bf16(a: BenchBf16Args) -> Result<()> {
-    use difftx::experiments::lm_scaling::{load_fortunes, FORTUNES_DIR};
+    use difftx::experiments::corpus::{load_fortunes, FORTUNES_DIR};
     use difftx::report::lines::{plot_lines, Axes, Line, Point};
     let config = a.shape.config()?;
     if a.steps == 0 {

@@ -1,33 +1,25 @@
-//! The paper's experiments: tasks, measurements and their reports (`difftx repro`, `difftx demo`).
+//! The paper's experiments, each measured and then rendered (`difftx repro`, `difftx demo`).
+//!
+//! Each experiment keeps three things apart: its task (episodes and prompts: pure data, no
+//! model), its measurements (functions that train or evaluate models and return structs of
+//! numbers) and its rendering (Markdown sections, PNG plots and JSON written from those
+//! structs). Files depend only downwards:
+//!
+//! ```text
+//! common, corpus                shared helpers; the text corpus and its windows
+//! needle/{task, measure}        multi-needle episodes; retrieval of a model
+//! attention_stats               attention maps, allocation and outliers of a model
+//! icl/{task, plan, measure, render}          many-shot in-context classification
+//! lm_scaling/{plan, measure, fit, render}    language modelling at three sizes, ablations
+//! repro/{plan, measure, render, run}         the needle experiment, and the whole run
+//! demo                          `difftx demo`: two tiny models through the real trainer
+//! ```
 
 pub mod attention_stats;
+pub mod common;
+pub mod corpus;
 pub mod demo;
 pub mod icl;
 pub mod lm_scaling;
 pub mod needle;
 pub mod repro;
-
-use crate::error::{Error, Result};
-use crate::model::{Model, Workspace};
-
-/// One forward pass over a batch of prompts that all have `t` tokens (needle episodes, ICL
-/// prompts); the logits are then in `ws.logits`, row b·t + p for prompt b, position p.
-pub(crate) fn forward_prompts<'a>(
-    model: &Model,
-    ws: &mut Workspace,
-    prompts: impl ExactSizeIterator<Item = &'a [u32]>,
-    t: usize,
-) -> Result<()> {
-    let b = prompts.len();
-    let mut inputs = Vec::with_capacity(b * t);
-    for p in prompts {
-        if p.len() != t {
-            return Err(Error::Invalid(format!(
-                "prompt of {} tokens in a batch of prompts of {t}",
-                p.len()
-            )));
-        }
-        inputs.extend_from_slice(p);
-    }
-    model.forward(ws, &inputs, b, t)
-}
