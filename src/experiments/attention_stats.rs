@@ -4,8 +4,8 @@
 //!
 //! The map a head uses at one query position:
 //! - `standard`: its softmax row A.
-//! - `diff_v1`:  (A1 − λ·A2) / (1 − λ), λ the layer's λ — the authors' normalisation
-//!   (seeds/003, answer to question 4), under which the row sums to one.
+//! - `diff_v1`:  (A1 − λ·A2) / (1 − λ), λ the layer's λ — the authors' normalisation (their
+//!   reply to the ICLR 2025 reviews, answer to question 4), under which the row sums to one.
 //! - `diff_v2`:  the same with the per-token, per-head λ = σ(lambda_proj x) of that position.
 
 use crate::config::AttentionKind;

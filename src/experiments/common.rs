@@ -9,8 +9,8 @@ use std::fmt::Write as _;
 
 /// A byte-level model of `kind` with D, L, d and the context given: h = D / 2d differential
 /// heads; standard gets 2h heads, diff_v1 h, diff_v2 2h output heads over h K/V heads (the
-/// presets' matching, SPEC.md), SwiGLU width from D. Every repro experiment builds its models
-/// here, so the kinds always have matched parameters.
+/// presets' matching, docs/SPEC.md), SwiGLU width from D. Every repro experiment builds its
+/// models here, so the kinds always have matched parameters.
 pub fn matched_config(
     kind: AttentionKind,
     hidden_size: usize,
@@ -102,6 +102,15 @@ pub(crate) fn compare(
     format!("- {what}: {diff} {md:.3} vs standard {ms:.3} — {direction}; {spread}.")
 }
 
+/// The Markdown file of the report's fixed prose: what the paper reports for each experiment,
+/// why each protocol is as it is, and how to read the comparisons.
+pub const NOTES: &str = "docs/repro-notes.md";
+
+/// The report's pointer to one section of `NOTES`.
+pub fn notes_line(section: &str) -> String {
+    format!("What the paper reports: `{NOTES}` in the difftx repository, section “{section}”.")
+}
+
 /// A Markdown table's header and rule: the first column left-aligned, the rest right-aligned.
 pub(crate) fn table_head(s: &mut String, fixed: &[&str], cols: impl Iterator<Item = String>) {
     let names: Vec<String> = fixed.iter().map(|f| f.to_string()).chain(cols).collect();
@@ -145,6 +154,30 @@ pub(crate) fn forward_prompts<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_section_the_report_points_to_is_in_the_notes() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/", "docs/repro-notes.md");
+        let notes = std::fs::read_to_string(path).unwrap();
+        assert!(path.ends_with(NOTES));
+        for section in [
+            "Protocol",
+            "Multi-needle retrieval",
+            "Attention allocation",
+            "Activation outliers",
+            "Low-bit attention",
+            "In-context learning",
+            "Language modelling and scaling",
+            "Ablation",
+        ] {
+            assert!(
+                notes.lines().any(|l| l == format!("## {section}")),
+                "{section}"
+            );
+            assert!(notes_line(section).contains(&format!("“{section}”")));
+        }
+        assert!(!notes.contains("seeds/") && !notes.contains("../shared"));
+    }
 
     #[test]
     fn mean_std_is_the_sample_standard_deviation() {

@@ -14,6 +14,9 @@
 //! repro/{plan, measure, render, run}         the needle experiment, and the whole run
 //! demo                          `difftx demo`: two tiny models through the real trainer
 //! ```
+//!
+//! The report's fixed prose (what the paper reports, why each protocol is so) is in
+//! docs/repro-notes.md; the report points there.
 
 pub mod attention_stats;
 pub mod common;

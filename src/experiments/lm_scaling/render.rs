@@ -8,7 +8,7 @@ use super::measure::LmRun;
 use super::plan::{LmPlan, PaperSays};
 use crate::config::AttentionKind;
 use crate::error::Result;
-use crate::experiments::common::{compare, fmt_ms, mean_std, table_head};
+use crate::experiments::common::{compare, fmt_ms, mean_std, notes_line, table_head, NOTES};
 use crate::report::lines::{plot_lines, Axes, Line, Point};
 use crate::util::thousands;
 use serde_json::json;
@@ -47,10 +47,7 @@ fn protocol(plan: &LmPlan, corpus: &str, runs: &[LmRun]) -> String {
     let mut s = String::new();
     let seeds = seeds_of(runs);
     let _ = writeln!(s, "## Language modelling and scaling (paper Section 3.2)\n");
-    let _ = writeln!(
-        s,
-        "Paper: Diff Transformer reaches the Transformer's loss with about 65% of the parameters or training tokens (Figure 3; e.g. 6.8B Diff ≈ 11B Transformer). Here only the parameter side is measured: three sizes on one token budget.\n"
-    );
+    let _ = writeln!(s, "{}\n", notes_line("Language modelling and scaling"));
     for line in [
         format!("Corpus: {corpus}."),
         format!(
@@ -114,7 +111,7 @@ fn fit_table(plan: &LmPlan, runs: &[LmRun]) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "\nFit per kind: L = a + b ln N over the {} sizes (N = all parameters, embeddings included; L the mean validation loss over seeds). With three points a power law with an irreducible term (E + A N^-α) would pass through any three losses, so only the straight line in ln N is fitted; its slope b says how fast the loss falls with size here, and nothing beyond the fitted range. The largest residual shows how far the points bend away from the line (a bend as large as the gaps between kinds makes the ratio a rough reading).\n",
+        "\nFit per kind: L = a + b ln N over the {} sizes (N = all parameters, embeddings included; L the mean validation loss over seeds); why only this line is fitted, and how to read its residual: `{NOTES}`.\n",
         plan.sizes.len()
     );
     table_head(
@@ -301,7 +298,8 @@ fn ablation(plan: &LmPlan, runs: &[LmRun]) -> String {
     let _ = writeln!(s, "\n## Ablation (paper Table 6)\n");
     let _ = writeln!(
         s,
-        "Paper: removing the per-head norm (subln) raises the loss; a constant λ_init (0.8 or 0.5) instead of the schedule 0.8 − 0.6 exp(−0.3 l) is about as good. Here: at the middle size ({}), the same training and validation as above.\n",
+        "{} Here: at the middle size ({}), the same training and validation as above.\n",
+        notes_line("Ablation"),
         size_label(plan, mid)
     );
     table_head(

@@ -5,7 +5,7 @@ use super::measure::{HeadLambda, KindRun};
 use super::plan::{NeedleLoss, ReproPlan};
 use crate::config::AttentionKind;
 use crate::error::{Error, Result};
-use crate::experiments::common::{compare, fmt_ms, mean_std, table_head};
+use crate::experiments::common::{compare, fmt_ms, mean_std, notes_line, table_head, NOTES};
 use crate::experiments::icl::{icl_json, icl_reference, IclRun};
 use crate::experiments::lm_scaling::{lm_json, LmRun};
 use crate::experiments::needle::Cell;
@@ -300,13 +300,11 @@ fn protocol(plan: &ReproPlan) -> String {
     let _ = writeln!(s, "\n## Protocol\n");
     for line in [
         format!("Task: byte-level multi-needle retrieval. A haystack of synthetic filler (Zipf-distributed pseudo-words of a seeded 200-word language) holds N = {} needles \"the magic number of CITY is NUMBER. \" ({}-digit numbers, distinct cities and numbers); R = {} queries \"what is the magic number of CITY? NUMBER\" follow it, the first asking the needle at the cell's depth, the others asking other needles.", plan.needles, plan.digits, plan.queries),
-        "Depth p: p of the filler bytes precede the queried needle (snapped forward to a word boundary); the other needles sit at seeded random depths. Context length = the model's input tokens for the whole episode.".into(),
         format!("Training: every kind trains on the same episodes (they depend only on the seed), {} steps of {} episodes, each step one window length drawn from the multiples of 16 in [{}, {}] and depths uniform in [0, 1]; {loss}. The task is not tuned per kind. AdamW (β 0.9/0.95, weight decay 0.1 on matrices), peak lr {}, {} warm-up steps, cosine to lr/10, gradient clip 1. Initial weights from the same seed.", plan.train.steps, plan.train.batch, plan.train_min_len, plan.train.context, plan.train.lr, plan.train.warmup),
         format!("Retrieval: {} fresh episodes per (depth, length) cell, the same for every model (evaluation seed {}). A cell scores the query of the needle at its depth: correct when the argmax next token is right at every answer digit under teacher forcing — exactly greedy decoding of the digits. Accuracy against N scores all R queries.", plan.episodes_per_cell, plan.eval_seed),
-        format!("Attention allocation (Table 3): at length {len}, {} episodes per depth. For each position that predicts an answer digit, each head and each layer, the head's map is recomputed in f64 from the saved rotated q, k: standard its softmax row; diff_v1 (A1 − λA2)/(1 − λ) (the authors' formula, seeds/003); diff_v2 the same with its per-token, per-head λ = σ(lambda_proj x). Answer mass = the map's sum over the queried needle's sentence; noise = its sum over the rest of the haystack (mass on the query itself counts as neither). Averaged over positions, heads, layers and episodes. Entries of A1 − λA2 can be negative, so a head's answer or noise mass can be negative too; the averages keep the sign.", plan.alloc_episodes),
+        format!("Attention allocation (Table 3): at length {len}, {} episodes per depth, averaged over the positions that predict an answer digit, heads, layers and episodes; each head's map and the answer and noise masses are defined in `{NOTES}`.", plan.alloc_episodes),
         format!("Activation outliers (Table 5): over {} episodes at length {len}: attention logits q·kᵀ/√d of every causal pair of every query head (both maps of each pair for the diff kinds) and every block's output (hidden state); top-1 and 10th-largest |value| and the median |value|.", plan.outlier_sequences),
-        "How the protocol was chosen (the paper pretrains 3B models on text and tests retrieval without task training, which a 2-core CPU cannot imitate): pilot runs of the standard model alone, before any diff model was trained on the task. D 64, 2 layers, N = 3, R = 3, 4-digit numbers, context 256: with the loss on every byte, retrieval 0 at every depth after 3,000 steps; with the loss on the answer digits, 0–4% after 3,000 and 6,000 steps. N = 2, R = 2, 2-digit numbers, context 192, loss on the answers: 4–42% after 4,000 steps with the loss still falling. The full run uses that setting with 6,000 steps; it was not changed after seeing any diff model.".into(),
-        "Comparisons say whether the gap between means exceeds the two seed standard deviations added; with one seed they cannot.".into(),
+        format!("What a depth is, how this protocol was chosen and how to read the comparisons: `{NOTES}` in the difftx repository, section “Protocol”."),
     ] {
         let _ = writeln!(s, "- {line}");
     }
@@ -413,10 +411,7 @@ fn head_lambda_table(runs: &[KindRun]) -> String {
 fn retrieval_tables(plan: &ReproPlan, runs: &[KindRun]) -> String {
     let mut s = String::new();
     let _ = writeln!(s, "\n## Multi-needle retrieval (paper Section 3.4)\n");
-    let _ = writeln!(
-        s,
-        "Paper: at 4K context, N = 6, R = 2, the 3B Diff model scores about 0.85 and the Transformer about 0.55.\n"
-    );
+    let _ = writeln!(s, "{}\n", notes_line("Multi-needle retrieval"));
     table_head(
         &mut s,
         &["kind", "all cells"],
@@ -493,10 +488,7 @@ fn needles_table(plan: &ReproPlan, runs: &[KindRun]) -> String {
 fn allocation_table(runs: &[KindRun]) -> String {
     let mut s = String::new();
     let _ = writeln!(s, "\n## Attention allocation (paper Table 3)\n");
-    let _ = writeln!(
-        s,
-        "Paper: Diff answer mass about 0.27–0.40 and noise 0.01–0.02; Transformer answer 0.03–0.09 and noise 0.49–0.54.\n"
-    );
+    let _ = writeln!(s, "{}\n", notes_line("Attention allocation"));
     let _ = writeln!(
         s,
         "| kind | answer mass | noise mass | λ range (diff kinds) |"
@@ -524,10 +516,7 @@ fn allocation_table(runs: &[KindRun]) -> String {
 fn outlier_table(runs: &[KindRun]) -> String {
     let mut s = String::new();
     let _ = writeln!(s, "\n## Activation outliers (paper Table 5)\n");
-    let _ = writeln!(
-        s,
-        "Paper: the Transformer's top-1 attention logit is several times the Diff model's; hidden states show the same direction.\n"
-    );
+    let _ = writeln!(s, "{}\n", notes_line("Activation outliers"));
     let _ = writeln!(
         s,
         "| kind | logits top-1 | logits top-10 | logits median | logits top-1/median | hidden top-1 | hidden top-10 | hidden median | hidden top-1/median |"
@@ -557,7 +546,8 @@ fn lowbit_table(plan: &ReproPlan, runs: &[KindRun]) -> String {
     let _ = writeln!(s, "\n## Low-bit attention (paper Section 3.7)\n");
     let _ = writeln!(
         s,
-        "Paper: Diff holds its accuracy down to 6 bits and at 4 bits is about 25% more accurate than the Transformer. Here: retrieval accuracy at length {len} over all depths ({} episodes per depth, the first ones of the retrieval cells), with the attention logits of every head absmax-quantised per (sequence, head) before the softmax; evaluation only, computed in f64 outside the training kernel (![low-bit plot]({LOWBIT_PLOT})).\n",
+        "{} Here: retrieval accuracy at length {len} over all depths ({} episodes per depth, the first ones of the retrieval cells), with the attention logits of every head absmax-quantised per (sequence, head) before the softmax; evaluation only, computed in f64 outside the training kernel (![low-bit plot]({LOWBIT_PLOT})).\n",
+        notes_line("Low-bit attention"),
         plan.lowbit_per_cell
     );
     table_head(
