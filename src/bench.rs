@@ -620,7 +620,8 @@ pub fn bench_bf16(
     mut on_step: impl FnMut(&str, u64),
 ) -> Result<Bf16Bench> {
     use crate::error::Error;
-    use crate::eval::lm_scaling::{fill_windows, split, val_starts, window_loss};
+    use crate::experiments::corpus::{fill_windows, split, val_starts};
+    use crate::experiments::lm_scaling::window_loss;
     use crate::kernels::matmul::set_bf16;
     let (train, val) = split(text);
     let (b, t) = (run.batch, run.context);

@@ -4,9 +4,8 @@
 pub mod bench;
 pub mod config;
 pub mod data;
-pub mod demo;
 pub mod error;
-pub mod eval;
+pub mod experiments;
 pub mod infer;
 pub mod interop;
 pub mod kernels;

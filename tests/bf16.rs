@@ -36,7 +36,13 @@ fn bf16_training_follows_the_f32_loss_curve() {
         lr: 3e-3,
         warmup: 6,
     };
-    let r = bench_bf16(&config, &run, difftx::demo::DEMO_TEXT.as_bytes(), |_, _| {}).unwrap();
+    let r = bench_bf16(
+        &config,
+        &run,
+        difftx::experiments::demo::DEMO_TEXT.as_bytes(),
+        |_, _| {},
+    )
+    .unwrap();
     assert_eq!(r.f32.losses.len(), 60);
     assert_ne!(r.f32.losses, r.bf16.losses, "bf16 changed nothing");
     assert!(r.f32.losses[59] < r.f32.losses[0] - 1.0, "did not learn");
@@ -129,7 +135,7 @@ fn a_resumed_run_keeps_the_precision_it_started_with() {
     }
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("t.txt");
-    std::fs::write(&data, difftx::demo::DEMO_TEXT).unwrap();
+    std::fs::write(&data, difftx::experiments::demo::DEMO_TEXT).unwrap();
     let train = |out: &str, steps: &str, extra: &[&str]| {
         let mut args: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
         args.extend(

@@ -2,9 +2,9 @@
 //! every kind at every size plus a variant trains, scores and lands in the report, the plot
 //! and the JSON.
 
-use difftx::eval::lm_scaling::{
-    corpus_line, lm_json, lm_section, load_fortunes, plot_scaling, run_lm, LmPlan, PaperSays,
-    SCALING_PLOT,
+use difftx::experiments::corpus::{corpus_line, load_fortunes};
+use difftx::experiments::lm_scaling::{
+    lm_json, lm_section, plot_scaling, run_lm, LmPlan, PaperSays, SCALING_PLOT,
 };
 use difftx::AttentionKind;
 use std::path::Path;
@@ -25,7 +25,7 @@ fn quick_lm_run_on_the_demo_text_reports_every_kind_size_and_variant() {
     assert_eq!(runs.len(), 10);
     assert_eq!(notes.len(), 10);
     for r in &runs {
-        assert_eq!(r.losses.len(), plan.steps as usize);
+        assert_eq!(r.losses.len(), plan.train.steps as usize);
         // trained: well below the uniform ln 256 = 5.55 nats per byte
         assert!(r.val_loss.is_finite() && r.val_loss < 4.5, "{r:?}");
         assert!(r.final_loss() < r.losses[0] as f64, "{r:?}");

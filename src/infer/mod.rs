@@ -1,7 +1,9 @@
-//! Inference: sampling and generation with a KV cache.
+//! Inference: sampling and generation with a KV cache, and the mean loss of a text.
 
 pub mod generate;
+pub mod loss;
 pub mod sample;
 
 pub use generate::{generate, GenerateOptions, Generation};
+pub use loss::{evaluate_loss, EvalResult};
 pub use sample::Sampling;

@@ -4,14 +4,15 @@
 //!
 //! The map a head uses at one query position:
 //! - `standard`: its softmax row A.
-//! - `diff_v1`:  (A1 − λ·A2) / (1 − λ), λ the layer's λ — the authors' normalisation
-//!   (seeds/003, answer to question 4), under which the row sums to one.
+//! - `diff_v1`:  (A1 − λ·A2) / (1 − λ), λ the layer's λ — the authors' normalisation (their
+//!   reply to the ICLR 2025 reviews, answer to question 4), under which the row sums to one.
 //! - `diff_v2`:  the same with the per-token, per-head λ = σ(lambda_proj x) of that position.
 
 use crate::config::AttentionKind;
 use crate::error::{Error, Result};
 use crate::kernels::attention::AttnShape;
 use crate::model::{Model, Workspace};
+use serde::Serialize;
 use std::ops::Range;
 
 /// q·k/√d of query head `j` at position `i` of sequence `bi` against keys 0..=i, in f64.
@@ -202,7 +203,7 @@ pub fn head_maps(model: &Model, tokens: &[u32], layer: usize, head: usize) -> Re
 }
 
 /// Attention mass on the answer span and on the rest of the context ("noise").
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
 pub struct Allocation {
     pub answer: f64,
     pub noise: f64,
@@ -246,7 +247,7 @@ pub fn allocation(
 }
 
 /// The largest, 10th largest and median of a set of magnitudes.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
 pub struct Magnitudes {
     pub top1: f64,
     pub top10: f64,

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 
 /// The built-in text: the GNU GPL v3 (everyone may copy it verbatim), about 35 KB of English.
-pub const DEMO_TEXT: &str = include_str!("../data/demo.txt");
+pub const DEMO_TEXT: &str = include_str!("../../data/demo.txt");
 
 /// The two kinds the demo compares, in order.
 pub const DEMO_KINDS: [AttentionKind; 2] = [AttentionKind::DiffV1, AttentionKind::Standard];
