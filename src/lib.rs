@@ -1,7 +1,6 @@
 //! difftx: Differential Transformer language models (Ye et al., ICLR 2025) — DIFF V1, DIFF V2
 //! and the baseline Transformer — trained and run on a CPU with hand-written kernels.
 
-pub mod bench;
 pub mod config;
 pub mod data;
 pub mod error;

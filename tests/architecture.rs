@@ -20,7 +20,7 @@ const LAYERS: &[&[&str]] = &[
     &["kernels"],
     &["model"],
     &["data", "train", "infer", "interop"],
-    &["experiments", "bench", "demo", "eval"],
+    &["experiments"],
     &["cli"],
 ];
 

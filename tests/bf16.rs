@@ -2,7 +2,7 @@
 //! It switches a process-wide setting, so these tests live in their own binary. On a machine
 //! without AVX512_BF16 they check the refusal instead.
 
-use difftx::bench::bench_bf16;
+use difftx::experiments::bench::bench_bf16;
 use difftx::kernels::matmul::bf16_available;
 use difftx::train::in_memory::ShortRun;
 use difftx::{AttentionKind, ModelConfig, Preset};

@@ -31,7 +31,7 @@ pub fn run(a: AttentionMapArgs) -> Result<()> {
     let (model, dir) = super::load_model(&a.model)?;
     let tok = Tokenizer::for_model(&dir, &model.config)?;
     let ids = tok.encode(&a.prompt)?;
-    let m = difftx::eval::attention_stats::head_maps(&model, &ids, a.layer, a.head)?;
+    let m = difftx::experiments::attention_stats::head_maps(&model, &ids, a.layer, a.head)?;
     let kind = model.config.attention;
     let t = m.t;
     let panels = match (m.a2, m.diff) {

@@ -197,8 +197,13 @@ fn train(a: BenchTrainArgs) -> Result<()> {
         bail!("--steps must be positive");
     }
     let pb = progress((a.warmup + a.steps) as u64, "steps");
-    let r =
-        difftx::bench::bench_train(&config, a.shape.batch, a.warmup, a.steps, |_, _| pb.inc(1))?;
+    let r = difftx::experiments::bench::bench_train(
+        &config,
+        a.shape.batch,
+        a.warmup,
+        a.steps,
+        |_, _| pb.inc(1),
+    )?;
     pb.finish_and_clear();
     if a.json {
         println!("{}", serde_json::to_string(&r)?);
@@ -235,7 +240,7 @@ fn train(a: BenchTrainArgs) -> Result<()> {
 }
 
 fn bf16(a: BenchBf16Args) -> Result<()> {
-    use difftx::eval::lm_scaling::{load_fortunes, FORTUNES_DIR};
+    use difftx::experiments::corpus::{load_fortunes, FORTUNES_DIR};
     use difftx::report::lines::{plot_lines, Axes, Line, Point};
     let config = a.shape.config()?;
     if a.steps == 0 {
@@ -248,7 +253,7 @@ fn bf16(a: BenchBf16Args) -> Result<()> {
             FORTUNES_DIR.to_string(),
         ),
         None => (
-            difftx::demo::DEMO_TEXT.as_bytes().to_vec(),
+            difftx::experiments::demo::DEMO_TEXT.as_bytes().to_vec(),
             "the built-in demo text".to_string(),
         ),
     };
@@ -269,19 +274,19 @@ fn bf16(a: BenchBf16Args) -> Result<()> {
         thousands(text.len())
     );
     let pb = progress(2 * a.steps, "steps");
-    let r = difftx::bench::bench_bf16(&config, &run, &text, |tag, _| {
+    let r = difftx::experiments::bench::bench_bf16(&config, &run, &text, |tag, _| {
         pb.set_message(tag.to_string());
         pb.inc(1)
     })?;
     pb.finish_and_clear();
     if let Some(path) = &a.plot {
-        let line = |p: &difftx::bench::PrecisionRun| Line {
+        let line = |p: &difftx::experiments::bench::PrecisionRun| Line {
             label: format!("{} products (val {:.4})", p.precision, p.val_loss),
-            points: difftx::bench::window_means(&p.losses)
+            points: difftx::experiments::bench::window_means(&p.losses)
                 .into_iter()
                 .enumerate()
                 .map(|(i, y)| Point {
-                    x: ((i + 1) * difftx::bench::WINDOW).min(p.losses.len()) as f64,
+                    x: ((i + 1) * difftx::experiments::bench::WINDOW).min(p.losses.len()) as f64,
                     y,
                     sd: None,
                 })
@@ -309,8 +314,11 @@ fn bf16(a: BenchBf16Args) -> Result<()> {
     if a.json {
         println!("{}", serde_json::to_string(&r)?);
     } else {
-        let tail = |p: &difftx::bench::PrecisionRun| {
-            let w = &p.losses[p.losses.len().saturating_sub(difftx::bench::WINDOW)..];
+        let tail = |p: &difftx::experiments::bench::PrecisionRun| {
+            let w = &p.losses[p
+                .losses
+                .len()
+                .saturating_sub(difftx::experiments::bench::WINDOW)..];
             w.iter().sum::<f32>() / w.len() as f32
         };
         println!(
@@ -340,7 +348,7 @@ fn bf16(a: BenchBf16Args) -> Result<()> {
 
 fn memory(a: BenchMemoryArgs) -> Result<()> {
     let config = a.shape.config()?;
-    let r = difftx::bench::bench_train(&config, a.shape.batch, 0, 1, |_, _| {})?;
+    let r = difftx::experiments::bench::bench_train(&config, a.shape.batch, 0, 1, |_, _| {})?;
     let computed = r.state_bytes + r.workspace_bytes;
     let ratio = r.peak_rss_bytes as f64 / computed as f64;
     if a.json {
@@ -365,7 +373,7 @@ fn memory(a: BenchMemoryArgs) -> Result<()> {
 
 fn attention(a: BenchAttentionArgs) -> Result<()> {
     let c = a.shape.config()?;
-    let r = difftx::bench::bench_attention(&c, a.shape.batch, a.reps.max(1));
+    let r = difftx::experiments::bench::bench_attention(&c, a.shape.batch, a.reps.max(1));
     if a.json {
         println!("{}", serde_json::to_string(&r)?);
     } else {
@@ -387,7 +395,7 @@ fn decode(a: BenchDecodeArgs) -> Result<()> {
     let new_tokens = a
         .new_tokens
         .unwrap_or(128.min(ctx.saturating_sub(prompt_len)).max(1));
-    let r = difftx::bench::bench_decode(&model, prompt_len, new_tokens, a.reps)?;
+    let r = difftx::experiments::bench::bench_decode(&model, prompt_len, new_tokens, a.reps)?;
     if a.json {
         println!("{}", serde_json::to_string(&r)?);
     } else {
@@ -408,7 +416,7 @@ fn decode(a: BenchDecodeArgs) -> Result<()> {
         if a.bandwidth {
             let ms = 1e3 / r.decode_tokens_per_s;
             let bound_ms = |gbs: f64| bw_bytes as f64 / (gbs * 1e9) * 1e3;
-            let gbs = difftx::bench::memory_read_gbs();
+            let gbs = difftx::experiments::bench::memory_read_gbs();
             println!(
                 "decode {ms:.3} ms/token; memory reads at {gbs:.1} GB/s would take {:.3} ms for the weights and the full KV cache: {:.2}× that bound",
                 bound_ms(gbs),
@@ -416,7 +424,7 @@ fn decode(a: BenchDecodeArgs) -> Result<()> {
             );
             // The same bytes read again and again, as decoding reads them: where they
             // fit in a cache this is the tighter bound.
-            let gbs = difftx::bench::read_gbs(bw_bytes as usize);
+            let gbs = difftx::experiments::bench::read_gbs(bw_bytes as usize);
             println!(
                 "reading those {:.1} MiB over and over runs at {gbs:.1} GB/s: {:.3} ms, {:.2}× that bound",
                 bw_bytes as f64 / (1u64 << 20) as f64,
@@ -438,17 +446,17 @@ fn matmul(a: BenchMatmulArgs) -> Result<()> {
         bail!("matrix sizes and --reps must be positive");
     }
     if !a.json {
-        if let Some(peak) = difftx::bench::fma_peak_gflops() {
+        if let Some(peak) = difftx::experiments::bench::fma_peak_gflops() {
             println!("FMA peak of one core (AVX-512, registers only): {peak:.1} GFLOP/s");
         }
-        if let Some(peak) = difftx::bench::dot_bf16_peak_gflops() {
+        if let Some(peak) = difftx::experiments::bench::dot_bf16_peak_gflops() {
             println!(
                 "bf16 dot-product peak of one core (VDPBF16PS, registers only): {peak:.1} GFLOP/s"
             );
         }
     }
     let layout = (a.layout == "tn", a.layout == "nt");
-    for r in difftx::bench::bench_matmul(m, n, k, layout, a.reps, a.cold) {
+    for r in difftx::experiments::bench::bench_matmul(m, n, k, layout, a.reps, a.cold) {
         if a.json {
             println!("{}", serde_json::to_string(&r)?);
         } else {

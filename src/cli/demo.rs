@@ -21,14 +21,14 @@ pub struct DemoArgs {
 
 pub fn run(a: DemoArgs) -> Result<()> {
     let stop = Stop::new()?;
-    let data = difftx::demo::demo_dataset();
+    let data = difftx::experiments::demo::demo_dataset();
     eprintln!(
         "difftx demo: tiny preset, byte-level, {} training / {} validation bytes of the built-in text (GNU GPL v3), {} steps each",
         data.train.len(),
         data.val.len(),
         a.steps
     );
-    let demo = difftx::demo::run_demo(
+    let demo = difftx::experiments::demo::run_demo(
         &a.out,
         a.steps,
         a.seed,

@@ -38,7 +38,7 @@ pub fn run(a: EvalArgs) -> Result<()> {
         );
     }
     let pb = progress(0, "eval");
-    let r = difftx::eval::evaluate_loss(&model, &ids, a.batch, |done, total| {
+    let r = difftx::infer::evaluate_loss(&model, &ids, a.batch, |done, total| {
         pb.set_length(total as u64);
         pb.set_position(done as u64);
     })?;

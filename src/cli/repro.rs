@@ -33,8 +33,8 @@ pub struct ReproArgs {
 }
 
 pub fn run(a: ReproArgs) -> Result<()> {
-    use difftx::eval::lm_scaling::FORTUNES_DIR;
-    use difftx::eval::repro::{run_repro, Corpus, ReproPlan};
+    use difftx::experiments::corpus::{Corpus, FORTUNES_DIR};
+    use difftx::experiments::repro::{run_repro, ReproPlan};
     let mut plan = if a.quick {
         ReproPlan::quick()
     } else {
@@ -44,8 +44,8 @@ pub fn run(a: ReproArgs) -> Result<()> {
         plan.seeds = n;
     }
     if let Some(n) = a.steps {
-        plan.steps = n;
-        plan.warmup = plan.warmup.min(n / 10);
+        plan.train.steps = n;
+        plan.train.warmup = plan.train.warmup.min(n / 10);
     }
     plan.validate()?;
     for line in plan.describe() {
@@ -54,10 +54,10 @@ pub fn run(a: ReproArgs) -> Result<()> {
     let corpus = match (&a.corpus, a.quick) {
         (Some(p), _) => Corpus::load(p)?,
         (None, true) => Corpus {
-            text: difftx::demo::DEMO_TEXT.as_bytes().to_vec(),
+            text: difftx::experiments::demo::DEMO_TEXT.as_bytes().to_vec(),
             line: format!(
                 "the built-in demo text (data/demo.txt, {} bytes; the last 10% is validation)",
-                difftx::demo::DEMO_TEXT.len()
+                difftx::experiments::demo::DEMO_TEXT.len()
             ),
         },
         // A dry run states the plan even where the default corpus is not installed yet.

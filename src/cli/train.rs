@@ -131,7 +131,7 @@ pub fn run(a: TrainArgs) -> Result<()> {
         run.train.grad_accum,
         m.max_position_embeddings,
         rayon::current_num_threads(),
-        difftx::bench::precision()
+        difftx::experiments::bench::precision()
     );
     if let Some(end) = run.train.decay_steps {
         eprintln!(

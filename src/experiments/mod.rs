@@ -13,12 +13,14 @@
 //! lm_scaling/{plan, measure, fit, render}    language modelling at three sizes, ablations
 //! repro/{plan, measure, render, run}         the needle experiment, and the whole run
 //! demo                          `difftx demo`: two tiny models through the real trainer
+//! bench                         `difftx bench`: speed and memory of steps, products, decoding
 //! ```
 //!
 //! The report's fixed prose (what the paper reports, why each protocol is so) is in
 //! docs/repro-notes.md; the report points there.
 
 pub mod attention_stats;
+pub mod bench;
 pub mod common;
 pub mod corpus;
 pub mod demo;
