@@ -217,6 +217,27 @@ fn bad_tensors_are_named() {
         &run(&m),
         &["model.safetensors", "tensor `model.norm.weight`", "I32"],
     );
+
+    // NaN and infinity in the weights: refused at load, naming the tensor and the count
+    let m = init_model(tmp.path(), "diff_v1");
+    rewrite_weights(&m, |ts| {
+        let t = ts
+            .iter_mut()
+            .find(|t| t.0 == "model.layers.1.mlp.up_proj.weight")
+            .unwrap();
+        t.3[0..4].copy_from_slice(&f32::NAN.to_le_bytes());
+        t.3[40..44].copy_from_slice(&f32::INFINITY.to_le_bytes());
+        t.3[80..84].copy_from_slice(&f32::NEG_INFINITY.to_le_bytes());
+    });
+    fails_with(
+        &run(&m),
+        &[
+            "model.safetensors",
+            "tensor `model.layers.1.mlp.up_proj.weight` holds 3 non-finite",
+        ],
+    );
+    let gen = difftx(&["generate", "--model", m.to_str().unwrap(), "--prompt", "a"]);
+    fails_with(&gen, &["up_proj", "non-finite"]);
 }
 
 #[test]

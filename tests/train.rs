@@ -631,3 +631,54 @@ fn extend_steps_trains_past_the_end_at_the_final_learning_rate() {
         &["give neither"],
     );
 }
+
+#[test]
+fn a_second_trainer_on_one_run_folder_is_refused_until_the_first_dies() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = text_file(tmp.path(), "gpl.txt", DEMO);
+    let out = tmp.path().join("run");
+    let mut args = small_run(s(&data), s(&out), "100000");
+    args.extend(["--ckpt-every", "5"]);
+    let mut first = bin()
+        .args(&args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while checkpoints_or_none(&out).is_empty() {
+        assert!(Instant::now() < deadline, "no checkpoint");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // a second trainer, resuming or fresh, refuses in one line naming the holder
+    let pid = first.id().to_string();
+    let mut again = args.clone();
+    again.push("--resume");
+    fails_with(&difftx(&again), &[s(&out), "another process", &pid]);
+    // SIGKILL leaves the lock file behind, but the OS lock is gone: a resume proceeds
+    first.kill().unwrap();
+    first.wait().unwrap();
+    assert!(out.join("train.lock").is_file());
+    let steps = checkpoints_or_none(&out).len();
+    assert!(steps > 0);
+    let mut resume = small_run(s(&data), s(&out), "100000");
+    resume.extend(["--ckpt-every", "5", "--resume"]);
+    let mut second = bin().args(&resume).stderr(Stdio::piped()).spawn().unwrap();
+    std::thread::sleep(Duration::from_millis(600));
+    let _ = Command::new("kill")
+        .args(["-TERM", &second.id().to_string()])
+        .status();
+    let code = second.wait().unwrap().code();
+    assert!(
+        matches!(code, Some(143) | Some(0)),
+        "resume after SIGKILL: {code:?}"
+    );
+}
+
+fn checkpoints_or_none(out: &Path) -> Vec<String> {
+    if out.join("checkpoints").is_dir() {
+        checkpoints(out)
+    } else {
+        Vec::new()
+    }
+}

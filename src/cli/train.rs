@@ -104,6 +104,8 @@ pub fn run(a: TrainArgs) -> Result<()> {
     }
     let data = data?;
     difftx::train::trainer::check_windows(&data, run.model.max_position_embeddings)?;
+    // One trainer per run folder, from here to the end (the trainer takes it once more).
+    let _lock = difftx::train::checkpoint::lock_run(&a.out)?;
     for n in &data.notes {
         eprintln!("{name}: {n}");
     }

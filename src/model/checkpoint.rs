@@ -120,6 +120,13 @@ pub(crate) fn fill_params(
         }
         decode_f32(view.dtype(), view.data(), dst)
             .map_err(|e| err(format!("tensor `{name}`: {e}")))?;
+        let bad = dst.iter().filter(|x| !x.is_finite()).count();
+        if bad > 0 {
+            return Err(err(format!(
+                "tensor `{name}` holds {bad} non-finite value(s) (NaN or infinity) of {}; a model with them computes nothing meaningful",
+                dst.len()
+            )));
+        }
     }
     Ok(())
 }

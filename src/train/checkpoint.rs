@@ -27,6 +27,55 @@ use std::path::{Path, PathBuf};
 pub const CHECKPOINTS_DIR: &str = "checkpoints";
 pub const OPTIMIZER_FILE: &str = "optimizer.safetensors";
 pub const STATE_FILE: &str = "trainer_state.json";
+/// Held (an OS file lock) by the process training in a run folder; holds its process id.
+pub const LOCK_FILE: &str = "train.lock";
+
+/// One writer per run folder: while this lives, the process holds an exclusive lock on
+/// `OUT/train.lock`. The OS releases it when the process ends, however it ends, so a lock left
+/// by a killed run never blocks the next one.
+pub struct RunLock {
+    /// `None` where this process held the lock already (see `lock_run`)
+    _file: Option<std::fs::File>,
+}
+
+/// Takes the run folder's lock, or refuses in one line naming the process that holds it. The
+/// process that holds it may take it again (the CLI takes it before preparing the data, the
+/// trainer once more when it starts): the second guard holds nothing of its own.
+pub fn lock_run(out: &Path) -> Result<RunLock> {
+    use std::io::{Read, Seek, Write};
+    std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
+    let path = out.join(LOCK_FILE);
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .map_err(|e| Error::io(&path, e))?;
+    match file.try_lock() {
+        Ok(()) => {
+            let pid = std::process::id().to_string();
+            file.set_len(0)
+                .and_then(|()| file.rewind())
+                .and_then(|()| file.write_all(pid.as_bytes()))
+                .map_err(|e| Error::io(&path, e))?;
+            Ok(RunLock { _file: Some(file) })
+        }
+        Err(std::fs::TryLockError::WouldBlock) => {
+            let mut holder = String::new();
+            let _ = file.read_to_string(&mut holder);
+            if holder.trim() == std::process::id().to_string() {
+                return Ok(RunLock { _file: None });
+            }
+            Err(Error::Invalid(format!(
+                "{} is being trained by another process (pid {}); one run folder takes one trainer at a time",
+                out.display(),
+                holder.trim()
+            )))
+        }
+        Err(std::fs::TryLockError::Error(e)) => Err(Error::io(&path, e)),
+    }
+}
 
 /// What `trainer_state.json` holds.
 #[derive(Clone, Debug, Serialize, Deserialize)]

@@ -11,8 +11,8 @@
 //! ```
 
 use super::checkpoint::{
-    checkpoint_name, ensure_fresh, latest_run, list_checkpoints, load_latest, save_checkpoint,
-    TrainerState,
+    checkpoint_name, ensure_fresh, latest_run, list_checkpoints, load_latest, lock_run,
+    save_checkpoint, TrainerState,
 };
 use super::metrics::{MetricsLog, StepReport, METRICS_FILE};
 use super::options::{RunConfig, TrainOptions};
@@ -504,9 +504,10 @@ pub fn train(
     let (b, t) = (tc.batch, run.model.max_position_embeddings);
     check_windows(data, t)?;
 
-    // 1. Start: a fresh model, or the newest complete checkpoint
+    // 1. Start: a fresh model, or the newest complete checkpoint, as the folder's one writer
     let mut st = start_or_resume(run, out, resume, observer)?;
     let first_step = st.step;
+    let _lock = lock_run(out)?;
 
     // 2. Record the run and open its metrics log (a resumed log keeps its first steps)
     let params = st.model.num_params();
