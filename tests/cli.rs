@@ -424,7 +424,7 @@ fn eval_uses_the_model_directorys_tokenizer_json() {
     c.tokenizer = None;
     let m = tmp.path().join("m");
     difftx::Model::init(c, 0).unwrap().save(&m).unwrap();
-    let data = text_file(tmp.path(), "a.txt", "the cat sat on the mat the dog");
+    let data = text_file(tmp.path(), "a.txt", "the cat sat on the mat the cat");
     let run = || {
         difftx(&[
             "eval",
@@ -445,11 +445,32 @@ fn eval_uses_the_model_directorys_tokenizer_json() {
         String::from_utf8_lossy(&out.stderr)
     );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    // 8 words ("dog" is [UNK]) predict 7 next tokens; bytes would have given 30.
+    // 8 words predict 7 next tokens; bytes would have given 30.
     assert_eq!(v["tokens"].as_u64(), Some(7));
     // A fresh model is near uniform over the 6 ids (ln 6 ≈ 1.79; over bytes it would be 5.5).
     let loss = v["loss"].as_f64().unwrap();
     assert!((loss - 6f64.ln()).abs() < 0.2, "{loss}");
+    // Text the tokenizer cannot represent: "dog" becomes [UNK]. One unknown word in 30
+    // sentences (0.58% of the non-space bytes) is a warning with the figure...
+    std::fs::write(&data, "the cat sat on the mat ".repeat(30) + "dog").unwrap();
+    let out = run();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("cannot represent 3 of its 513 non-space bytes (0.58%)"),
+        "{err}"
+    );
+    // ...and above 1% it is refused, naming the text and the tokenizer.
+    std::fs::write(&data, "the cat sat on the mat the dog").unwrap();
+    fails_with(
+        &run(),
+        &[
+            "a.txt",
+            "tokenizer.json cannot represent 3 of its 23",
+            "13.04%",
+            "refused above 1%",
+        ],
+    );
     std::fs::write(m.join("tokenizer.json"), "{not json").unwrap();
     fails_with(&run(), &["tokenizer.json", "cannot read tokenizer"]);
 }

@@ -682,3 +682,49 @@ fn checkpoints_or_none(out: &Path) -> Vec<String> {
         Vec::new()
     }
 }
+
+#[test]
+fn training_text_a_tokenizer_cannot_represent_is_refused_and_not_cached() {
+    let tmp = tempfile::tempdir().unwrap();
+    let words = ["[UNK]", "the", "cat", "sat", "on", "mat"];
+    let vocab: serde_json::Map<String, Value> = words
+        .iter()
+        .enumerate()
+        .map(|(i, w)| (w.to_string(), i.into()))
+        .collect();
+    let tok = serde_json::json!({
+        "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+        "normalizer": null, "pre_tokenizer": {"type": "Whitespace"},
+        "post_processor": null, "decoder": null,
+        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "[UNK]"}
+    });
+    let tok = text_file(tmp.path(), "tok.json", &tok.to_string());
+    let data = text_file(tmp.path(), "d.txt", &"the cat sat on the dog ".repeat(200));
+    let out = tmp.path().join("run");
+    let cache = tmp.path().join("cache");
+    let args = [
+        "train",
+        "--data",
+        s(&data),
+        "--tokenizer",
+        s(&tok),
+        "--out",
+        s(&out),
+        "--context",
+        "8",
+        "--token-cache",
+        s(&cache),
+    ];
+    fails_with(
+        &difftx(&args),
+        &[
+            "d.txt",
+            "cannot represent 600 of its 3400",
+            "17.65%",
+            "refused above 1%",
+        ],
+    );
+    let left: Vec<_> = std::fs::read_dir(&cache).map_or(Vec::new(), |d| d.flatten().collect());
+    assert!(left.is_empty(), "a refused text left {:?}", left[0].path());
+    assert!(!out.exists());
+}

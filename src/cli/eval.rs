@@ -29,7 +29,10 @@ pub fn run(a: EvalArgs) -> Result<()> {
     let text = std::fs::read(&a.data).with_context(|| format!("{}", a.data.display()))?;
     let text = String::from_utf8(text)
         .map_err(|e| anyhow::anyhow!("{}: not UTF-8 text ({e})", a.data.display()))?;
-    let ids = tok.encode(&text)?;
+    let (ids, warning) = tok.encode_checked(&text, &a.data)?;
+    if let Some(w) = warning {
+        eprintln!("{w}");
+    }
     if ids.len() < 2 {
         bail!(
             "{}: {} token(s) after tokenization; need at least 2 to score a next token",

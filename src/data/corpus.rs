@@ -2,7 +2,7 @@
 //! once into a cached token file, split into training and validation, and sampled as random
 //! windows by a seeded generator.
 
-use super::tokenizer::Tokenizer;
+use super::tokenizer::{Coverage, Tokenizer};
 use super::tokens::{TokenFile, TokenSlice, TokenStore, TokenWriter};
 use crate::error::{Error, Result};
 use crate::util::{fnv1a, FNV_START};
@@ -156,6 +156,22 @@ pub struct Tokenized {
     pub skipped: Vec<PathBuf>,
     /// true when an existing token file was reused
     pub reused: bool,
+    /// how much of the text the tokens represent (kept beside the token file for reuse)
+    pub coverage: Coverage,
+}
+
+/// The file beside a token file that records its `Coverage` as "bytes lost".
+fn coverage_path(tokens: &Path) -> PathBuf {
+    tokens.with_extension("coverage")
+}
+
+fn read_coverage(tokens: &Path) -> Coverage {
+    let text = std::fs::read_to_string(coverage_path(tokens)).unwrap_or_default();
+    let mut n = text.split_whitespace().map(|x| x.parse().unwrap_or(0));
+    Coverage {
+        bytes: n.next().unwrap_or(0),
+        lost: n.next().unwrap_or(0),
+    }
 }
 
 /// Tokenizes `files` into the token file `cache_dir/<fingerprint>.tokens`, or reuses it when it
@@ -171,6 +187,7 @@ pub fn tokenize_to_cache(
     let path = cache_dir.join(format!("{fp:016x}.tokens"));
     if let Ok(f) = TokenFile::open(&path) {
         return Ok(Tokenized {
+            coverage: read_coverage(&path),
             path,
             tokens: f.len(),
             files: files.len(),
@@ -180,6 +197,7 @@ pub fn tokenize_to_cache(
     }
     std::fs::create_dir_all(cache_dir).map_err(|e| Error::io(cache_dir, e))?;
     let mut w = TokenWriter::create(&path, tokenizer.vocab_size())?;
+    let mut coverage = Coverage::default();
     let res = (|| {
         let mut skipped = Vec::new();
         let mut used = 0;
@@ -216,7 +234,8 @@ pub fn tokenize_to_cache(
                         offset + e.valid_up_to() as u64
                     ),
                 })?;
-                let ids = tokenizer.encode(text)?;
+                let (ids, cov) = tokenizer.encode_counted(text)?;
+                coverage.add(cov);
                 w.push(&ids)?;
                 offset += piece.len() as u64;
             }
@@ -226,6 +245,8 @@ pub fn tokenize_to_cache(
     match res {
         Ok((used, skipped)) => {
             let tokens = w.count() as usize;
+            let record = format!("{} {}\n", coverage.bytes, coverage.lost);
+            crate::util::write_atomic(&coverage_path(&path), record.as_bytes())?;
             let path = w.finish()?;
             Ok(Tokenized {
                 path,
@@ -233,6 +254,7 @@ pub fn tokenize_to_cache(
                 files: used,
                 skipped,
                 reused: false,
+                coverage,
             })
         }
         Err(e) => {
@@ -316,6 +338,19 @@ pub fn prepare_dataset(
                 t.path.display()
             )
         });
+        match t
+            .coverage
+            .judge(Path::new(&describe(args)), tokenizer.file())
+        {
+            Ok(Some(warning)) => notes.push(warning),
+            Ok(None) => {}
+            Err(e) => {
+                // a refused text leaves no token file to be reused
+                let _ = std::fs::remove_file(&t.path);
+                let _ = std::fs::remove_file(coverage_path(&t.path));
+                return Err(e);
+            }
+        }
         if t.tokens == 0 {
             return Err(Error::Data {
                 path: describe(args).into(),

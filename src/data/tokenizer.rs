@@ -85,6 +85,43 @@ impl Tokenizer {
         }
     }
 
+    /// `encode`, and how much of the text the tokens represent (`Coverage`): the byte-level
+    /// tokenizer keeps every byte; a Hugging Face one may drop text it has no token for, or fold
+    /// it into its unknown token.
+    pub fn encode_counted(&self, text: &str) -> Result<(Vec<u32>, Coverage)> {
+        let Tokenizer::Hf { tok, path, .. } = self else {
+            let bytes = text.bytes().filter(|b| !b.is_ascii_whitespace()).count() as u64;
+            return Ok((self.encode(text)?, Coverage { bytes, lost: 0 }));
+        };
+        let enc = tok.encode(text, true).map_err(|e| Error::Data {
+            path: path.clone(),
+            msg: format!("cannot encode text ({e})"),
+        })?;
+        // bytes that some token other than the unknown one stands for
+        let unk = unk_id(tok);
+        let mut kept = vec![false; text.len()];
+        for (&id, &(a, b)) in enc.get_ids().iter().zip(enc.get_offsets()) {
+            if Some(id) != unk {
+                kept[a.min(text.len())..b.min(text.len())].fill(true);
+            }
+        }
+        let mut cov = Coverage::default();
+        for (&b, &k) in text.as_bytes().iter().zip(&kept) {
+            if !b.is_ascii_whitespace() {
+                cov.bytes += 1;
+                cov.lost += u64::from(!k);
+            }
+        }
+        Ok((enc.get_ids().to_vec(), cov))
+    }
+
+    /// `encode` for text a model will read: refuses a text the tokenizer mostly cannot
+    /// represent (`Coverage::judge`), and returns a warning line when it loses any of it.
+    pub fn encode_checked(&self, text: &str, source: &Path) -> Result<(Vec<u32>, Option<String>)> {
+        let (ids, cov) = self.encode_counted(text)?;
+        Ok((ids, cov.judge(source, self.file())?))
+    }
+
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
         match self {
             Tokenizer::Bytes => Ok(String::from_utf8_lossy(
@@ -122,6 +159,67 @@ impl Tokenizer {
             Tokenizer::Bytes => 256,
             Tokenizer::Hf { tok, .. } => tok.get_vocab_size(true),
         }
+    }
+}
+
+/// The unknown token of a Hugging Face tokenizer's model, if it has one.
+fn unk_id(tok: &tokenizers::Tokenizer) -> Option<u32> {
+    use tokenizers::models::ModelWrapper;
+    let name = match tok.get_model() {
+        ModelWrapper::BPE(m) => m.get_unk_token().clone(),
+        ModelWrapper::WordPiece(m) => Some(m.unk_token.clone()),
+        ModelWrapper::WordLevel(m) => Some(m.unk_token.clone()),
+        ModelWrapper::Unigram(_) => Some("<unk>".to_string()),
+    };
+    name.and_then(|n| tok.token_to_id(&n))
+}
+
+/// How much of a text its tokens represent: the bytes outside whitespace, and how many of
+/// them no token stands for (dropped, or folded into an unknown token). Whitespace is left out
+/// because pre-tokenizers drop it by design.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Coverage {
+    pub bytes: u64,
+    pub lost: u64,
+}
+
+impl Coverage {
+    /// Above this fraction of lost bytes a text is refused: a model would train or be scored on
+    /// a remnant of it.
+    pub const REFUSE_ABOVE: f64 = 0.01;
+
+    pub fn add(&mut self, other: Coverage) {
+        self.bytes += other.bytes;
+        self.lost += other.lost;
+    }
+
+    pub fn lost_fraction(&self) -> f64 {
+        self.lost as f64 / self.bytes.max(1) as f64
+    }
+
+    /// An error above `REFUSE_ABOVE`, a warning line when anything was lost, else nothing.
+    /// `source` names the text, `tokenizer` its tokenizer.json.
+    pub fn judge(&self, source: &Path, tokenizer: Option<&Path>) -> Result<Option<String>> {
+        if self.lost == 0 {
+            return Ok(None);
+        }
+        let tok = tokenizer.map_or("the tokenizer".into(), |p| p.display().to_string());
+        let what = format!(
+            "{tok} cannot represent {} of its {} non-space bytes ({:.2}%): they are dropped or become the unknown token",
+            self.lost,
+            self.bytes,
+            100.0 * self.lost_fraction()
+        );
+        if self.lost_fraction() > Self::REFUSE_ABOVE {
+            return Err(Error::Data {
+                path: source.to_path_buf(),
+                msg: format!(
+                    "{what}; refused above {}% (use a tokenizer with byte fallback, or the byte-level default)",
+                    100.0 * Self::REFUSE_ABOVE
+                ),
+            });
+        }
+        Ok(Some(format!("warning: {}: {what}", source.display())))
     }
 }
 
