@@ -425,8 +425,11 @@ pub fn fma_peak_gflops() -> Option<f64> {
         if !is_x86_feature_detected!("avx512f") {
             return None;
         }
+        /// # Safety
+        /// AVX-512F.
         #[target_feature(enable = "avx512f")]
         unsafe fn run(iters: usize) -> f32 {
+            // (unsafe only as `register_peak`'s argument type: register arithmetic alone)
             let mut acc = [_mm512_set1_ps(0.0); 24];
             let (a, b) = (_mm512_set1_ps(1.000_000_1), _mm512_set1_ps(0.999_999_9));
             for _ in 0..iters {
@@ -452,18 +455,24 @@ pub fn dot_bf16_peak_gflops() -> Option<f64> {
         if !crate::kernels::bf16::available() {
             return None;
         }
+        /// # Safety
+        /// AVX-512F and AVX512_BF16.
         #[target_feature(enable = "avx512f,avx512bf16")]
         unsafe fn run(iters: usize) -> f32 {
-            let mut acc = [_mm512_set1_ps(0.0); 24];
-            // bf16 pairs (1.0, 1.0) and (2^-20, 2^-20): the sums grow slowly, stay finite
-            let a: __m512bh = std::mem::transmute(_mm512_set1_epi32(0x3f80_3f80));
-            let b: __m512bh = std::mem::transmute(_mm512_set1_epi32(0x3580_3580));
-            for _ in 0..iters {
-                for x in acc.iter_mut() {
-                    *x = _mm512_dpbf16_ps(*x, a, b);
+            // SAFETY: AVX512_BF16 is the caller's contract (`dot_bf16_peak_gflops` checked
+            // it); the body only computes on registers.
+            unsafe {
+                let mut acc = [_mm512_set1_ps(0.0); 24];
+                // bf16 pairs (1.0, 1.0) and (2^-20, 2^-20): the sums grow slowly, stay finite
+                let a: __m512bh = std::mem::transmute(_mm512_set1_epi32(0x3f80_3f80));
+                let b: __m512bh = std::mem::transmute(_mm512_set1_epi32(0x3580_3580));
+                for _ in 0..iters {
+                    for x in acc.iter_mut() {
+                        *x = _mm512_dpbf16_ps(*x, a, b);
+                    }
                 }
+                sum_registers(acc)
             }
-            sum_registers(acc)
         }
         // SAFETY: AVX512_BF16 was detected above.
         Some(unsafe { register_peak(run, 24 * 64) })
@@ -478,11 +487,14 @@ pub fn dot_bf16_peak_gflops() -> Option<f64> {
 /// `run` must be safe to call on this CPU.
 #[cfg(target_arch = "x86_64")]
 unsafe fn register_peak(run: unsafe fn(usize) -> f32, flops: usize) -> f64 {
-    let iters = 20_000_000;
-    run(iters / 10);
-    let t0 = Instant::now();
-    std::hint::black_box(run(iters));
-    (iters * flops) as f64 / t0.elapsed().as_secs_f64() / 1e9
+    // SAFETY: `run` is safe to call on this CPU: this fn's contract.
+    unsafe {
+        let iters = 20_000_000;
+        run(iters / 10);
+        let t0 = Instant::now();
+        std::hint::black_box(run(iters));
+        (iters * flops) as f64 / t0.elapsed().as_secs_f64() / 1e9
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -538,17 +550,21 @@ fn sum_wide(x: &[f32]) -> f32 {
         /// AVX-512F.
         #[target_feature(enable = "avx512f")]
         unsafe fn sum4(x: &[f32]) -> f32 {
-            use std::arch::x86_64::*;
-            let mut acc = [_mm512_setzero_ps(); 4];
-            let chunks = x.chunks_exact(64);
-            let rest: f32 = chunks.remainder().iter().sum();
-            for c in chunks {
-                for (i, a) in acc.iter_mut().enumerate() {
-                    *a = _mm512_add_ps(*a, _mm512_loadu_ps(c.as_ptr().add(16 * i)));
+            // SAFETY: AVX-512F is the caller's contract; each load reads 16 values at
+            // 16·i < 64 from a chunk of exactly 64.
+            unsafe {
+                use std::arch::x86_64::*;
+                let mut acc = [_mm512_setzero_ps(); 4];
+                let chunks = x.chunks_exact(64);
+                let rest: f32 = chunks.remainder().iter().sum();
+                for c in chunks {
+                    for (i, a) in acc.iter_mut().enumerate() {
+                        *a = _mm512_add_ps(*a, _mm512_loadu_ps(c.as_ptr().add(16 * i)));
+                    }
                 }
+                let s = _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]));
+                _mm512_reduce_add_ps(s) + rest
             }
-            let s = _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]));
-            _mm512_reduce_add_ps(s) + rest
         }
         // SAFETY: AVX-512F was detected.
         return unsafe { sum4(x) };

@@ -1,5 +1,8 @@
 //! The `difftx` command line: a thin layer over the library.
 
+#![deny(clippy::undocumented_unsafe_blocks)]
+#![deny(unsafe_op_in_unsafe_fn)]
+
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use difftx::data::Tokenizer;

@@ -111,15 +111,21 @@ unsafe fn transpose_rows16(
     h: usize,
     w: usize,
 ) {
-    use std::arch::x86_64::*;
-    for d0 in (0..w).step_by(16) {
-        let mut r = [_mm512_setzero_si512(); 16];
-        for (i, r) in r.iter_mut().enumerate() {
-            *r = _mm512_loadu_si512(x.as_ptr().add(((row + i) * heads + h) * w + d0) as *const _);
-        }
-        super::transpose16(&mut r);
-        for (i, v) in r.iter().enumerate() {
-            _mm512_storeu_si512(tile.as_mut_ptr().add((d0 + i) * BK + col) as *mut _, *v);
+    // SAFETY: AVX-512F and rows/columns inside x and tile are this
+    // fn's contract, which bounds every masked load and store below.
+    unsafe {
+        use std::arch::x86_64::*;
+        for d0 in (0..w).step_by(16) {
+            let mut r = [_mm512_setzero_si512(); 16];
+            for (i, r) in r.iter_mut().enumerate() {
+                *r = _mm512_loadu_si512(
+                    x.as_ptr().add(((row + i) * heads + h) * w + d0) as *const _
+                );
+            }
+            super::transpose16(&mut r);
+            for (i, v) in r.iter().enumerate() {
+                _mm512_storeu_si512(tile.as_mut_ptr().add((d0 + i) * BK + col) as *mut _, *v);
+            }
         }
     }
 }
@@ -838,10 +844,12 @@ impl Src<'_, '_> {
         (c, c_rs, accumulate): (*mut f32, usize, bool),
     ) {
         match self.packed {
-            Some(p) => p[i].gemm_raw(m, n, k, at, a, c, c_rs, accumulate),
+            // SAFETY: C is the caller's alone, as both products require (this fn's `# Safety`).
+            Some(p) => unsafe { p[i].gemm_raw(m, n, k, at, a, c, c_rs, accumulate) },
             None => {
                 assert_eq!(b.cs, 1, "attention: B's columns must be contiguous");
-                small_gemm(m, n, k, a, b.data, b.rs, c, c_rs, accumulate, self.bf16)
+                // SAFETY: as above; small_gemm bounds A and B itself.
+                unsafe { small_gemm(m, n, k, a, b.data, b.rs, c, c_rs, accumulate, self.bf16) }
             }
         }
     }

@@ -168,15 +168,19 @@ unsafe fn pack_tile_rows(
         let r0 = (rt0 + i) * TR;
         let tile = &mut dst[(i * kts + kt) * TILE..][..TILE];
         if r0 < rows {
-            pack_tile(
-                tile,
-                x,
-                r0,
-                TR.min(rows - r0),
-                kt * TK,
-                TK.min(depth - kt * TK),
-                vnni,
-            );
+            // SAFETY: the caller guarantees AVX-512F/BW/BF16 and that x holds (rows, depth)
+            // (this fn's `# Safety`); the tile covers rows r0.. < rows, depths < depth.
+            unsafe {
+                pack_tile(
+                    tile,
+                    x,
+                    r0,
+                    TR.min(rows - r0),
+                    kt * TK,
+                    TK.min(depth - kt * TK),
+                    vnni,
+                )
+            };
         } else {
             tile.fill(0);
         }
@@ -213,68 +217,75 @@ unsafe fn pack_tile(
     d: usize,
     vnni: bool,
 ) {
-    if x.cs != 1 && x.rs != 1 {
-        for r in 0..TR {
-            for k in 0..TK {
-                let v = if r < h && k < d {
-                    bf16_bits(x.data[(r0 + r) * x.rs + (p0 + k) * x.cs])
-                } else {
-                    0
-                };
-                let (q, half) = (k / 2, k % 2);
-                let u = if vnni { q * TR + r } else { r * TR + q };
-                tile[2 * u + half] = v;
+    // SAFETY: the caller guarantees AVX-512F/BW/BF16 (this fn's `# Safety`); every
+    // load reads rows r0..r0 + h, depths p0..p0 + d of x, inside x by the same contract (masked
+    // to h and d lanes), and the TR stores of 2·TR u16 each fill `tile` (TILE values, sliced
+    // by `pack_tile_rows`).
+    unsafe {
+        if x.cs != 1 && x.rs != 1 {
+            for r in 0..TR {
+                for k in 0..TK {
+                    let v = if r < h && k < d {
+                        bf16_bits(x.data[(r0 + r) * x.rs + (p0 + k) * x.cs])
+                    } else {
+                        0
+                    };
+                    let (q, half) = (k / 2, k % 2);
+                    let u = if vnni { q * TR + r } else { r * TR + q };
+                    tile[2 * u + half] = v;
+                }
             }
+            return;
         }
-        return;
-    }
-    // u32 j of the result = (lo[j], hi[j]) from [lo ×16, hi ×16] bf16.
-    let interleave: __m512i = _mm512_set_epi16(
-        31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21, 5, 20, 4,
-        19, 3, 18, 2, 17, 1, 16, 0,
-    );
-    // Line i of 16 u32 pairs: contiguous along the depth, row r = i with its 32 depths in
-    // order; contiguous along r, depth pair q = i for the 16 r's.
-    let line = |i: usize| -> __m512i {
-        if x.cs == 1 {
-            if i >= h {
-                return _mm512_setzero_si512();
-            }
-            let src = x.data.as_ptr().add((r0 + i) * x.rs + p0);
-            let lo = _mm512_maskz_loadu_ps(lane_mask(d), src);
-            let hi = _mm512_maskz_loadu_ps(lane_mask(d.saturating_sub(16)), src.wrapping_add(16));
-            std::mem::transmute::<__m512bh, __m512i>(_mm512_cvtne2ps_pbh(hi, lo))
-        } else {
-            if 2 * i >= d {
-                return _mm512_setzero_si512();
-            }
-            let m = lane_mask(h);
-            let src = x.data.as_ptr().add(r0 + (p0 + 2 * i) * x.cs);
-            let lo = _mm512_maskz_loadu_ps(m, src);
-            let hi = if 2 * i + 1 < d {
-                _mm512_maskz_loadu_ps(m, src.add(x.cs))
+        // u32 j of the result = (lo[j], hi[j]) from [lo ×16, hi ×16] bf16.
+        let interleave: __m512i = _mm512_set_epi16(
+            31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21, 5, 20,
+            4, 19, 3, 18, 2, 17, 1, 16, 0,
+        );
+        // Line i of 16 u32 pairs: contiguous along the depth, row r = i with its 32 depths in
+        // order; contiguous along r, depth pair q = i for the 16 r's.
+        let line = |i: usize| -> __m512i {
+            if x.cs == 1 {
+                if i >= h {
+                    return _mm512_setzero_si512();
+                }
+                let src = x.data.as_ptr().add((r0 + i) * x.rs + p0);
+                let lo = _mm512_maskz_loadu_ps(lane_mask(d), src);
+                let hi =
+                    _mm512_maskz_loadu_ps(lane_mask(d.saturating_sub(16)), src.wrapping_add(16));
+                std::mem::transmute::<__m512bh, __m512i>(_mm512_cvtne2ps_pbh(hi, lo))
             } else {
-                _mm512_setzero_ps()
-            };
-            let both: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(hi, lo));
-            _mm512_permutexvar_epi16(interleave, both)
-        }
-    };
-    let base = tile.as_mut_ptr();
-    let out = |i: usize| base.add(2 * TR * i) as *mut __m512i;
-    // A's tile rows are r, B's are q: lines that already are tile rows go straight out.
-    if (x.cs == 1) != vnni {
-        for i in 0..TR {
-            _mm512_storeu_si512(out(i) as *mut _, line(i));
-        }
-    } else {
-        let mut lines = [_mm512_setzero_si512(); TR];
-        for (i, l) in lines.iter_mut().enumerate() {
-            *l = line(i);
-        }
-        transpose16(&mut lines);
-        for (i, l) in lines.iter().enumerate() {
-            _mm512_storeu_si512(out(i) as *mut _, *l);
+                if 2 * i >= d {
+                    return _mm512_setzero_si512();
+                }
+                let m = lane_mask(h);
+                let src = x.data.as_ptr().add(r0 + (p0 + 2 * i) * x.cs);
+                let lo = _mm512_maskz_loadu_ps(m, src);
+                let hi = if 2 * i + 1 < d {
+                    _mm512_maskz_loadu_ps(m, src.add(x.cs))
+                } else {
+                    _mm512_setzero_ps()
+                };
+                let both: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(hi, lo));
+                _mm512_permutexvar_epi16(interleave, both)
+            }
+        };
+        let base = tile.as_mut_ptr();
+        let out = |i: usize| base.add(2 * TR * i) as *mut __m512i;
+        // A's tile rows are r, B's are q: lines that already are tile rows go straight out.
+        if (x.cs == 1) != vnni {
+            for i in 0..TR {
+                _mm512_storeu_si512(out(i) as *mut _, line(i));
+            }
+        } else {
+            let mut lines = [_mm512_setzero_si512(); TR];
+            for (i, l) in lines.iter_mut().enumerate() {
+                *l = line(i);
+            }
+            transpose16(&mut lines);
+            for (i, l) in lines.iter().enumerate() {
+                _mm512_storeu_si512(out(i) as *mut _, *l);
+            }
         }
     }
 }
@@ -335,10 +346,16 @@ unsafe fn block(
     w: usize,
     accumulate: bool,
 ) {
-    let stride = ldc * 4;
-    let full = |ti: usize, tj: usize| h >= (ti + 1) * TR && w >= (tj + 1) * TR;
-    let at = |ti: usize, tj: usize| c.wrapping_add(ti * TR * ldc + tj * TR);
-    macro_rules! init {
+    // SAFETY: the caller configured the tiles with `CONFIG` on this thread and holds
+    // c valid for h rows of w columns at ldc (this fn's `# Safety`): full tiles are loaded and
+    // stored only where `full` says the 16 × 16 tile lies inside (h, w), edge tiles go through
+    // `edge` and write only rows < h, columns < w; a[i], b[i] hold `kts` tiles each (the packed
+    // rows `products` slices).
+    unsafe {
+        let stride = ldc * 4;
+        let full = |ti: usize, tj: usize| h >= (ti + 1) * TR && w >= (tj + 1) * TR;
+        let at = |ti: usize, tj: usize| c.wrapping_add(ti * TR * ldc + tj * TR);
+        macro_rules! init {
         ($t:literal, $ti:literal, $tj:literal) => {
             if accumulate && full($ti, $tj) {
                 asm!(concat!("tileloadd tmm", $t, ", [{p} + {s}]"), p = in(reg) at($ti, $tj), s = in(reg) stride);
@@ -347,32 +364,32 @@ unsafe fn block(
             }
         };
     }
-    init!("0", 0, 0);
-    init!("1", 0, 1);
-    init!("2", 1, 0);
-    init!("3", 1, 1);
-    let ([a0, a1], [b0, b1]) = (a, b);
-    for kt in 0..kts {
-        let o = kt * TILE;
-        // Each load goes just before the first product that needs it, so that loads overlap
-        // the products already issued (7-10% faster than four loads up front, in L1).
-        asm!(
-            "tileloadd tmm4, [{a0} + {s}]",
-            "tileloadd tmm6, [{b0} + {s}]",
-            "tdpbf16ps tmm0, tmm4, tmm6",
-            "tileloadd tmm7, [{b1} + {s}]",
-            "tdpbf16ps tmm1, tmm4, tmm7",
-            "tileloadd tmm5, [{a1} + {s}]",
-            "tdpbf16ps tmm2, tmm5, tmm6",
-            "tdpbf16ps tmm3, tmm5, tmm7",
-            a0 = in(reg) a0.add(o),
-            a1 = in(reg) a1.add(o),
-            b0 = in(reg) b0.add(o),
-            b1 = in(reg) b1.add(o),
-            s = in(reg) 64usize,
-        );
-    }
-    macro_rules! store {
+        init!("0", 0, 0);
+        init!("1", 0, 1);
+        init!("2", 1, 0);
+        init!("3", 1, 1);
+        let ([a0, a1], [b0, b1]) = (a, b);
+        for kt in 0..kts {
+            let o = kt * TILE;
+            // Each load goes just before the first product that needs it, so that loads overlap
+            // the products already issued (7-10% faster than four loads up front, in L1).
+            asm!(
+                "tileloadd tmm4, [{a0} + {s}]",
+                "tileloadd tmm6, [{b0} + {s}]",
+                "tdpbf16ps tmm0, tmm4, tmm6",
+                "tileloadd tmm7, [{b1} + {s}]",
+                "tdpbf16ps tmm1, tmm4, tmm7",
+                "tileloadd tmm5, [{a1} + {s}]",
+                "tdpbf16ps tmm2, tmm5, tmm6",
+                "tdpbf16ps tmm3, tmm5, tmm7",
+                a0 = in(reg) a0.add(o),
+                a1 = in(reg) a1.add(o),
+                b0 = in(reg) b0.add(o),
+                b1 = in(reg) b1.add(o),
+                s = in(reg) 64usize,
+            );
+        }
+        macro_rules! store {
         ($t:literal, $ti:literal, $tj:literal) => {
             if full($ti, $tj) {
                 asm!(concat!("tilestored [{p} + {s}], tmm", $t), p = in(reg) at($ti, $tj), s = in(reg) stride);
@@ -391,10 +408,11 @@ unsafe fn block(
             }
         };
     }
-    store!("0", 0, 0);
-    store!("1", 0, 1);
-    store!("2", 1, 0);
-    store!("3", 1, 1);
+        store!("0", 0, 0);
+        store!("1", 0, 1);
+        store!("2", 1, 0);
+        store!("3", 1, 1);
+    }
 }
 
 /// Rows of C that `block_dot` keeps in registers at a time: 8 rows × 2 × 16 columns = 16
@@ -420,36 +438,44 @@ unsafe fn block_dot(
     w: usize,
     accumulate: bool,
 ) {
-    let h = h.min(BLOCK);
-    let (m0, m1) = (lane_mask(w), lane_mask(w.saturating_sub(TR)));
-    for g in 0..h.div_ceil(DOT_ROWS) {
-        // rows g·8 .. g·8 + 8 of the block: half of A tile row g / 2
-        let a = a[g / 2].add((g % 2) * DOT_ROWS * TK) as *const i32;
-        let mut acc = [_mm512_setzero_ps(); 2 * DOT_ROWS];
-        for kt in 0..kts {
-            let (at, o) = (a.add(kt * TILE / 2), kt * TILE);
-            for q in 0..TR {
-                let b0: __m512bh =
-                    std::mem::transmute(_mm512_loadu_si512(b[0].add(o + 2 * TR * q) as *const _));
-                let b1: __m512bh =
-                    std::mem::transmute(_mm512_loadu_si512(b[1].add(o + 2 * TR * q) as *const _));
-                for r in 0..DOT_ROWS {
-                    let pair: __m512bh =
-                        std::mem::transmute(_mm512_set1_epi32(*at.add(r * TR + q)));
-                    acc[2 * r] = _mm512_dpbf16_ps(acc[2 * r], pair, b0);
-                    acc[2 * r + 1] = _mm512_dpbf16_ps(acc[2 * r + 1], pair, b1);
+    // SAFETY: the caller guarantees AVX-512F/BF16, `kts` tiles behind each of a[0],
+    // a[1], b[0], b[1], and c valid for h rows of w columns at ldc (this fn's `# Safety`): the
+    // loads stay inside the tiles (kt < kts, q < TR, r < DOT_ROWS), and the stores write rows
+    // < h (clamped to BLOCK) masked to the first w columns.
+    unsafe {
+        let h = h.min(BLOCK);
+        let (m0, m1) = (lane_mask(w), lane_mask(w.saturating_sub(TR)));
+        for g in 0..h.div_ceil(DOT_ROWS) {
+            // rows g·8 .. g·8 + 8 of the block: half of A tile row g / 2
+            let a = a[g / 2].add((g % 2) * DOT_ROWS * TK) as *const i32;
+            let mut acc = [_mm512_setzero_ps(); 2 * DOT_ROWS];
+            for kt in 0..kts {
+                let (at, o) = (a.add(kt * TILE / 2), kt * TILE);
+                for q in 0..TR {
+                    let b0: __m512bh = std::mem::transmute(_mm512_loadu_si512(
+                        b[0].add(o + 2 * TR * q) as *const _,
+                    ));
+                    let b1: __m512bh = std::mem::transmute(_mm512_loadu_si512(
+                        b[1].add(o + 2 * TR * q) as *const _,
+                    ));
+                    for r in 0..DOT_ROWS {
+                        let pair: __m512bh =
+                            std::mem::transmute(_mm512_set1_epi32(*at.add(r * TR + q)));
+                        acc[2 * r] = _mm512_dpbf16_ps(acc[2 * r], pair, b0);
+                        acc[2 * r + 1] = _mm512_dpbf16_ps(acc[2 * r + 1], pair, b1);
+                    }
                 }
             }
-        }
-        for r in 0..DOT_ROWS.min(h - g * DOT_ROWS) {
-            let row = c.add((g * DOT_ROWS + r) * ldc);
-            let (mut x0, mut x1) = (acc[2 * r], acc[2 * r + 1]);
-            if accumulate {
-                x0 = _mm512_add_ps(x0, _mm512_maskz_loadu_ps(m0, row));
-                x1 = _mm512_add_ps(x1, _mm512_maskz_loadu_ps(m1, row.add(TR)));
+            for r in 0..DOT_ROWS.min(h - g * DOT_ROWS) {
+                let row = c.add((g * DOT_ROWS + r) * ldc);
+                let (mut x0, mut x1) = (acc[2 * r], acc[2 * r + 1]);
+                if accumulate {
+                    x0 = _mm512_add_ps(x0, _mm512_maskz_loadu_ps(m0, row));
+                    x1 = _mm512_add_ps(x1, _mm512_maskz_loadu_ps(m1, row.add(TR)));
+                }
+                _mm512_mask_storeu_ps(row, m0, x0);
+                _mm512_mask_storeu_ps(row.add(TR), m1, x1);
             }
-            _mm512_mask_storeu_ps(row, m0, x0);
-            _mm512_mask_storeu_ps(row.add(TR), m1, x1);
         }
     }
 }
@@ -504,7 +530,9 @@ pub(crate) unsafe fn gemm_shared(
 ) {
     with_thread_buffer(&PACK_B, |pb| {
         pack_b(pb, b.transposed(), n, k, threads);
-        products(m, n, k, dst, dst_rs, accumulate, a, pb, b_row(k), threads);
+        // SAFETY: B was just packed whole into pb at b_row(k); the caller keeps dst's rows to
+        // this call (this fn's `# Safety`, which `products` repeats).
+        unsafe { products(m, n, k, dst, dst_rs, accumulate, a, pb, b_row(k), threads) };
     });
 }
 
@@ -543,7 +571,9 @@ pub(crate) unsafe fn tile_row_sums(
     let high = _mm512_set1_epi32(0xffff_0000u32 as i32);
     for p in (0..c).step_by(2) {
         let (kt, q) = (p / TK, (p % TK) / 2);
-        let v = _mm512_loadu_si512(row.as_ptr().add(kt * TILE + 2 * TR * q) as *const _);
+        // SAFETY: AVX-512F is the caller's contract; kt < kts and q < TR / 1 · 16 keep the
+        // 32 values read inside `row`, a checked slice of kts tiles.
+        let v = unsafe { _mm512_loadu_si512(row.as_ptr().add(kt * TILE + 2 * TR * q) as *const _) };
         let even = _mm512_castsi512_ps(_mm512_slli_epi32::<16>(v));
         let odd = _mm512_castsi512_ps(_mm512_and_si512(v, high));
         for (r, a) in acc.iter_mut().enumerate().take(n) {
@@ -637,18 +667,22 @@ impl<'a> PackedB<'a> {
             "PackedB: ({j0}, {p0}) off the tiles"
         );
         let at = 2 * (j0 / BLOCK) * self.row + (p0 / TK) * TILE;
-        products(
-            m,
-            n,
-            k,
-            dst,
-            dst_rs,
-            accumulate,
-            a,
-            &self.tiles[at..],
-            self.row,
-            1,
-        )
+        // SAFETY: the tiles from `at` are this packed B's, at its row distance (`products`
+        // checks their length); dst is the caller's alone (this fn's `# Safety`).
+        unsafe {
+            products(
+                m,
+                n,
+                k,
+                dst,
+                dst_rs,
+                accumulate,
+                a,
+                &self.tiles[at..],
+                self.row,
+                1,
+            )
+        }
     }
 }
 

@@ -161,39 +161,53 @@ pub(crate) unsafe fn dot_rows16(
     rs: usize,
     h: usize,
 ) -> std::arch::x86_64::__m512 {
-    use std::arch::x86_64::*;
-    /// With ALL the row loop has a fixed count, so the sixteen sums stay in registers.
-    #[inline(always)]
-    unsafe fn sums<const ALL: bool>(x: &[f32], w: *const f32, rs: usize, h: usize) -> __m512 {
-        let mut acc = [_mm512_setzero_si512(); 16];
-        for p in (0..x.len()).step_by(16) {
-            let m = lane_mask(x.len() - p);
-            let xv = _mm512_maskz_loadu_ps(m, x.as_ptr().add(p));
-            for (i, a) in acc.iter_mut().enumerate() {
-                if ALL || i < h {
-                    let wv = _mm512_maskz_loadu_ps(m, w.add(i * rs + p));
-                    *a = _mm512_castps_si512(_mm512_fmadd_ps(wv, xv, _mm512_castsi512_ps(*a)));
+    // SAFETY: `sums` has this fn's contract, which the caller guarantees.
+    unsafe {
+        use std::arch::x86_64::*;
+        /// With ALL the row loop has a fixed count, so the sixteen sums stay in registers.
+        ///
+        /// # Safety
+        /// As for `dot_rows16`.
+        #[inline(always)]
+        unsafe fn sums<const ALL: bool>(x: &[f32], w: *const f32, rs: usize, h: usize) -> __m512 {
+            // SAFETY: AVX-512F and rows 0..h of w, each x.len() long at stride rs, in bounds
+            // are `dot_rows16`'s contract: the masked loads read p < x.len() of x and of rows i < h.
+            unsafe {
+                let mut acc = [_mm512_setzero_si512(); 16];
+                for p in (0..x.len()).step_by(16) {
+                    let m = lane_mask(x.len() - p);
+                    let xv = _mm512_maskz_loadu_ps(m, x.as_ptr().add(p));
+                    for (i, a) in acc.iter_mut().enumerate() {
+                        if ALL || i < h {
+                            let wv = _mm512_maskz_loadu_ps(m, w.add(i * rs + p));
+                            *a = _mm512_castps_si512(_mm512_fmadd_ps(
+                                wv,
+                                xv,
+                                _mm512_castsi512_ps(*a),
+                            ));
+                        }
+                    }
                 }
+                transpose16(&mut acc);
+                // Summed in halves (a tree of four levels), not as one chain of fifteen additions.
+                let mut n = 16;
+                while n > 1 {
+                    n /= 2;
+                    for i in 0..n {
+                        acc[i] = _mm512_castps_si512(_mm512_add_ps(
+                            _mm512_castsi512_ps(acc[i]),
+                            _mm512_castsi512_ps(acc[i + n]),
+                        ));
+                    }
+                }
+                _mm512_castsi512_ps(acc[0])
             }
         }
-        transpose16(&mut acc);
-        // Summed in halves (a tree of four levels), not as one chain of fifteen additions.
-        let mut n = 16;
-        while n > 1 {
-            n /= 2;
-            for i in 0..n {
-                acc[i] = _mm512_castps_si512(_mm512_add_ps(
-                    _mm512_castsi512_ps(acc[i]),
-                    _mm512_castsi512_ps(acc[i + n]),
-                ));
-            }
+        if h == 16 {
+            sums::<true>(x, w, rs, h)
+        } else {
+            sums::<false>(x, w, rs, h)
         }
-        _mm512_castsi512_ps(acc[0])
-    }
-    if h == 16 {
-        sums::<true>(x, w, rs, h)
-    } else {
-        sums::<false>(x, w, rs, h)
     }
 }
 
@@ -450,7 +464,10 @@ pub(crate) struct SharedMut {
     ptr: *mut f32,
     len: usize,
 }
+// SAFETY: a SharedMut is a pointer into an f32 buffer; every write through it goes to a part
+// that its user keeps disjoint from other threads' (`slice`'s contract), and f32 is Send.
 unsafe impl Send for SharedMut {}
+// SAFETY: as for Send: shared references only hand out disjoint parts.
 unsafe impl Sync for SharedMut {}
 
 impl SharedMut {
@@ -478,7 +495,9 @@ impl SharedMut {
             "SharedMut: {off}+{len} > {}",
             self.len
         );
-        self.ptr.add(off)
+        // SAFETY: off + len ≤ self.len (asserted above), so the offset stays inside the
+        // buffer this was made from.
+        unsafe { self.ptr.add(off) }
     }
     /// Elements off..off + len, checked to lie inside the buffer.
     ///
@@ -491,7 +510,9 @@ impl SharedMut {
             "SharedMut: {off}+{len} > {}",
             self.len
         );
-        std::slice::from_raw_parts_mut(self.ptr.add(off), len)
+        // SAFETY: off..off + len lies inside the buffer (asserted above), which outlives this
+        // (`from_raw`/`new`); that no two live slices overlap is the caller's contract.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(off), len) }
     }
 }
 

@@ -110,27 +110,32 @@ fn pack_panels<const R: usize>(
 /// Needs AVX-512F; every row must hold kc values and the panel kc · R.
 #[target_feature(enable = "avx512f")]
 unsafe fn transpose_rows<const R: usize>(panel: &mut [f32], rows: &[&[f32]; R], kc: usize) {
-    assert!(panel.len() >= kc * R && rows.iter().all(|r| r.len() >= kc));
-    let mut p = 0;
-    while p + 16 <= kc {
-        for c0 in (0..R).step_by(16) {
-            let w = 16.min(R - c0);
-            let mut r = [_mm512_setzero_si512(); 16];
-            for (i, r) in r.iter_mut().enumerate().take(w) {
-                *r = _mm512_loadu_si512(rows[c0 + i].as_ptr().add(p) as *const _);
+    // SAFETY: AVX-512F is the caller's contract; the assert above
+    // checks that every row holds kc values and the panel kc · R, so the 16-wide loads at
+    // p + 16 ≤ kc and the stores masked to the w ≤ R − c0 columns of row p + i stay in bounds.
+    unsafe {
+        assert!(panel.len() >= kc * R && rows.iter().all(|r| r.len() >= kc));
+        let mut p = 0;
+        while p + 16 <= kc {
+            for c0 in (0..R).step_by(16) {
+                let w = 16.min(R - c0);
+                let mut r = [_mm512_setzero_si512(); 16];
+                for (i, r) in r.iter_mut().enumerate().take(w) {
+                    *r = _mm512_loadu_si512(rows[c0 + i].as_ptr().add(p) as *const _);
+                }
+                super::transpose16(&mut r);
+                let mask = super::lane_mask(w);
+                for (i, v) in r.iter().enumerate() {
+                    let dst = panel.as_mut_ptr().add((p + i) * R + c0);
+                    _mm512_mask_storeu_epi32(dst as *mut _, mask, *v);
+                }
             }
-            super::transpose16(&mut r);
-            let mask = super::lane_mask(w);
-            for (i, v) in r.iter().enumerate() {
-                let dst = panel.as_mut_ptr().add((p + i) * R + c0);
-                _mm512_mask_storeu_epi32(dst as *mut _, mask, *v);
-            }
+            p += 16;
         }
-        p += 16;
-    }
-    for p in p..kc {
-        for (c, row) in rows.iter().enumerate() {
-            panel[p * R + c] = row[p];
+        for p in p..kc {
+            for (c, row) in rows.iter().enumerate() {
+                panel[p * R + c] = row[p];
+            }
         }
     }
 }
@@ -176,63 +181,68 @@ unsafe fn kernel(
     w: usize,
     accumulate: bool,
 ) {
-    // The register products of the rows and columns the tile has: a ragged last panel (the
-    // 4 rows left of 2,048 or 256, the 11 columns left of 683) runs only the FMAs it needs.
-    let mut acc = [_mm512_setzero_ps(); 2 * MR];
-    macro_rules! tile {
-        ($h:expr, $nv:literal) => {{
-            let p = products::<$h, $nv>(kc, ap.as_ptr(), 1, MR, bp.as_ptr(), NR, [0xffff; $nv]);
-            for (r, row) in p.iter().enumerate() {
-                acc[2 * r..2 * r + $nv].copy_from_slice(row);
-            }
-        }};
-    }
-    match (h, w > 16) {
-        (0..=4, false) => tile!(4, 1),
-        (0..=4, true) => tile!(4, 2),
-        (5..=8, false) => tile!(8, 1),
-        (5..=8, true) => tile!(8, 2),
-        (_, false) => tile!(MR, 1),
-        _ => {
-            // The full tile: its own loop (products::<MR, 2> ran 1-6% slower here).
-            let (mut pa, mut pb) = (ap.as_ptr(), bp.as_ptr());
-            for _ in 0..kc {
-                let b0 = _mm512_loadu_ps(pb);
-                let b1 = _mm512_loadu_ps(pb.add(16));
-                for r in 0..MR {
-                    let a = _mm512_set1_ps(*pa.add(r));
-                    acc[2 * r] = _mm512_fmadd_ps(a, b0, acc[2 * r]);
-                    acc[2 * r + 1] = _mm512_fmadd_ps(a, b1, acc[2 * r + 1]);
+    // SAFETY: AVX-512F and c valid for h rows of w columns at ldc are this
+    // fn's contract; the callers slice ap to kc · MR and bp to kc · NR values, which the panel
+    // loads (kc steps of MR and NR) stay inside; the stores write rows r < h, columns masked to w.
+    unsafe {
+        // The register products of the rows and columns the tile has: a ragged last panel (the
+        // 4 rows left of 2,048 or 256, the 11 columns left of 683) runs only the FMAs it needs.
+        let mut acc = [_mm512_setzero_ps(); 2 * MR];
+        macro_rules! tile {
+            ($h:expr, $nv:literal) => {{
+                let p = products::<$h, $nv>(kc, ap.as_ptr(), 1, MR, bp.as_ptr(), NR, [0xffff; $nv]);
+                for (r, row) in p.iter().enumerate() {
+                    acc[2 * r..2 * r + $nv].copy_from_slice(row);
                 }
-                pa = pa.add(MR);
-                pb = pb.add(NR);
+            }};
+        }
+        match (h, w > 16) {
+            (0..=4, false) => tile!(4, 1),
+            (0..=4, true) => tile!(4, 2),
+            (5..=8, false) => tile!(8, 1),
+            (5..=8, true) => tile!(8, 2),
+            (_, false) => tile!(MR, 1),
+            _ => {
+                // The full tile: its own loop (products::<MR, 2> ran 1-6% slower here).
+                let (mut pa, mut pb) = (ap.as_ptr(), bp.as_ptr());
+                for _ in 0..kc {
+                    let b0 = _mm512_loadu_ps(pb);
+                    let b1 = _mm512_loadu_ps(pb.add(16));
+                    for r in 0..MR {
+                        let a = _mm512_set1_ps(*pa.add(r));
+                        acc[2 * r] = _mm512_fmadd_ps(a, b0, acc[2 * r]);
+                        acc[2 * r + 1] = _mm512_fmadd_ps(a, b1, acc[2 * r + 1]);
+                    }
+                    pa = pa.add(MR);
+                    pb = pb.add(NR);
+                }
             }
         }
-    }
-    // Rows by a loop of fixed length (unrolled, so that acc stays in registers: a loop of h
-    // rows kept it on the stack, zeroed by a memset at every call).
-    let (m0, m1) = (super::lane_mask(w), super::lane_mask(w.saturating_sub(16)));
-    for r in 0..MR {
-        if r == h {
-            break;
-        }
-        let row = c.add(r * ldc);
-        let (mut x0, mut x1) = (acc[2 * r], acc[2 * r + 1]);
-        if w == NR {
-            if accumulate {
-                x0 = _mm512_add_ps(x0, _mm512_loadu_ps(row));
-                x1 = _mm512_add_ps(x1, _mm512_loadu_ps(row.add(16)));
+        // Rows by a loop of fixed length (unrolled, so that acc stays in registers: a loop of h
+        // rows kept it on the stack, zeroed by a memset at every call).
+        let (m0, m1) = (super::lane_mask(w), super::lane_mask(w.saturating_sub(16)));
+        for r in 0..MR {
+            if r == h {
+                break;
             }
-            _mm512_storeu_ps(row, x0);
-            _mm512_storeu_ps(row.add(16), x1);
-        } else {
-            // A ragged right edge: masked loads and stores of the first w columns.
-            if accumulate {
-                x0 = _mm512_add_ps(x0, _mm512_maskz_loadu_ps(m0, row));
-                x1 = _mm512_add_ps(x1, _mm512_maskz_loadu_ps(m1, row.add(16)));
+            let row = c.add(r * ldc);
+            let (mut x0, mut x1) = (acc[2 * r], acc[2 * r + 1]);
+            if w == NR {
+                if accumulate {
+                    x0 = _mm512_add_ps(x0, _mm512_loadu_ps(row));
+                    x1 = _mm512_add_ps(x1, _mm512_loadu_ps(row.add(16)));
+                }
+                _mm512_storeu_ps(row, x0);
+                _mm512_storeu_ps(row.add(16), x1);
+            } else {
+                // A ragged right edge: masked loads and stores of the first w columns.
+                if accumulate {
+                    x0 = _mm512_add_ps(x0, _mm512_maskz_loadu_ps(m0, row));
+                    x1 = _mm512_add_ps(x1, _mm512_maskz_loadu_ps(m1, row.add(16)));
+                }
+                _mm512_mask_storeu_ps(row, m0, x0);
+                _mm512_mask_storeu_ps(row.add(16), m1, x1);
             }
-            _mm512_mask_storeu_ps(row, m0, x0);
-            _mm512_mask_storeu_ps(row.add(16), m1, x1);
         }
     }
 }
@@ -256,7 +266,10 @@ pub(crate) fn reserve(n_max: usize) {
 
 #[derive(Clone, Copy)]
 struct DstPtr(*mut f32);
+// SAFETY: the destination of one product, which its tasks write in disjoint row blocks (or
+// depth shares) only, while the call that made it borrows the buffer mutably.
 unsafe impl Send for DstPtr {}
+// SAFETY: as for Send.
 unsafe impl Sync for DstPtr {}
 impl DstPtr {
     fn at(&self, off: usize) -> *mut f32 {

@@ -88,8 +88,13 @@ impl PackedB<'_> {
         assert!(a.fits(m, k), "PackedB::gemm_raw: A too small");
         #[cfg(target_arch = "x86_64")]
         {
-            let c = SharedMut::from_raw(c, (m - 1) * c_rs + n);
-            self.tiles.gemm(m, n, k, at, c, c_rs, accumulate, a);
+            // SAFETY: the caller holds c valid for rows 0..m (c_rs apart) of n columns,
+            // which no other thread touches meanwhile (this fn's `# Safety`): exactly the
+            // (m − 1)·c_rs + n values handed on, under the same promise.
+            unsafe {
+                let c = SharedMut::from_raw(c, (m - 1) * c_rs + n);
+                self.tiles.gemm(m, n, k, at, c, c_rs, accumulate, a);
+            }
         }
         #[cfg(not(target_arch = "x86_64"))]
         {
@@ -132,19 +137,24 @@ pub unsafe fn small_gemm(
     assert!(b_mat.fits(k, n), "small_gemm: B too small");
     #[cfg(target_arch = "x86_64")]
     if bf16 && super::bf16::available() {
-        let c = SharedMut::from_raw(c, (m - 1) * c_rs + n);
-        // SAFETY: the caller vouches for C; AVX512_BF16 is available (checked above).
-        super::bf16::gemm_shared(m, n, k, c, c_rs, accumulate, a, b_mat, 1);
+        // SAFETY: the caller vouches for C's m rows of n columns at c_rs, exclusively
+        // (this fn's `# Safety`); AVX512_BF16 is available (checked above).
+        unsafe {
+            let c = SharedMut::from_raw(c, (m - 1) * c_rs + n);
+            super::bf16::gemm_shared(m, n, k, c, c_rs, accumulate, a, b_mat, 1);
+        }
         return;
     }
     #[cfg(target_arch = "x86_64")]
     if super::sgemm_avx512::available() {
         // SAFETY: AVX-512F is present; the asserts bound A and B, the caller vouches for C.
-        avx512::small_gemm(m, n, k, a, b, b_rs, c, c_rs, accumulate);
+        unsafe { avx512::small_gemm(m, n, k, a, b, b_rs, c, c_rs, accumulate) };
         return;
     }
     for r in 0..m {
-        let row = std::slice::from_raw_parts_mut(c.add(r * c_rs), n);
+        // SAFETY: row r < m of C, n values from r·c_rs, is the caller's to write alone
+        // (this fn's `# Safety`).
+        let row = unsafe { std::slice::from_raw_parts_mut(c.add(r * c_rs), n) };
         if !accumulate {
             row.fill(0.0);
         }
@@ -172,6 +182,11 @@ pub(crate) mod avx512 {
         std::array::from_fn(|v| crate::kernels::lane_mask(w.saturating_sub(16 * v)))
     }
 
+    /// `super::small_gemm` on AVX-512F registers.
+    ///
+    /// # Safety
+    /// AVX-512F; A (m × k) and B (k × n at b_rs) in bounds; c valid for writes of rows 0..m
+    /// (c_rs apart) of n columns, which no other thread accesses meanwhile.
     #[target_feature(enable = "avx512f")]
     #[allow(clippy::too_many_arguments)]
     pub unsafe fn small_gemm(
@@ -187,19 +202,27 @@ pub(crate) mod avx512 {
     ) {
         let mut j0 = 0;
         while j0 < n {
-            let bp = b.as_ptr().add(j0);
-            let cp = c.add(j0);
-            if n - j0 >= 64 {
-                strip::<4>(WIDE_ROWS, m, k, a, bp, b_rs, cp, c_rs, 64, accumulate);
-                j0 += 64;
-            } else {
-                strip::<2>(ROWS, m, k, a, bp, b_rs, cp, c_rs, n - j0, accumulate);
-                j0 += 32;
+            // SAFETY: AVX-512F, A and B in bounds and C valid for m rows of n columns are the
+            // caller's contract; each strip covers columns j0..j0 + 64 (or the n − j0 left),
+            // inside B's and C's n columns, and column j0 < n is inside both.
+            unsafe {
+                let bp = b.as_ptr().add(j0);
+                let cp = c.add(j0);
+                if n - j0 >= 64 {
+                    strip::<4>(WIDE_ROWS, m, k, a, bp, b_rs, cp, c_rs, 64, accumulate);
+                    j0 += 64;
+                } else {
+                    strip::<2>(ROWS, m, k, a, bp, b_rs, cp, c_rs, n - j0, accumulate);
+                    j0 += 32;
+                }
             }
         }
     }
 
     /// One strip of NV·16 columns (the first `w` of them valid), `rows` rows at a time.
+    ///
+    /// # Safety
+    /// As for `small_gemm`, for the strip's m rows of w columns at b and c.
     #[target_feature(enable = "avx512f")]
     #[allow(clippy::too_many_arguments)]
     unsafe fn strip<const NV: usize>(
@@ -214,34 +237,39 @@ pub(crate) mod avx512 {
         w: usize,
         accumulate: bool,
     ) {
-        let mk = masks::<NV>(w.min(16 * NV));
-        let mut r0 = 0;
-        while r0 < m {
-            let h = rows.min(m - r0);
-            let ap = a.data.as_ptr().add(r0 * a.rs);
-            let args = (
-                k,
-                ap,
-                a.rs,
-                a.cs,
-                b,
-                b_rs,
-                c.add(r0 * c_rs),
-                c_rs,
-                mk,
-                accumulate,
-            );
-            match h {
-                8 => tile::<8, NV>(args),
-                7 => tile::<7, NV>(args),
-                6 => tile::<6, NV>(args),
-                5 => tile::<5, NV>(args),
-                4 => tile::<4, NV>(args),
-                3 => tile::<3, NV>(args),
-                2 => tile::<2, NV>(args),
-                _ => tile::<1, NV>(args),
+        // SAFETY: AVX-512F and a, b, c valid for the rows and columns named are
+        // the caller's contract; each tile reads H ≤ rows of a, w ≤ 16·NV columns of b (masked) and
+        // writes those of c.
+        unsafe {
+            let mk = masks::<NV>(w.min(16 * NV));
+            let mut r0 = 0;
+            while r0 < m {
+                let h = rows.min(m - r0);
+                let ap = a.data.as_ptr().add(r0 * a.rs);
+                let args = (
+                    k,
+                    ap,
+                    a.rs,
+                    a.cs,
+                    b,
+                    b_rs,
+                    c.add(r0 * c_rs),
+                    c_rs,
+                    mk,
+                    accumulate,
+                );
+                match h {
+                    8 => tile::<8, NV>(args),
+                    7 => tile::<7, NV>(args),
+                    6 => tile::<6, NV>(args),
+                    5 => tile::<5, NV>(args),
+                    4 => tile::<4, NV>(args),
+                    3 => tile::<3, NV>(args),
+                    2 => tile::<2, NV>(args),
+                    _ => tile::<1, NV>(args),
+                }
+                r0 += h;
             }
-            r0 += h;
         }
     }
 
@@ -261,20 +289,24 @@ pub(crate) mod avx512 {
         b_rs: usize,
         mk: [__mmask16; NV],
     ) -> [[__m512; NV]; H] {
-        let mut acc = [[_mm512_setzero_ps(); NV]; H];
-        for p in 0..k {
-            let mut bv = [_mm512_setzero_ps(); NV];
-            for (v, bv) in bv.iter_mut().enumerate() {
-                *bv = _mm512_maskz_loadu_ps(mk[v], b.add(p * b_rs + 16 * v));
-            }
-            for (r, row) in acc.iter_mut().enumerate() {
-                let av = _mm512_set1_ps(*a.add(r * a_rs + p * a_cs));
-                for v in 0..NV {
-                    row[v] = _mm512_fmadd_ps(av, bv[v], row[v]);
+        // SAFETY: AVX-512F and H rows of a, k rows of NV masked registers of b in
+        // bounds are the caller's contract.
+        unsafe {
+            let mut acc = [[_mm512_setzero_ps(); NV]; H];
+            for p in 0..k {
+                let mut bv = [_mm512_setzero_ps(); NV];
+                for (v, bv) in bv.iter_mut().enumerate() {
+                    *bv = _mm512_maskz_loadu_ps(mk[v], b.add(p * b_rs + 16 * v));
+                }
+                for (r, row) in acc.iter_mut().enumerate() {
+                    let av = _mm512_set1_ps(*a.add(r * a_rs + p * a_cs));
+                    for v in 0..NV {
+                        row[v] = _mm512_fmadd_ps(av, bv[v], row[v]);
+                    }
                 }
             }
+            acc
         }
-        acc
     }
 
     /// (k, A, A row stride, A column stride, B, B row stride, C, C row stride, column masks,
@@ -294,20 +326,27 @@ pub(crate) mod avx512 {
 
     /// H rows × NV·16 columns (masked) of C, accumulated over k in registers. Every element is
     /// one FMA chain over p in order, whatever the tile shape.
+    ///
+    /// # Safety
+    /// AVX-512F; A's H rows, B's k rows (masked by mk) and C's H rows (masked by mk) in bounds.
     #[target_feature(enable = "avx512f")]
     #[inline]
     unsafe fn tile<const H: usize, const NV: usize>(
         (k, a, a_rs, a_cs, b, b_rs, c, c_rs, mk, accumulate): TileArgs<NV>,
     ) {
-        let acc = products::<H, NV>(k, a, a_rs, a_cs, b, b_rs, mk);
-        for (r, row) in acc.iter().enumerate() {
-            let cr = c.add(r * c_rs);
-            for v in 0..NV {
-                let mut x = row[v];
-                if accumulate {
-                    x = _mm512_add_ps(x, _mm512_maskz_loadu_ps(mk[v], cr.add(16 * v)));
+        // SAFETY: AVX-512F and c valid for H rows at c_rs, masked to mk, are the
+        // caller's contract (`strip` passes rows inside its strip).
+        unsafe {
+            let acc = products::<H, NV>(k, a, a_rs, a_cs, b, b_rs, mk);
+            for (r, row) in acc.iter().enumerate() {
+                let cr = c.add(r * c_rs);
+                for v in 0..NV {
+                    let mut x = row[v];
+                    if accumulate {
+                        x = _mm512_add_ps(x, _mm512_maskz_loadu_ps(mk[v], cr.add(16 * v)));
+                    }
+                    _mm512_mask_storeu_ps(cr.add(16 * v), mk[v], x);
                 }
-                _mm512_mask_storeu_ps(cr.add(16 * v), mk[v], x);
             }
         }
     }
