@@ -3,6 +3,7 @@
 use crate::config::{AttentionKind, ModelConfig};
 use crate::error::Result;
 use crate::kernels::adamw::AdamWParams;
+use crate::kernels::Precision;
 use crate::model::{Model, Workspace};
 use crate::train::Optimizer;
 use rand::{Rng, SeedableRng};
@@ -39,9 +40,9 @@ pub struct TrainBench {
     pub losses: Vec<f32>,
 }
 
-/// Matrix-product precision in effect, for reports.
-pub fn precision() -> &'static str {
-    if crate::kernels::matmul::bf16() {
+/// A matrix-product precision as reports name it.
+pub fn precision(p: Precision) -> &'static str {
+    if p.is_bf16() {
         "bf16"
     } else {
         "f32"
@@ -92,9 +93,11 @@ pub fn peak_rss_bytes() -> u64 {
 }
 
 /// Runs `warmup` untimed and `steps` timed training steps (forward, backward, AdamW) of a freshly
-/// initialised model on seeded random tokens. `on_step` sees each step's index and time.
+/// initialised model on seeded random tokens, its products in `precision`. `on_step` sees each
+/// step's index and time.
 pub fn bench_train(
     config: &ModelConfig,
+    precision: Precision,
     batch: usize,
     warmup: usize,
     steps: usize,
@@ -102,6 +105,7 @@ pub fn bench_train(
 ) -> Result<TrainBench> {
     let t = config.max_position_embeddings;
     let mut model = Model::init(config.clone(), 0)?;
+    model.precision = precision;
     let mut ws = Workspace::new(&model, batch, t);
     let hp = AdamWParams {
         lr: 1e-3,
@@ -159,7 +163,7 @@ pub fn bench_train(
         peak_rss_bytes: peak_rss_bytes(),
         state_bytes: 4 * 4 * model.num_params() as u64,
         workspace_bytes: ws.bytes() as u64,
-        precision: precision(),
+        precision: self::precision(ws.precision),
         losses,
     })
 }
@@ -234,7 +238,7 @@ pub fn bench_matmul(
             let med = t[t.len() / 2];
             MatmulBench {
                 backend: match be {
-                    Backend::Auto | Backend::F32 => "difftx".into(),
+                    Backend::F32 => "difftx".into(),
                     Backend::GemmCrate => "gemm-crate".into(),
                     Backend::Bf16 => "difftx-bf16".into(),
                 },
@@ -322,12 +326,12 @@ pub fn bench_decode(
         decode_s_median: d,
         decode_tokens_per_s: new_tokens as f64 / d,
         // with --bf16 the matrix products of decoding read 2 bytes a weight
-        weight_bytes: if crate::kernels::matmul::bf16() {
+        weight_bytes: if model.precision.is_bf16() {
             (4 * model.num_params() - 2 * matmul_params(c)) as u64
         } else {
             4 * model.num_params() as u64
         },
-        precision: precision(),
+        precision: precision(model.precision),
         kv_cache_bytes: 4 * (kv_per_token * (prompt_len + new_tokens)) as u64,
     })
 }
@@ -382,11 +386,12 @@ pub fn bench_attention(config: &ModelConfig, batch: usize, reps: usize) -> Atten
     crate::kernels::on_pool(|| {
         for rep in 0..=reps {
             let t0 = Instant::now();
-            attention_forward(&mut o, &mut lse, &q, &k, &v, batch, t, t, 0, &s);
+            let p = Precision::F32;
+            attention_forward(&mut o, &mut lse, &q, &k, &v, batch, t, t, 0, &s, p);
             let t1 = Instant::now();
             attention_delta(&mut delta, &dmaps, &o, s.nq, s.dv);
             attention_backward(
-                &mut dq, &mut dk, &mut dv, &dout, &q, &k, &v, &delta, &lse, batch, t, &s, pairs,
+                &mut dq, &mut dk, &mut dv, &dout, &q, &k, &v, &delta, &lse, batch, t, &s, pairs, p,
             );
             if rep > 0 {
                 tf.push((t1 - t0).as_secs_f64());
@@ -616,8 +621,8 @@ pub fn window_means(losses: &[f32]) -> Vec<f64> {
 }
 
 /// Trains `config` for `run.steps` steps on seeded random windows of `text` (training part),
-/// once with f32 products and once with bf16, and compares the curves. Leaves the
-/// process's precision at f32. `on_step(precision, step)` reports progress.
+/// once with f32 products and once with bf16, and compares the curves (validation losses
+/// from f32 products for both). `on_step(precision, step)` reports progress.
 pub fn bench_bf16(
     config: &ModelConfig,
     run: &crate::train::in_memory::ShortRun,
@@ -626,7 +631,6 @@ pub fn bench_bf16(
 ) -> Result<Bf16Bench> {
     use crate::error::Error;
     use crate::eval::lm_scaling::{fill_windows, split, val_starts, window_loss};
-    use crate::kernels::matmul::set_bf16;
     let (train, val) = split(text);
     let (b, t) = (run.batch, run.context);
     if train.len() < t + 1 || val.len() < t + 1 {
@@ -639,24 +643,23 @@ pub fn bench_bf16(
     let mut runs = Vec::new();
     let mut params = 0;
     for bf16 in [false, true] {
-        if set_bf16(bf16) != bf16 {
-            set_bf16(false);
+        let Some(p) = Precision::new(bf16) else {
             return Err(Error::Invalid(
                 "bf16 needs AVX512_BF16, which this CPU lacks".into(),
             ));
-        }
-        let tag = precision();
+        };
+        let tag = precision(p);
         let mut last = Instant::now();
         let mut times = Vec::with_capacity(run.steps as usize);
         let fill = |rng: &mut ChaCha8Rng, x: &mut [u32], y: &mut [u32]| -> Result<usize> {
             fill_windows(rng, train, x, y, b, t);
             Ok(t)
         };
-        let trained = crate::train::in_memory::train_short(
+        let trained = crate::train::in_memory::train_short_in(
             config.clone(),
             run,
-            0,
-            0x6266_3136,
+            p,
+            (0, 0x6266_3136),
             fill,
             |step, _| {
                 times.push(last.elapsed().as_secs_f64() * 1e3);
@@ -664,8 +667,9 @@ pub fn bench_bf16(
                 on_step(tag, step);
             },
         );
-        set_bf16(false);
-        let trained = trained?;
+        let mut trained = trained?;
+        // both runs' validation losses come from f32 products
+        trained.model.precision = Precision::F32;
         params = trained.model.num_params();
         times.sort_by(|a, b| a.total_cmp(b));
         runs.push(PrecisionRun {

@@ -6,6 +6,7 @@
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use difftx::data::Tokenizer;
+use difftx::kernels::Precision;
 use difftx::util::thousands;
 use difftx::{AttentionKind, Model, ModelConfig, Preset};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -445,8 +446,9 @@ fn progress(len: u64, what: &str) -> ProgressBar {
     pb
 }
 
-fn eval(a: EvalArgs) -> Result<()> {
-    let model = difftx::interop::load(&a.model)?;
+fn eval(a: EvalArgs, precision: Precision) -> Result<()> {
+    let mut model = difftx::interop::load(&a.model)?;
+    model.precision = precision;
     let tok = Tokenizer::for_model(&a.model, &model.config)?;
     let text = std::fs::read(&a.data).with_context(|| format!("{}", a.data.display()))?;
     let text = String::from_utf8(text)
@@ -540,9 +542,10 @@ fn repro(a: ReproArgs) -> Result<()> {
     Ok(())
 }
 
-fn attention_map(a: AttentionMapArgs) -> Result<()> {
+fn attention_map(a: AttentionMapArgs, precision: Precision) -> Result<()> {
     use difftx::report::heatmap::{plot_attention_maps, MapPanel};
-    let model = difftx::interop::load(&a.model)?;
+    let mut model = difftx::interop::load(&a.model)?;
+    model.precision = precision;
     let tok = Tokenizer::for_model(&a.model, &model.config)?;
     let ids = tok.encode(&a.prompt)?;
     let m = difftx::eval::attention_stats::head_maps(&model, &ids, a.layer, a.head)?;
@@ -753,12 +756,12 @@ fn ablations(m: &ModelConfig) -> String {
     }
 }
 
-fn train(a: TrainArgs) -> Result<()> {
+fn train(a: TrainArgs, precision: Precision) -> Result<()> {
     let mut opts = match &a.config {
         Some(p) => difftx::train::TrainOptions::from_toml_file(p)?.overlaid(&a.opts),
         None => a.opts.clone(),
     };
-    if difftx::kernels::matmul::bf16() {
+    if precision == Precision::Bf16 {
         opts.bf16 = Some(true);
     }
     // Everything that can be checked is checked before anything is written or printed.
@@ -789,7 +792,7 @@ fn train(a: TrainArgs) -> Result<()> {
         );
     }
     // A run recorded with bf16 products (or `bf16 = true` in TOML) trains with them.
-    if run.train.bf16 && !difftx::kernels::matmul::set_bf16(true) {
+    if run.train.bf16 && Precision::new(true).is_none() {
         bail!("this run uses bf16 matrix products (--bf16), which need a CPU with AVX512_BF16 (AMD Zen 4 or later, Intel Cooper Lake or later); this machine has none");
     }
     if run.data.data.is_empty() {
@@ -835,7 +838,7 @@ fn train(a: TrainArgs) -> Result<()> {
         run.train.grad_accum,
         m.max_position_embeddings,
         rayon::current_num_threads(),
-        difftx::bench::precision()
+        if run.train.bf16 { "bf16" } else { "f32" }
     );
     let mut progress = Progress::new(&name);
     let o = difftx::train::train(
@@ -917,7 +920,7 @@ fn plot(a: PlotArgs) -> Result<()> {
     Ok(())
 }
 
-fn generate(a: GenerateArgs) -> Result<()> {
+fn generate(a: GenerateArgs, precision: Precision) -> Result<()> {
     use std::io::Write;
     if let Some(p) = a.top_p {
         if !(p > 0.0 && p <= 1.0) {
@@ -933,7 +936,8 @@ fn generate(a: GenerateArgs) -> Result<()> {
             a.temperature
         );
     }
-    let model = difftx::interop::load(&a.model)?;
+    let mut model = difftx::interop::load(&a.model)?;
+    model.precision = precision;
     let tok = Tokenizer::for_model(&a.model, &model.config)?;
     let mut texts = a.prompt.clone();
     for f in &a.prompt_file {
@@ -1156,14 +1160,15 @@ fn bench_bf16(a: BenchBf16Args) -> Result<()> {
     Ok(())
 }
 
-fn bench_train(a: BenchTrainArgs) -> Result<()> {
+fn bench_train(a: BenchTrainArgs, p: Precision) -> Result<()> {
     let config = a.shape.config()?;
     if a.steps == 0 {
         bail!("--steps must be positive");
     }
     let pb = progress((a.warmup + a.steps) as u64, "steps");
-    let r =
-        difftx::bench::bench_train(&config, a.shape.batch, a.warmup, a.steps, |_, _| pb.inc(1))?;
+    let r = difftx::bench::bench_train(&config, p, a.shape.batch, a.warmup, a.steps, |_, _| {
+        pb.inc(1)
+    })?;
     pb.finish_and_clear();
     if a.json {
         println!("{}", serde_json::to_string(&r)?);
@@ -1225,25 +1230,25 @@ fn run(cli: Cli) -> Result<()> {
             .num_threads(n)
             .build_global()?;
     }
-    if cli.bf16 && !difftx::kernels::matmul::set_bf16(true) {
+    let Some(precision) = Precision::new(cli.bf16) else {
         bail!("--bf16 needs a CPU with AVX512_BF16 (AMD Zen 4 or later, Intel Cooper Lake or later); this machine has none, so leave it off");
-    }
+    };
     match cli.cmd {
         Cmd::Demo(a) => demo(a),
-        Cmd::Train(a) => train(*a),
+        Cmd::Train(a) => train(*a, precision),
         Cmd::Tokenizer(TokenizerCmd::Train(a)) => tokenizer_train(a),
         Cmd::Plot(a) => plot(a),
-        Cmd::Eval(a) => eval(a),
-        Cmd::Generate(a) => generate(a),
+        Cmd::Eval(a) => eval(a, precision),
+        Cmd::Generate(a) => generate(a, precision),
         Cmd::Repro(a) => repro(a),
-        Cmd::AttentionMap(a) => attention_map(a),
+        Cmd::AttentionMap(a) => attention_map(a, precision),
         Cmd::Init(a) => init(a),
         Cmd::Export(a) => export(a),
-        Cmd::Bench(BenchCmd::Train(a)) => bench_train(a),
+        Cmd::Bench(BenchCmd::Train(a)) => bench_train(a, precision),
         Cmd::Bench(BenchCmd::Bf16(a)) => bench_bf16(a),
         Cmd::Bench(BenchCmd::Memory(a)) => {
             let config = a.shape.config()?;
-            let r = difftx::bench::bench_train(&config, a.shape.batch, 0, 1, |_, _| {})?;
+            let r = difftx::bench::bench_train(&config, precision, a.shape.batch, 0, 1, |_, _| {})?;
             let computed = r.state_bytes + r.workspace_bytes;
             let ratio = r.peak_rss_bytes as f64 / computed as f64;
             if a.json {
@@ -1279,10 +1284,11 @@ fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Cmd::Bench(BenchCmd::Decode(a)) => {
-            let model = match &a.model {
+            let mut model = match &a.model {
                 Some(dir) => difftx::interop::load(dir)?,
                 None => Model::init(ModelConfig::preset(a.preset, a.attention), 0)?,
             };
+            model.precision = precision;
             if a.prompt_len == 0 || a.new_tokens == 0 {
                 bail!("--prompt-len and --new-tokens must be positive");
             }

@@ -9,6 +9,7 @@
 #[cfg(target_arch = "x86_64")]
 use super::attention_scores::{probs_grads_row, scores_softmax};
 use super::matmul::Mat;
+use super::precision::Precision;
 use super::small_gemm::{small_gemm, with_packed, PackedB, MAX_PACKED};
 use super::{dot, exp_nonpos, map_lanes, SharedMut, MAX, SUM};
 use rayon::prelude::*;
@@ -21,8 +22,8 @@ pub(crate) const BK: usize = 64;
 /// Whether a call's products run in bf16 tiles: under `--bf16`, for calls of at least one
 /// tile of queries (training, prefill); decoding's few queries per call stay f32, where a
 /// tile would hold 15 rows of padding.
-fn on_tiles(queries: usize) -> bool {
-    super::matmul::bf16() && queries >= 16
+fn on_tiles(precision: Precision, queries: usize) -> bool {
+    precision.is_bf16() && queries >= 16
 }
 
 /// Head counts and widths of one attention call.
@@ -238,6 +239,7 @@ pub fn attention_forward(
     tkv: usize,
     q_offset: usize,
     s: &AttnShape,
+    precision: Precision,
 ) {
     s.check();
     assert!(
@@ -257,7 +259,7 @@ pub fn attention_forward(
         return super::attention_decode::attention_decode(o, lse, q, k, v, b, tkv, visible, s);
     }
     let scale = 1.0 / (dk as f32).sqrt();
-    let bf16 = on_tiles(tq);
+    let bf16 = on_tiles(precision, tq);
     let (o_ptr, lse_ptr) = (SharedMut::new(o), SharedMut::new(lse));
     let group = nq / nk;
     // One task per (sequence, key head): it runs every query head that reads that key head (a
@@ -556,6 +558,7 @@ pub fn attention_backward(
     t: usize,
     s: &AttnShape,
     pairs: Option<Lambda>,
+    precision: Precision,
 ) {
     s.check();
     let AttnShape {
@@ -589,7 +592,7 @@ pub fn attention_backward(
         );
     }
     let scale = 1.0 / (d_k as f32).sqrt();
-    let bf16 = on_tiles(t);
+    let bf16 = on_tiles(precision, t);
     #[cfg(target_arch = "x86_64")]
     let avx512 = super::sgemm_avx512::available();
     let (dq_ptr, dk_ptr, dv_ptr) = (SharedMut::new(dq), SharedMut::new(dk), SharedMut::new(dv));
@@ -1081,7 +1084,7 @@ mod tests {
             let k = randn(b * t * s.nk * s.dk, 2, 1.0);
             let v = randn(b * t * s.nv * s.dv, 3, 1.0);
             let (mut o, mut lse) = (vec![0.0; b * t * s.nq * s.dv], vec![0.0; b * s.nq * t]);
-            attention_forward(&mut o, &mut lse, &q, &k, &v, b, t, t, 0, &s);
+            attention_forward(&mut o, &mut lse, &q, &k, &v, b, t, t, 0, &s, Precision::F32);
             let r = naive(&q, &k, &v, b, t, &s);
             let err = o
                 .iter()
@@ -1101,10 +1104,22 @@ mod tests {
         let k = randn(t * s.nk * s.dk, 2, 1.0);
         let v = randn(t * s.nv * s.dv, 3, 1.0);
         let (mut o, mut lse) = (vec![0.0; t * s.nq * s.dv], vec![0.0; s.nq * t]);
-        attention_forward(&mut o, &mut lse, &q, &k, &v, 1, t, t, 0, &s);
+        attention_forward(&mut o, &mut lse, &q, &k, &v, 1, t, t, 0, &s, Precision::F32);
         let (mut ot, mut lt) = (vec![0.0; tail * s.nq * s.dv], vec![0.0; s.nq * tail]);
         let qt = &q[(t - tail) * s.nq * s.dk..];
-        attention_forward(&mut ot, &mut lt, qt, &k, &v, 1, tail, t, t - tail, &s);
+        attention_forward(
+            &mut ot,
+            &mut lt,
+            qt,
+            &k,
+            &v,
+            1,
+            tail,
+            t,
+            t - tail,
+            &s,
+            Precision::F32,
+        );
         assert_eq!(&o[(t - tail) * s.nq * s.dv..], &ot[..]);
     }
 
@@ -1126,10 +1141,34 @@ mod tests {
                         .flat_map(|bi| q[(bi * t + visible - 1) * qw..][..qw].to_vec())
                         .collect();
                     let (mut o, mut lse) = (vec![0.0; b * ow], vec![0.0; b * s.nq]);
-                    attention_forward(&mut o, &mut lse, &q1, &k, &v, b, 1, t, visible - 1, &s);
+                    attention_forward(
+                        &mut o,
+                        &mut lse,
+                        &q1,
+                        &k,
+                        &v,
+                        b,
+                        1,
+                        t,
+                        visible - 1,
+                        &s,
+                        Precision::F32,
+                    );
                     let want = naive(&q, &k, &v, b, t, &s);
                     let (mut o_t, mut lse_t) = (vec![0.0; b * t * ow], vec![0.0; b * s.nq * t]);
-                    attention_forward(&mut o_t, &mut lse_t, &q, &k, &v, b, t, t, 0, &s);
+                    attention_forward(
+                        &mut o_t,
+                        &mut lse_t,
+                        &q,
+                        &k,
+                        &v,
+                        b,
+                        t,
+                        t,
+                        0,
+                        &s,
+                        Precision::F32,
+                    );
                     for bi in 0..b {
                         let row = &want[(bi * t + visible - 1) * ow..][..ow];
                         for (x, y) in o[bi * ow..(bi + 1) * ow].iter().zip(row) {
@@ -1159,7 +1198,7 @@ mod tests {
             let r = randn(b * t * s.nq * s.dv, 7, 1.0);
             let fwd = |q: &[f32], k: &[f32], v: &[f32]| {
                 let (mut o, mut lse) = (vec![0.0; b * t * s.nq * s.dv], vec![0.0; b * s.nq * t]);
-                attention_forward(&mut o, &mut lse, q, k, v, b, t, t, 0, &s);
+                attention_forward(&mut o, &mut lse, q, k, v, b, t, t, 0, &s, Precision::F32);
                 (o, lse)
             };
             let (o, lse) = fwd(&q, &k, &v);
@@ -1169,7 +1208,20 @@ mod tests {
             let mut delta = vec![0.0; b * t * s.nq];
             attention_delta(&mut delta, &r, &o, s.nq, s.dv);
             attention_backward(
-                &mut dq, &mut dk, &mut dv, &r, &q, &k, &v, &delta, &lse, b, t, &s, None,
+                &mut dq,
+                &mut dk,
+                &mut dv,
+                &r,
+                &q,
+                &k,
+                &v,
+                &delta,
+                &lse,
+                b,
+                t,
+                &s,
+                None,
+                Precision::F32,
             );
             check_grad("attention dq", &q, &dq, |q| dot64(&fwd(q, &k, &v).0, &r));
             check_grad("attention dk", &k, &dk, |k| dot64(&fwd(&q, k, &v).0, &r));
@@ -1212,7 +1264,7 @@ mod tests {
             let r = randn(b * t * s.nq / 2 * s.dv, 7, 1.0);
             let fwd = |q: &[f32], k: &[f32], v: &[f32]| {
                 let (mut o, mut lse) = (vec![0.0; b * t * s.nq * s.dv], vec![0.0; b * s.nq * t]);
-                attention_forward(&mut o, &mut lse, q, k, v, b, t, t, 0, &s);
+                attention_forward(&mut o, &mut lse, q, k, v, b, t, t, 0, &s, Precision::F32);
                 (o, lse)
             };
             // L = Σ r · (attn1 − λ·attn2), so dO of pair g is (r, −λ·r): the backward reads r
@@ -1246,6 +1298,7 @@ mod tests {
                 t,
                 &s,
                 Some(lambda),
+                Precision::F32,
             );
             check_grad("paired dq", &q, &dq, |q| loss(&fwd(q, &k, &v).0));
             check_grad("paired dk", &k, &dk, |k| loss(&fwd(&q, k, &v).0));

@@ -811,7 +811,16 @@ mod tests {
                 bf16: None,
                 tiles: Some(&packed),
             };
-            crate::kernels::matmul::matmul_forward(&mut y, &x, weight, rows, c, oc, true);
+            crate::kernels::matmul::matmul_forward(
+                &mut y,
+                &x,
+                weight,
+                rows,
+                c,
+                oc,
+                true,
+                crate::kernels::Precision::F32,
+            );
             for r in 0..rows {
                 for o in 0..oc {
                     let want: f64 = 0.25

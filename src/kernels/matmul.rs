@@ -1,12 +1,13 @@
 //! Linear layers. Every matrix product in difftx goes through `sgemm`: our own AVX-512 kernel
-//! (kernels/sgemm_avx512.rs) where the CPU has it, else the `gemm` crate; with `set_bf16(true)`
-//! and an AVX512_BF16 CPU, bf16 operands (kernels/bf16.rs: AMX tiles or VDPBF16PS).
+//! (kernels/sgemm_avx512.rs) where the CPU has it, else the `gemm` crate; with
+//! `Precision::Bf16` (an AVX512_BF16 CPU), bf16 operands (kernels/bf16.rs: AMX tiles or
+//! VDPBF16PS).
 
+pub use super::precision::{bf16_available, Precision};
 use super::Grad;
 use gemm::Parallelism;
 use rayon::prelude::*;
 use std::ops::Range;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Products smaller than this many multiply-adds run on one thread.
 const PARALLEL_THRESHOLD: usize = 1 << 16;
@@ -78,42 +79,25 @@ fn threads_for(m: usize, n: usize, k: usize) -> usize {
 /// Which implementation runs a product.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Backend {
-    /// bf16 if `set_bf16(true)` took effect; else difftx's AVX-512 kernel where the CPU
-    /// has AVX-512F, else the `gemm` crate
-    Auto,
     /// always the `gemm` crate (for comparison)
     GemmCrate,
-    /// f32 on difftx's AVX-512 kernel (or the `gemm` crate), whatever `set_bf16` says
+    /// f32 on difftx's AVX-512 kernel where the CPU has AVX-512F, else the `gemm` crate
     F32,
-    /// bf16 where the CPU has AVX512_BF16 (else as `F32`), whatever `set_bf16` says
+    /// bf16 where the CPU has AVX512_BF16 (else as `F32`)
     Bf16,
 }
 
-static BF16: AtomicBool = AtomicBool::new(false);
-
-/// Routes every `sgemm` (the linear layers and the LM head, forward and backward) through bf16
-/// operands, or back to f32. Returns whether bf16 is now in effect: false on a CPU without
-/// AVX512_BF16, where products stay f32.
-pub fn set_bf16(on: bool) -> bool {
-    let on = on && bf16_available();
-    BF16.store(on, Ordering::Relaxed);
-    on
+impl From<Precision> for Backend {
+    fn from(p: Precision) -> Backend {
+        match p {
+            Precision::F32 => Backend::F32,
+            Precision::Bf16 => Backend::Bf16,
+        }
+    }
 }
 
-/// Whether this CPU can run the bf16 path (AVX512_BF16, with or without AMX tiles).
-pub fn bf16_available() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    return super::bf16::available();
-    #[cfg(not(target_arch = "x86_64"))]
-    false
-}
-
-/// Whether products run in bf16 (see `set_bf16`).
-pub fn bf16() -> bool {
-    BF16.load(Ordering::Relaxed)
-}
-
-/// dst (m, n), row-major with row stride `dst_rs`: dst = a (m, k) · b (k, n), or dst += a · b.
+/// dst (m, n), row-major with row stride `dst_rs`: dst = a (m, k) · b (k, n), or dst += a · b,
+/// with operands in `precision`.
 #[allow(clippy::too_many_arguments)]
 pub fn sgemm(
     m: usize,
@@ -124,8 +108,9 @@ pub fn sgemm(
     accumulate: bool,
     a: Mat,
     b: Mat,
+    precision: Precision,
 ) {
-    sgemm_with(Backend::Auto, m, n, k, dst, dst_rs, accumulate, a, b)
+    sgemm_with(precision.into(), m, n, k, dst, dst_rs, accumulate, a, b)
 }
 
 /// `sgemm` on a chosen backend.
@@ -157,8 +142,7 @@ pub fn sgemm_with(
     }
     let threads = threads_for(m, n, k);
     #[cfg(target_arch = "x86_64")]
-    if (backend == Backend::Bf16 || backend == Backend::Auto && bf16()) && super::bf16::available()
-    {
+    if backend == Backend::Bf16 && super::bf16::available() {
         super::bf16::gemm(m, n, k, dst, dst_rs, accumulate, a, b, threads);
         return;
     }
@@ -221,6 +205,7 @@ impl<'a> From<&'a [f32]> for Weight<'a> {
 }
 
 /// inp is (N, C), w is (OC, C); out (N, OC) = inp · wᵀ (or += with `accumulate`).
+#[allow(clippy::too_many_arguments)]
 pub fn matmul_forward<'a>(
     out: &mut [f32],
     inp: &[f32],
@@ -229,13 +214,14 @@ pub fn matmul_forward<'a>(
     c: usize,
     oc: usize,
     accumulate: bool,
+    precision: Precision,
 ) {
     let w = w.into();
     if n <= GEMV_ROWS {
         return gemv(&[Gemv::new(out, inp, w, n, c, oc, accumulate)]);
     }
     #[cfg(target_arch = "x86_64")]
-    if let (Some(tiles), true) = (w.tiles, bf16()) {
+    if let (Some(tiles), true) = (w.tiles, precision.is_bf16()) {
         assert!(
             out.len() >= n * oc && inp.len() >= n * c,
             "matmul_forward: too small"
@@ -253,6 +239,7 @@ pub fn matmul_forward<'a>(
         accumulate,
         Mat::rows(inp, c),
         Mat::t(w.f32, c),
+        precision,
     );
 }
 
@@ -266,6 +253,7 @@ pub fn matmul_forward_each(
     inp: &[f32],
     n: usize,
     c: usize,
+    precision: Precision,
 ) {
     if n <= GEMV_ROWS {
         let jobs: Vec<Gemv> = parts
@@ -277,7 +265,7 @@ pub fn matmul_forward_each(
     #[cfg(target_arch = "x86_64")]
     {
         use super::sgemm_avx512::{sgemm_parts, Part, MAX_PARTS};
-        if !bf16() && parts.len() <= MAX_PARTS && super::sgemm_avx512::available() {
+        if !precision.is_bf16() && parts.len() <= MAX_PARTS && super::sgemm_avx512::available() {
             // (sgemm_parts checks that input, outputs and weights hold what it reads and writes)
             let (count, width) = (parts.len(), parts.iter().map(|p| p.2).sum());
             let mut each = parts
@@ -290,7 +278,7 @@ pub fn matmul_forward_each(
         }
     }
     for (out, w, oc) in parts.iter_mut() {
-        matmul_forward(out, inp, *w, n, c, *oc, false);
+        matmul_forward(out, inp, *w, n, c, *oc, false, precision);
     }
 }
 
@@ -457,6 +445,7 @@ pub fn matmul_backward(
     n: usize,
     c: usize,
     oc: usize,
+    precision: Precision,
 ) {
     let (dinp, accumulate) = dinp.parts();
     sgemm(
@@ -468,8 +457,10 @@ pub fn matmul_backward(
         accumulate,
         Mat::rows(dout, oc),
         Mat::rows(w, c),
+        precision,
     );
-    sgemm(oc, c, n, dw, c, true, Mat::t(dout, oc), Mat::rows(inp, c));
+    let (dout_t, inp) = (Mat::t(dout, oc), Mat::rows(inp, c));
+    sgemm(oc, c, n, dw, c, true, dout_t, inp, precision);
 }
 
 #[cfg(test)]
@@ -523,7 +514,7 @@ mod tests {
                     // accumulating onto 0.5, or overwriting it
                     for (acc, base) in [(true, 0.5), (false, 0.0)] {
                         let mut out = vec![0.5f32; m * (n + 3)];
-                        sgemm(m, n, k, &mut out, n + 3, acc, *l, *r);
+                        sgemm(m, n, k, &mut out, n + 3, acc, *l, *r, Precision::F32);
                         for i in 0..m {
                             for j in 0..n + 3 {
                                 let got = out[i * (n + 3) + j] as f64;
@@ -590,10 +581,11 @@ mod tests {
             &inp,
             n,
             c,
+            Precision::F32,
         );
         for ((got, w), &oc) in outs.iter().zip(&ws).zip(&ocs) {
             let mut want = vec![0.0; n * oc];
-            matmul_forward(&mut want, &inp, &w[..], n, c, oc, false);
+            matmul_forward(&mut want, &inp, &w[..], n, c, oc, false, Precision::F32);
             assert_eq!(got, &want, "n {n}, oc {oc}");
         }
     }
@@ -667,7 +659,7 @@ mod tests {
         let inp: Vec<f32> = (0..n * c).map(|i| ((i * 7) % 13) as f32 - 6.0).collect();
         let w: Vec<f32> = (0..oc * c).map(|i| ((i * 5) % 11) as f32 - 5.0).collect();
         let mut out = vec![1.0; n * oc];
-        matmul_forward(&mut out, &inp, &w[..], n, c, oc, true);
+        matmul_forward(&mut out, &inp, &w[..], n, c, oc, true, Precision::F32);
         for i in 0..n {
             for o in 0..oc {
                 let r: f32 = (0..c).map(|j| inp[i * c + j] * w[o * c + j]).sum();

@@ -14,6 +14,7 @@ pub mod cross_entropy;
 pub mod embedding;
 pub mod matmul;
 mod pool;
+pub mod precision;
 pub mod rmsnorm;
 pub mod rope;
 #[cfg(target_arch = "x86_64")]
@@ -22,6 +23,7 @@ pub mod small_gemm;
 pub mod swiglu;
 
 pub use pool::on_pool;
+pub use precision::Precision;
 
 /// Runs `f` with the buffer kept in a thread-local `slot`, taken out for the duration: while a
 /// rayon worker waits inside `f` it may run another job that wants the same slot, which then
@@ -59,12 +61,14 @@ pub(crate) fn ensure_aligned(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
 /// Sizes every pool thread's kernel buffers (and this thread's) for products up to `n_max`
 /// columns wide (`shared` for the outputs of one input together: `matmul_forward_each`) over
 /// up to `rows` rows (tokens) and attention heads of widths dk, dv, so that no step allocates
-/// them later, whichever thread a task lands on.
+/// them later, whichever thread a task lands on; the bf16 packing buffers too under
+/// `Precision::Bf16`.
 pub fn prepare_threads(
     n_max: usize,
     shared: usize,
     rows: usize,
     (dk, dv, group, keys): (usize, usize, usize, usize),
+    precision: Precision,
 ) {
     let prepare = || {
         #[cfg(target_arch = "x86_64")]
@@ -72,7 +76,7 @@ pub fn prepare_threads(
             sgemm_avx512::reserve(n_max.max(shared));
         }
         #[cfg(target_arch = "x86_64")]
-        if matmul::bf16() {
+        if precision.is_bf16() {
             // an operand is at most (rows or n_max) × n_max, or n_max × rows
             bf16::reserve(rows.max(n_max), n_max);
         }

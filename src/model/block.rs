@@ -18,7 +18,7 @@ use crate::kernels::rmsnorm::{rmsnorm_backward, rmsnorm_forward};
 use crate::kernels::rope::{rope_backward, rope_forward, RopeTable};
 use crate::kernels::sigmoid;
 use crate::kernels::swiglu::{swiglu_backward, swiglu_forward};
-use crate::kernels::Grad;
+use crate::kernels::{Grad, Precision};
 use std::ops::Range;
 
 /// Sizes shared by every block of one model.
@@ -193,6 +193,7 @@ pub fn block_forward(
     t: usize,
     cache: Option<(&mut [KvCache], &[usize])>,
     logit_bits: Option<u32>,
+    precision: Precision,
 ) {
     let n = b * t;
     let c = d.c;
@@ -224,7 +225,7 @@ pub fn block_forward(
         (&mut a.lam[..], lambda.unwrap_or((&[][..]).into()), d.h),
     ];
     let count = if lambda.is_some() { 4 } else { 3 };
-    matmul_forward_each(&mut parts[..count], ln1, n, c);
+    matmul_forward_each(&mut parts[..count], ln1, n, c, precision);
     let o = &mut a.o[..n * d.o_width()];
     let lse = &mut a.lse[..b * s.nq * t];
     match cache {
@@ -232,7 +233,7 @@ pub fn block_forward(
             rope_forward(q, rope, t, s.nq, &[0]);
             rope_forward(k, rope, t, s.nk, &[0]);
             match logit_bits {
-                None => attention_forward(o, lse, q, k, v, b, t, t, 0, s),
+                None => attention_forward(o, lse, q, k, v, b, t, t, 0, s, precision),
                 Some(bits) => crate::kernels::attention_lowbit::quantized_attention_forward(
                     o, q, k, v, b, t, s, bits,
                 ),
@@ -259,6 +260,7 @@ pub fn block_forward(
                     at + t,
                     at,
                     s,
+                    precision,
                 );
             }
         }
@@ -311,6 +313,7 @@ pub fn block_forward(
         d.out,
         c,
         true,
+        precision,
     );
     let ln2 = &mut a.ln2[..n * c];
     rmsnorm_forward(
@@ -336,9 +339,19 @@ pub fn block_forward(
         ln2,
         n,
         c,
+        precision,
     );
     swiglu_forward(hid, gate, up);
-    matmul_forward(x, hid, weight(p.down_proj.clone()), n, d.f, c, true);
+    matmul_forward(
+        x,
+        hid,
+        weight(p.down_proj.clone()),
+        n,
+        d.f,
+        c,
+        true,
+        precision,
+    );
 }
 
 /// dx: (B, T, D) in place: the gradient w.r.t. the block's output on entry, w.r.t. its input on
@@ -356,6 +369,7 @@ pub fn block_backward(
     rope: &RopeTable,
     b: usize,
     t: usize,
+    precision: Precision,
 ) {
     let n = b * t;
     let c = d.c;
@@ -373,6 +387,7 @@ pub fn block_backward(
         n,
         d.f,
         c,
+        precision,
     );
     let (dgate, dup) = (&mut sc.dgate[..n * d.f], &mut sc.dup[..n * d.f]);
     swiglu_backward(
@@ -383,8 +398,30 @@ pub fn block_backward(
         &a.up[..n * d.f],
     );
     let dln = &mut sc.dln[..n * c];
-    linear_backward(Grad::Set(dln), g, w, &p.gate_proj, dgate, ln2, n, c, d.f);
-    linear_backward(Grad::Add(dln), g, w, &p.up_proj, dup, ln2, n, c, d.f);
+    linear_backward(
+        Grad::Set(dln),
+        g,
+        w,
+        &p.gate_proj,
+        dgate,
+        ln2,
+        n,
+        c,
+        d.f,
+        precision,
+    );
+    linear_backward(
+        Grad::Add(dln),
+        g,
+        w,
+        &p.up_proj,
+        dup,
+        ln2,
+        n,
+        c,
+        d.f,
+        precision,
+    );
     let pal = p.post_attention_layernorm.clone();
     rmsnorm_backward(
         Grad::Add(dx),
@@ -408,6 +445,7 @@ pub fn block_backward(
         n,
         d.out,
         c,
+        precision,
     );
     let dln = &mut sc.dln[..n * c];
     let o = &a.o[..n * d.o_width()];
@@ -464,7 +502,7 @@ pub fn block_backward(
                 .lambda_proj
                 .clone()
                 .expect("diff_v2 layer has lambda_proj");
-            linear_backward(Grad::Set(dln), g, w, &lp, dlam, ln1, n, c, d.h);
+            linear_backward(Grad::Set(dln), g, w, &lp, dlam, ln1, n, c, d.h, precision);
             (dattn, Some(lambda))
         }
     };
@@ -479,7 +517,9 @@ pub fn block_backward(
         &a.v[..n * d.v_width()],
     );
     let (delta, lse) = (&sc.delta[..n * s.nq], &a.lse[..b * s.nq * t]);
-    attention_backward(dq, dk, dv, d_o, q, k, v, delta, lse, b, t, s, pairs);
+    attention_backward(
+        dq, dk, dv, d_o, q, k, v, delta, lse, b, t, s, pairs, precision,
+    );
     rope_backward(dq, rope, t, s.nq, &[0]);
     rope_backward(dk, rope, t, s.nk, &[0]);
     // diff_v2's λ projection made the first contribution to dln
@@ -488,9 +528,42 @@ pub fn block_backward(
     } else {
         Grad::Set(dln)
     };
-    linear_backward(dln_q, g, w, &p.q_proj, dq, ln1, n, c, d.q_width());
-    linear_backward(Grad::Add(dln), g, w, &p.k_proj, dk, ln1, n, c, d.k_width());
-    linear_backward(Grad::Add(dln), g, w, &p.v_proj, dv, ln1, n, c, d.v_width());
+    linear_backward(
+        dln_q,
+        g,
+        w,
+        &p.q_proj,
+        dq,
+        ln1,
+        n,
+        c,
+        d.q_width(),
+        precision,
+    );
+    linear_backward(
+        Grad::Add(dln),
+        g,
+        w,
+        &p.k_proj,
+        dk,
+        ln1,
+        n,
+        c,
+        d.k_width(),
+        precision,
+    );
+    linear_backward(
+        Grad::Add(dln),
+        g,
+        w,
+        &p.v_proj,
+        dv,
+        ln1,
+        n,
+        c,
+        d.v_width(),
+        precision,
+    );
     let il = p.input_layernorm.clone();
     rmsnorm_backward(
         Grad::Add(dx),
@@ -517,8 +590,19 @@ pub(super) fn linear_backward(
     n: usize,
     c: usize,
     oc: usize,
+    precision: Precision,
 ) {
-    matmul_backward(dinp, &mut g[r.clone()], dout, inp, &w[r.clone()], n, c, oc);
+    matmul_backward(
+        dinp,
+        &mut g[r.clone()],
+        dout,
+        inp,
+        &w[r.clone()],
+        n,
+        c,
+        oc,
+        precision,
+    );
 }
 
 /// Four disjoint mutable gradient slices for the four λ vectors (laid out one after another).

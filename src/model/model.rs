@@ -19,7 +19,7 @@ use crate::kernels::embedding::{embedding_backward, embedding_forward};
 use crate::kernels::matmul::matmul_forward;
 use crate::kernels::rmsnorm::{rmsnorm_backward, rmsnorm_forward};
 use crate::kernels::rope::RopeTable;
-use crate::kernels::Grad;
+use crate::kernels::{Grad, Precision};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -31,6 +31,10 @@ pub struct Model {
     pub params: Vec<f32>,
     pub(crate) dims: Dims,
     pub(crate) rope: RopeTable,
+    /// The matrix products' operands (f32 unless the caller sets `Precision::Bf16`, which
+    /// only `Precision::new` on an AVX512_BF16 CPU gives): a `Workspace` made for this model
+    /// runs its forwards and backwards in it. Not part of a checkpoint.
+    pub precision: Precision,
 }
 
 /// Everything a forward and backward pass over up to B×T tokens writes, allocated once.
@@ -63,6 +67,9 @@ pub struct Workspace {
     cur: (usize, usize),
     /// bf16 copies of the model's weights that cached forwards read (`keep_bf16_weights`)
     bf16: Option<Bf16Weights>,
+    /// the model's `precision` when this was made, which its buffers are sized for and every
+    /// pass through it runs in
+    pub precision: Precision,
 }
 
 /// Standard normal samples by Box–Muller from a seeded generator.
@@ -102,6 +109,7 @@ impl Model {
             config,
             dims,
             rope,
+            precision: Precision::F32,
         })
     }
 
@@ -216,7 +224,7 @@ impl Model {
             .bf16
             .as_ref()
             .filter(|b| caches.is_some() && b.fits(w.len()));
-        let bits = ws.logit_bits;
+        let (bits, precision) = (ws.logit_bits, ws.precision);
         ws.cur = (b, t);
         ws.tokens[..n].copy_from_slice(tokens);
         if let Some(caches) = caches.as_deref() {
@@ -240,6 +248,7 @@ impl Model {
                 t,
                 cache,
                 bits,
+                precision,
             );
             if ws.keep_hidden {
                 ws.hidden[l][..n * dm].copy_from_slice(x);
@@ -278,6 +287,7 @@ impl Model {
             dm,
             v,
             false,
+            precision,
         );
         Ok(())
     }
@@ -329,7 +339,7 @@ impl Model {
         );
         let (b, t) = ws.cur;
         let (n, dm, v) = (b * t, self.config.hidden_size, self.config.vocab_size);
-        let w = &self.params;
+        let (w, precision) = (&self.params, ws.precision);
         let dlogits = &mut ws.dlogits[..n * v];
         cross_entropy_backward(
             dlogits,
@@ -351,6 +361,7 @@ impl Model {
             n,
             dm,
             v,
+            precision,
         );
         let dx = &mut ws.dx[..n * dm];
         let nr = self.layout.norm.clone();
@@ -377,6 +388,7 @@ impl Model {
                 &self.rope,
                 b,
                 t,
+                precision,
             );
         }
         embedding_backward(
@@ -408,7 +420,7 @@ impl Workspace {
         let shared = (qkv + d.h).max(2 * c.intermediate_size);
         let group = c.n_query_heads() / c.n_key_heads();
         let heads = (c.head_dim, c.value_head_dim(), group, seq);
-        crate::kernels::prepare_threads(widest, shared, batch * seq, heads);
+        crate::kernels::prepare_threads(widest, shared, batch * seq, heads, model.precision);
         let n = batch * seq;
         let z = crate::kernels::zeroed;
         Workspace {
@@ -435,6 +447,7 @@ impl Workspace {
             dlogits: z(n * c.vocab_size),
             cur: (0, 0),
             bf16: None,
+            precision: model.precision,
         }
     }
 

@@ -21,6 +21,7 @@ use crate::config::AttentionKind;
 use crate::data::{Dataset, TokenSlice, WindowSampler};
 use crate::error::{Error, Result};
 use crate::kernels::adamw::AdamWParams;
+use crate::kernels::Precision;
 use crate::model::attention::lambda_full;
 use crate::model::{Model, Workspace};
 use std::path::{Path, PathBuf};
@@ -288,6 +289,10 @@ pub fn train(
             (model, opt, WindowSampler::new(tc.seed ^ 0x5eed_da7a), 0, 0)
         }
     };
+    // a run with `bf16 = true` (`--bf16`) multiplies in bf16, on a CPU that can
+    model.precision = Precision::new(run.train.bf16).ok_or_else(|| {
+        Error::Invalid("this run uses bf16 matrix products, which need AVX512_BF16".into())
+    })?;
     std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
     let params = model.num_params();
     let run_json = serde_json::json!({
