@@ -196,7 +196,7 @@ pub fn bench_matmul(
     reps: usize,
     cold: bool,
 ) -> Vec<MatmulBench> {
-    use crate::kernels::matmul::{sgemm_with, Backend, Mat};
+    use crate::kernels::gemm::{gemm_on, Backend, Dims, Mat, Out};
     // `cold`: copies of A and C adding up to 128 MiB, four times this machine's L3, used in turn
     let sets = if cold {
         ((128usize << 20) / ((m * k + m * n) * 4)).clamp(2, 4096)
@@ -212,7 +212,7 @@ pub fn bench_matmul(
     // touched once now, so that no timed product pays for its output's first page faults
     c.iter_mut().for_each(|c| c.fill(1.0));
     let mut backends = vec![Backend::F32, Backend::GemmCrate];
-    if crate::kernels::matmul::bf16_available() {
+    if crate::kernels::gemm::cpu::avx512_bf16() {
         backends.push(Backend::Bf16);
     }
     let mut times = vec![Vec::new(); backends.len()];
@@ -223,7 +223,7 @@ pub fn bench_matmul(
                 let a = &a[set];
                 let lhs = if a_t { Mat::t(a, m) } else { Mat::rows(a, k) };
                 let t0 = Instant::now();
-                sgemm_with(be, m, n, k, &mut c[set], n, false, lhs, rhs);
+                gemm_on(be, Dims::new(m, n, k), lhs, rhs, Out::set(&mut c[set], n));
                 if rep > 0 {
                     times[bi].push(t0.elapsed().as_secs_f64());
                 }
@@ -457,7 +457,7 @@ pub fn dot_bf16_peak_gflops() -> Option<f64> {
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::x86_64::*;
-        if !crate::kernels::bf16::available() {
+        if !crate::kernels::gemm::cpu::avx512_bf16() {
             return None;
         }
         /// # Safety
@@ -550,7 +550,7 @@ pub fn read_gbs(bytes: usize) -> f64 {
 /// any cache's read rate, where one register's chain would not.
 fn sum_wide(x: &[f32]) -> f32 {
     #[cfg(target_arch = "x86_64")]
-    if crate::kernels::sgemm_avx512::available() {
+    if crate::kernels::gemm::cpu::avx512f() {
         /// # Safety
         /// AVX-512F.
         #[target_feature(enable = "avx512f")]

@@ -3,7 +3,7 @@
 //! instead.
 
 use difftx::bench::bench_bf16;
-use difftx::kernels::matmul::bf16_available;
+use difftx::kernels::gemm::cpu::avx512_bf16 as bf16_available;
 use difftx::kernels::Precision;
 use difftx::train::in_memory::ShortRun;
 use difftx::{AttentionKind, ModelConfig, Preset};

@@ -41,7 +41,7 @@ fn training_steps_allocate_nothing_after_warm_up() {
         ..v1
     });
     // f32, then bf16 products where the CPU has AVX512_BF16 (the model's precision)
-    let precisions = if difftx::kernels::matmul::bf16_available() {
+    let precisions = if difftx::kernels::gemm::cpu::avx512_bf16() {
         vec![false, true]
     } else {
         vec![false]

@@ -8,9 +8,9 @@
 
 #[cfg(target_arch = "x86_64")]
 use super::attention_scores::{probs_grads_row, scores_softmax};
-use super::matmul::Mat;
+use super::gemm::small::{small_gemm, with_packed, PackedB, MAX_PACKED};
+use super::gemm::{extent, Dims, Mat, SharedOut};
 use super::precision::Precision;
-use super::small_gemm::{small_gemm, with_packed, PackedB, MAX_PACKED};
 use super::{dot, exp_nonpos, map_lanes, SharedMut, MAX, SUM};
 use rayon::prelude::*;
 use std::ops::Range;
@@ -79,7 +79,7 @@ fn load_tile_t(
 ) {
     let mut c0 = 0;
     #[cfg(target_arch = "x86_64")]
-    if w.is_multiple_of(16) && super::sgemm_avx512::available() {
+    if w.is_multiple_of(16) && super::gemm::cpu::avx512f() {
         assert!(tile.len() >= w * BK && x.len() >= ((row0 + len - 1) * heads + h + 1) * w);
         while c0 + 16 <= len {
             // SAFETY: AVX-512F is present; rows c0..c0+16 < len of x and columns < w of the
@@ -284,7 +284,7 @@ pub fn attention_forward(
             let src = Src { packed: kv, bf16 };
             // f32 on AVX-512: the scores' softmax runs in the product's registers
             #[cfg(target_arch = "x86_64")]
-            let fused = kv.is_none() && super::sgemm_avx512::available();
+            let fused = kv.is_none() && super::gemm::cpu::avx512f();
             #[cfg(not(target_arch = "x86_64"))]
             let fused = false;
             // A call of many queries streams each V tile again and again, from a copy; a few
@@ -594,7 +594,7 @@ pub fn attention_backward(
     let scale = 1.0 / (d_k as f32).sqrt();
     let bf16 = on_tiles(precision, t);
     #[cfg(target_arch = "x86_64")]
-    let avx512 = super::sgemm_avx512::available();
+    let avx512 = super::gemm::cpu::avx512f();
     let (dq_ptr, dk_ptr, dv_ptr) = (SharedMut::new(dq), SharedMut::new(dk), SharedMut::new(dv));
     let group = nq / nv;
     assert!(
@@ -846,13 +846,24 @@ impl Src<'_, '_> {
         b: Mat,
         (c, c_rs, accumulate): (*mut f32, usize, bool),
     ) {
+        // SAFETY: C's m rows of n columns at c_rs are the caller's alone, valid while this
+        // runs (this fn's `# Safety`): exactly the values handed on.
+        let dst = unsafe { SharedMut::from_raw(c, extent(m, n, c_rs, 1)) };
+        let (d, out) = (
+            Dims::new(m, n, k),
+            SharedOut {
+                dst,
+                rs: c_rs,
+                accumulate,
+            },
+        );
         match self.packed {
             // SAFETY: C is the caller's alone, as both products require (this fn's `# Safety`).
-            Some(p) => unsafe { p[i].gemm_raw(m, n, k, at, a, c, c_rs, accumulate) },
+            Some(p) => unsafe { p[i].gemm(d, at, a, out) },
             None => {
                 assert_eq!(b.cs, 1, "attention: B's columns must be contiguous");
                 // SAFETY: as above; small_gemm bounds A and B itself.
-                unsafe { small_gemm(m, n, k, a, b.data, b.rs, c, c_rs, accumulate, self.bf16) }
+                unsafe { small_gemm(d, a, b, out, self.bf16) }
             }
         }
     }
@@ -965,7 +976,7 @@ mod tests {
     #[test]
     fn register_softmax_matches_the_portable_passes() {
         use super::super::attention_scores::{probs_grads_row, scores_softmax};
-        if !crate::kernels::sgemm_avx512::available() {
+        if !crate::kernels::gemm::cpu::avx512f() {
             eprintln!("skipped: no AVX-512F");
             return;
         }
@@ -997,19 +1008,13 @@ mod tests {
                     &mut p[0],
                     st,
                 );
-                let s = p[1].as_mut_ptr();
-                small_gemm(
-                    rows,
-                    BK,
-                    dk,
-                    Mat::rows(&q, dk),
-                    &kt,
-                    BK,
-                    s,
-                    BK,
-                    false,
-                    false,
-                );
+                let s = SharedOut {
+                    dst: SharedMut::new(&mut p[1]),
+                    rs: BK,
+                    accumulate: false,
+                };
+                let d = Dims::new(rows, BK, dk);
+                small_gemm(d, Mat::rows(&q, dk), Mat::rows(&kt, BK), s, false);
             }
             let st = Online {
                 m: &mut m[1],

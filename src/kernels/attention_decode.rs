@@ -143,7 +143,7 @@ fn key_scores<const Q: usize>(mut scores: [&mut [f32]; Q], qs: [&[f32]; Q], k: &
     let (len, dk) = (scores[0].len(), qs[0].len());
     assert!(k.len() >= (len - 1) * rs + dk);
     #[cfg(target_arch = "x86_64")]
-    if super::sgemm_avx512::available() {
+    if super::gemm::cpu::avx512f() {
         use std::arch::x86_64::*;
         for r0 in (0..len).step_by(16) {
             let h = 16.min(len - r0);
@@ -227,7 +227,7 @@ fn weighted_rows<const Q: usize>(accs: [&mut [f32]; Q], ps: [&[f32]; Q], v: &[f3
     let (w, len) = (accs[0].len(), ps[0].len());
     assert!(v.len() >= (len - 1) * rs + w);
     #[cfg(target_arch = "x86_64")]
-    if super::sgemm_avx512::available() {
+    if super::gemm::cpu::avx512f() {
         // SAFETY: AVX-512F is present; rows t < len of v are in bounds (asserted above).
         unsafe { weighted_rows_avx512(accs, ps, v, rs) };
         return;

@@ -5,8 +5,8 @@
 //! attention.rs keeps those passes for other CPUs and for bf16 tiles.
 
 use super::attention::{Online, PairRow, BK};
-use super::matmul::Mat;
-use super::small_gemm::avx512::{products, WIDE_ROWS};
+use super::gemm::small::avx512::{products, WIDE_ROWS};
+use super::gemm::Mat;
 use super::{exp_nonpos, exp_nonpos16, lane_mask};
 use std::arch::x86_64::*;
 

@@ -8,18 +8,13 @@ mod attention_decode;
 pub mod attention_lowbit;
 #[cfg(target_arch = "x86_64")]
 mod attention_scores;
-#[cfg(target_arch = "x86_64")]
-pub mod bf16;
 pub mod cross_entropy;
 pub mod embedding;
-pub mod matmul;
+pub mod gemm;
 mod pool;
 pub mod precision;
 pub mod rmsnorm;
 pub mod rope;
-#[cfg(target_arch = "x86_64")]
-pub mod sgemm_avx512;
-pub mod small_gemm;
 pub mod swiglu;
 
 pub use pool::on_pool;
@@ -72,13 +67,15 @@ pub fn prepare_threads(
 ) {
     let prepare = || {
         #[cfg(target_arch = "x86_64")]
-        if sgemm_avx512::available() {
-            sgemm_avx512::reserve(n_max.max(shared));
+        if gemm::cpu::avx512f() {
+            gemm::f32_avx512::reserve(n_max.max(shared));
         }
         #[cfg(target_arch = "x86_64")]
         if precision.is_bf16() {
             // an operand is at most (rows or n_max) × n_max, or n_max × rows
-            bf16::reserve(rows.max(n_max), n_max);
+            gemm::bf16::reserve(rows.max(n_max), n_max);
+            // the attention tasks' operands, packed once per task
+            gemm::small::reserve(keys, dk, dv);
         }
         attention::reserve_scratch(dk, dv, group, keys);
         // the norms are at most `n_max` wide (subln: rows · heads rows of dv ≤ n_max)

@@ -1,8 +1,10 @@
 //! The precision of the matrix products, which the caller picks and passes in (a model's
 //! `precision`, which its `Workspace` takes; the kernels' `precision` arguments).
 
+use super::gemm::cpu::avx512_bf16;
+
 /// The operands of the matrix products: f32, or bf16 (rounded to nearest even while they are
-/// packed, multiplied and accumulated in f32; kernels/bf16.rs). Weights, gradients and every
+/// packed, multiplied and accumulated in f32; kernels/gemm/bf16.rs). Weights, gradients and every
 /// other op stay f32 either way.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Precision {
@@ -18,21 +20,13 @@ impl Precision {
     pub fn new(bf16: bool) -> Option<Precision> {
         match bf16 {
             false => Some(Precision::F32),
-            true if bf16_available() => Some(Precision::Bf16),
+            true if avx512_bf16() => Some(Precision::Bf16),
             true => None,
         }
     }
 
     /// Whether the products run in bf16: asked for, and the CPU can.
     pub fn is_bf16(self) -> bool {
-        self == Precision::Bf16 && bf16_available()
+        self == Precision::Bf16 && avx512_bf16()
     }
-}
-
-/// Whether this CPU can run the bf16 path (AVX512_BF16, with or without AMX tiles).
-pub fn bf16_available() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    return super::bf16::available();
-    #[cfg(not(target_arch = "x86_64"))]
-    false
 }

@@ -13,7 +13,7 @@ use crate::config::{lambda_init_at, AttentionKind, ModelConfig};
 use crate::kernels::attention::{
     attention_backward, attention_delta, attention_forward, AttnShape,
 };
-use crate::kernels::matmul::{matmul_backward, matmul_forward, matmul_forward_each};
+use crate::kernels::gemm::{matmul_backward, matmul_forward, matmul_forward_each};
 use crate::kernels::rmsnorm::{rmsnorm_backward, rmsnorm_forward};
 use crate::kernels::rope::{rope_backward, rope_forward, RopeTable};
 use crate::kernels::sigmoid;

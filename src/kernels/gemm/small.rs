@@ -2,10 +2,9 @@
 //! attention kernel (a query block against a key tile). In f32 nothing is packed: A is read
 //! through strides (so Aᵀ costs nothing), B and C by rows, in AVX-512 register tiles of MR
 //! rows × 32 columns where the CPU has it, plain loops elsewhere. Under `--bf16` both
-//! operands are rounded to bf16 and multiplied by kernels/bf16.rs, like the linear layers.
+//! operands are rounded to bf16 and multiplied by gemm/bf16.rs, like the linear layers.
 
-use super::matmul::Mat;
-use super::SharedMut;
+use super::{Dims, Mat, SharedOut};
 
 #[cfg(target_arch = "x86_64")]
 thread_local! {
@@ -17,14 +16,43 @@ thread_local! {
 /// queries and output gradients of its heads).
 pub const MAX_PACKED: usize = 16;
 
-/// A B operand (k × n) packed once in bf16 tiles, for many products over ranges of its
-/// columns and depth: an attention task's keys and values, against each of its query blocks
-/// and heads in turn, instead of packing a key tile per block and head.
-pub struct PackedB<'a> {
-    #[cfg(target_arch = "x86_64")]
-    tiles: super::bf16::PackedB<'a>,
-    #[cfg(not(target_arch = "x86_64"))]
-    _none: std::marker::PhantomData<&'a ()>,
+/// Sizes this thread's `with_packed` buffers for attention operands of `keys` rows by head
+/// widths dk and dv (the keys, values, queries and output gradients of a task, either way
+/// round), so that no step allocates them later.
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn reserve(keys: usize, dk: usize, dv: usize) {
+    use super::bf16::packed_len;
+    let len = [dk, dv]
+        .map(|d| packed_len(keys, d).max(packed_len(d, keys)))
+        .into_iter()
+        .max()
+        .unwrap_or(0);
+    let mut bufs = PACKED.take();
+    bufs.resize_with(bufs.len().max(MAX_PACKED), Vec::new);
+    for b in &mut bufs {
+        crate::kernels::ensure(b, len);
+    }
+    PACKED.set(bufs);
+}
+
+/// A B operand packed once in bf16 tiles (an attention task's keys and values, against each
+/// of its query blocks and heads in turn): the one packed-B type, `bf16::PackedB`.
+#[cfg(target_arch = "x86_64")]
+pub use super::bf16::PackedB;
+
+/// Off x86-64 there are no bf16 tiles: `with_packed` never makes one.
+#[cfg(not(target_arch = "x86_64"))]
+pub struct PackedB<'a>(std::marker::PhantomData<&'a ()>);
+
+#[cfg(not(target_arch = "x86_64"))]
+impl PackedB<'_> {
+    /// Never called: no value of this type exists.
+    ///
+    /// # Safety
+    /// None needed.
+    pub(crate) unsafe fn gemm(&self, _: Dims, _: (usize, usize), _: Mat, _: SharedOut) {
+        unreachable!("PackedB exists only with AVX512_BF16")
+    }
 }
 
 /// Runs f with every operand b (k × n) of `ops` packed (`PackedB`, in order) and the tile unit
@@ -37,7 +65,7 @@ pub fn with_packed<R>(
     f: impl FnOnce(Option<&[PackedB]>) -> R,
 ) -> R {
     #[cfg(target_arch = "x86_64")]
-    if bf16 && super::bf16::available() {
+    if bf16 && super::cpu::avx512_bf16() {
         if ops.is_empty() || ops.len() > MAX_PACKED {
             return super::bf16::with_tiles(|| f(None));
         }
@@ -49,11 +77,9 @@ pub fn with_packed<R>(
             bufs.resize_with(ops.len(), Vec::new);
         }
         let r = {
-            let mut packed: [PackedB; MAX_PACKED] = std::array::from_fn(|_| PackedB {
-                tiles: super::bf16::PackedB::EMPTY,
-            });
+            let mut packed = [PackedB::EMPTY; MAX_PACKED];
             for ((slot, buf), &(b, k, n)) in packed.iter_mut().zip(bufs.iter_mut()).zip(ops) {
-                slot.tiles = super::bf16::PackedB::pack(buf, b, k, n);
+                *slot = PackedB::pack(buf, b, k, n);
             }
             super::bf16::with_tiles(|| f(Some(&packed[..ops.len()])))
         };
@@ -64,103 +90,49 @@ pub fn with_packed<R>(
     f(None)
 }
 
-impl PackedB<'_> {
-    /// C (m × n) (+)= A (m × k) · B[p0..p0 + k, j0..j0 + n], on the tile unit (configured by
-    /// `with_packed`); j0 and p0 multiples of 32.
-    ///
-    /// # Safety
-    /// As for `small_gemm`'s C.
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn gemm_raw(
-        &self,
-        m: usize,
-        n: usize,
-        k: usize,
-        at: (usize, usize),
-        a: Mat,
-        c: *mut f32,
-        c_rs: usize,
-        accumulate: bool,
-    ) {
-        if m == 0 || n == 0 {
-            return;
-        }
-        assert!(a.fits(m, k), "PackedB::gemm_raw: A too small");
-        #[cfg(target_arch = "x86_64")]
-        {
-            // SAFETY: the caller holds c valid for rows 0..m (c_rs apart) of n columns,
-            // which no other thread touches meanwhile (this fn's `# Safety`): exactly the
-            // (m − 1)·c_rs + n values handed on, under the same promise.
-            unsafe {
-                let c = SharedMut::from_raw(c, (m - 1) * c_rs + n);
-                self.tiles.gemm(m, n, k, at, c, c_rs, accumulate, a);
-            }
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        {
-            let _ = (m, n, k, at, a, c, c_rs, accumulate);
-            unreachable!("PackedB exists only with AVX512_BF16");
-        }
-    }
-}
-
-/// C (m × n, rows `c_rs` apart) (+)= A (m × k) · B (k × n, rows `b_rs` apart; both B and C
-/// have `n` contiguous columns); `bf16`: in bf16 where the CPU has AVX512_BF16 (f32
-/// elsewhere). C comes as a raw pointer, for a C whose rows interleave with data that other
-/// threads own (one head of a (T, NH, d) tensor).
+/// C (m × n) (+)= A (m × k) · B (k × n; both B and C have n contiguous columns); `bf16`: in
+/// bf16 where the CPU has AVX512_BF16 (f32 elsewhere). C comes through a `SharedOut`, for a C
+/// whose rows interleave with data that other threads own (one head of a (T, NH, d) tensor).
 ///
 /// # Safety
-/// `c` must be valid for writes of rows `0..m` (`c_rs` apart) of `n` columns, and no other
-/// thread may access those elements meanwhile.
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn small_gemm(
-    m: usize,
-    n: usize,
-    k: usize,
-    a: Mat,
-    b: &[f32],
-    b_rs: usize,
-    c: *mut f32,
-    c_rs: usize,
-    accumulate: bool,
-    bf16: bool,
-) {
+/// No other thread may access rows `0..m` (`out.rs` apart) of `n` columns of the output
+/// meanwhile.
+pub(crate) unsafe fn small_gemm(d: Dims, a: Mat, b: Mat, out: SharedOut, bf16: bool) {
+    let Dims { m, n, k } = d;
     if m == 0 || n == 0 {
         return;
     }
-    let b_mat = Mat {
-        data: b,
-        rs: b_rs,
-        cs: 1,
-    };
+    assert_eq!(b.cs, 1, "small_gemm: B's columns must be contiguous");
     assert!(a.fits(m, k), "small_gemm: A too small");
-    assert!(b_mat.fits(k, n), "small_gemm: B too small");
+    assert!(b.fits(k, n), "small_gemm: B too small");
     #[cfg(target_arch = "x86_64")]
-    if bf16 && super::bf16::available() {
-        // SAFETY: the caller vouches for C's m rows of n columns at c_rs, exclusively
-        // (this fn's `# Safety`); AVX512_BF16 is available (checked above).
-        unsafe {
-            let c = SharedMut::from_raw(c, (m - 1) * c_rs + n);
-            super::bf16::gemm_shared(m, n, k, c, c_rs, accumulate, a, b_mat, 1);
-        }
+    if bf16 && super::cpu::avx512_bf16() {
+        // SAFETY: the caller vouches for C's m rows of n columns, exclusively (this fn's
+        // `# Safety`); AVX512_BF16 is available (checked above).
+        unsafe { super::bf16::gemm_shared(d, a, b, out, 1) };
         return;
     }
     #[cfg(target_arch = "x86_64")]
-    if super::sgemm_avx512::available() {
-        // SAFETY: AVX-512F is present; the asserts bound A and B, the caller vouches for C.
-        unsafe { avx512::small_gemm(m, n, k, a, b, b_rs, c, c_rs, accumulate) };
+    if super::cpu::avx512f() {
+        // SAFETY: the pointer reaches C's m rows of n columns at out.rs, which `ptr` checks
+        // against the output's buffer.
+        let c = unsafe { out.dst.ptr(0, super::extent(m, n, out.rs, 1)) };
+        // SAFETY: AVX-512F is present; the asserts bound A and B, C is in bounds (above) and
+        // the caller's alone.
+        unsafe { avx512::small_gemm(d, a, b, (c, out.rs, out.accumulate)) };
         return;
     }
+    let _ = bf16;
     for r in 0..m {
-        // SAFETY: row r < m of C, n values from r·c_rs, is the caller's to write alone
-        // (this fn's `# Safety`).
-        let row = unsafe { std::slice::from_raw_parts_mut(c.add(r * c_rs), n) };
-        if !accumulate {
+        // SAFETY: row r < m of C, n values from r·rs, is the caller's to write alone (this
+        // fn's `# Safety`); `slice` checks its reach.
+        let row = unsafe { out.dst.slice(r * out.rs, n) };
+        if !out.accumulate {
             row.fill(0.0);
         }
         for p in 0..k {
             let av = a.data[r * a.rs + p * a.cs];
-            for (cv, &bv) in row.iter_mut().zip(&b[p * b_rs..p * b_rs + n]) {
+            for (cv, &bv) in row.iter_mut().zip(&b.data[p * b.rs..p * b.rs + n]) {
                 *cv += av * bv;
             }
         }
@@ -169,7 +141,7 @@ pub unsafe fn small_gemm(
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx512 {
-    use super::Mat;
+    use super::{Dims, Mat};
     use std::arch::x86_64::*;
 
     /// Register tiles: 6 rows × 64 columns (24 accumulators) while 64 columns remain, then
@@ -185,21 +157,18 @@ pub(crate) mod avx512 {
     /// `super::small_gemm` on AVX-512F registers.
     ///
     /// # Safety
-    /// AVX-512F; A (m × k) and B (k × n at b_rs) in bounds; c valid for writes of rows 0..m
-    /// (c_rs apart) of n columns, which no other thread accesses meanwhile.
+    /// AVX-512F; A (m × k) and B (k × n, contiguous columns) in bounds; c (C, row stride,
+    /// accumulate) valid for writes of rows 0..m of n columns, which no other thread accesses
+    /// meanwhile.
     #[target_feature(enable = "avx512f")]
-    #[allow(clippy::too_many_arguments)]
     pub unsafe fn small_gemm(
-        m: usize,
-        n: usize,
-        k: usize,
+        d: Dims,
         a: Mat,
-        b: &[f32],
-        b_rs: usize,
-        c: *mut f32,
-        c_rs: usize,
-        accumulate: bool,
+        b: Mat,
+        (c, c_rs, accumulate): (*mut f32, usize, bool),
     ) {
+        let (Dims { m, n, k }, b_rs) = (d, b.rs);
+        let b = b.data;
         let mut j0 = 0;
         while j0 < n {
             // SAFETY: AVX-512F, A and B in bounds and C valid for m rows of n columns are the
@@ -224,6 +193,8 @@ pub(crate) mod avx512 {
     /// # Safety
     /// As for `small_gemm`, for the strip's m rows of w columns at b and c.
     #[target_feature(enable = "avx512f")]
+    // the inner loop's raw operands, as the register tiles read them: a struct would only be
+    // unpacked again at the top
     #[allow(clippy::too_many_arguments)]
     unsafe fn strip<const NV: usize>(
         rows: usize,
@@ -362,7 +333,7 @@ mod tests {
     fn small_gemm_matches_loops_with_strides_and_ragged_edges() {
         let round = |x: f32| half::bf16::from_f32(x).to_f32();
         for bf16 in [false, true] {
-            if bf16 && !crate::kernels::matmul::bf16_available() {
+            if bf16 && !crate::kernels::gemm::cpu::avx512_bf16() {
                 eprintln!("skipped bf16: this CPU has no AVX512_BF16");
                 continue;
             }
@@ -390,8 +361,18 @@ mod tests {
                     cs: 2 * m,
                 };
                 let mut c = vec![1.0f32; m * (n + 2)];
-                // SAFETY: c holds m rows of n + 2.
-                unsafe { small_gemm(m, n, k, at, &b, n + 5, c.as_mut_ptr(), n + 2, true, bf16) };
+                let out = SharedOut {
+                    dst: crate::kernels::SharedMut::new(&mut c),
+                    rs: n + 2,
+                    accumulate: true,
+                };
+                let bm = Mat {
+                    data: &b,
+                    rs: n + 5,
+                    cs: 1,
+                };
+                // SAFETY: c holds m rows of n + 2, which only this call writes.
+                unsafe { small_gemm(Dims::new(m, n, k), at, bm, out, bf16) };
                 for row in 0..m {
                     for j in 0..n + 2 {
                         let want: f32 = if j < n {

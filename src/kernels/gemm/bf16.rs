@@ -10,13 +10,13 @@
 //! (TDPBF16PS, four C tiles in tile registers: `block`); elsewhere AVX512_BF16 (AMD Zen 4 and
 //! others: VDPBF16PS, a B tile row per register against broadcast A pairs: `block_dot`).
 
-use super::matmul::Mat;
-use super::{lane_mask, transpose16, with_thread_buffer, SharedMut};
+use super::cpu::{amx, avx512_bf16 as available};
+use super::{Dims, Mat, Out, SharedOut};
+use crate::kernels::{lane_mask, transpose16, with_thread_buffer, SharedMut};
 use rayon::prelude::*;
 use std::arch::asm;
 use std::arch::x86_64::*;
 use std::cell::Cell;
-use std::sync::OnceLock;
 
 /// Rows of a tile, and f32 columns of a C tile.
 const TR: usize = 16;
@@ -78,50 +78,6 @@ impl Drop for TileSession {
             unsafe { asm!("tilerelease") };
         }
     }
-}
-
-/// Whether this CPU runs bf16 products at all: AVX512_BF16's dot products (AMD Zen 4, Intel
-/// Cooper Lake on), which also pack the operands, with or without the tile unit.
-pub fn available() -> bool {
-    static OK: OnceLock<bool> = OnceLock::new();
-    *OK.get_or_init(|| {
-        is_x86_feature_detected!("avx512f")
-            && is_x86_feature_detected!("avx512bw")
-            && is_x86_feature_detected!("avx512bf16")
-    })
-}
-
-/// Whether the products run on AMX tiles (else on VDPBF16PS, `block_dot`); the first call
-/// asks Linux for the tile-data state, which each process must request before its first tile
-/// instruction.
-pub fn amx() -> bool {
-    static OK: OnceLock<bool> = OnceLock::new();
-    *OK.get_or_init(|| available() && amx_in_cpuid() && request_tile_data())
-}
-
-fn amx_in_cpuid() -> bool {
-    // CPUID leaf 7: EDX bit 22 is AMX-BF16, bit 24 AMX-TILE.
-    let r = __cpuid_count(7, 0);
-    r.edx & (1 << 22) != 0 && r.edx & (1 << 24) != 0
-}
-
-#[cfg(target_os = "linux")]
-fn request_tile_data() -> bool {
-    const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
-    const XFEATURE_XTILEDATA: libc::c_long = 18;
-    // SAFETY: arch_prctl with these arguments only changes this process's permissions.
-    unsafe {
-        libc::syscall(
-            libc::SYS_arch_prctl,
-            ARCH_REQ_XCOMP_PERM,
-            XFEATURE_XTILEDATA,
-        ) == 0
-    }
-}
-
-#[cfg(not(target_os = "linux"))]
-fn request_tile_data() -> bool {
-    false
 }
 
 /// The 64-byte tile configuration (palette 1): all eight tiles 16 rows × 64 bytes.
@@ -303,7 +259,7 @@ pub(crate) fn reserve(long: usize, short: usize) {
     let a = 2 * long.div_ceil(TK) * TILE;
     for (slot, n) in [(&PACK_A, a), (&PACK_B, b)] {
         with_thread_buffer(slot, |v| {
-            super::ensure(v, n);
+            crate::kernels::ensure(v, n);
         });
     }
 }
@@ -313,7 +269,7 @@ pub(crate) fn reserve(long: usize, short: usize) {
 fn pack_b(buf: &mut Vec<u16>, x: Mat, rows: usize, depth: usize, threads: usize) {
     let (rts, kts) = (rows.div_ceil(BLOCK) * 2, depth.div_ceil(TK));
     let len = rts * kts * TILE;
-    super::ensure(buf, len);
+    crate::kernels::ensure(buf, len);
     // SAFETY: `available()` was checked by the caller; the caller bounds-checked x.
     let run = |(i, dst): (usize, &mut [u16])| unsafe {
         pack_tile_rows(dst, x, i * PACK_ROWS, rows, depth, true)
@@ -335,6 +291,7 @@ fn pack_b(buf: &mut Vec<u16>, x: Mat, rows: usize, depth: usize, threads: usize)
 /// # Safety
 /// AMX tiles configured with `CONFIG` on this thread; c valid for h rows of w columns at ldc.
 #[target_feature(enable = "avx512f")]
+// the tile unit's raw operands and clip, as the inner loop reads them
 #[allow(clippy::too_many_arguments)]
 unsafe fn block(
     a: [*const u16; 2],
@@ -427,6 +384,7 @@ const DOT_ROWS: usize = 8;
 /// Needs AVX-512F/BF16; the pointers hold `kts` tiles each; c valid for h rows of w columns
 /// at ldc.
 #[target_feature(enable = "avx512f,avx512bf16")]
+// `block`'s signature: the two kernels are picked by one fn pointer
 #[allow(clippy::too_many_arguments)]
 unsafe fn block_dot(
     a: [*const u16; 2],
@@ -480,59 +438,34 @@ unsafe fn block_dot(
     }
 }
 
-/// dst (m, n) row stride dst_rs = (or +=) a (m, k) · b (k, n) with bf16 operands, on a CPU
-/// where `available()`; dst's reach is checked where the tiles are stored (`SharedMut`).
-#[allow(clippy::too_many_arguments)]
-pub fn gemm(
-    m: usize,
-    n: usize,
-    k: usize,
-    dst: &mut [f32],
-    dst_rs: usize,
-    accumulate: bool,
-    a: Mat,
-    b: Mat,
-    threads: usize,
-) {
+/// C (+)= a · b with bf16 operands, on a CPU where `available()`; C's reach is checked where
+/// the tiles are stored (`SharedMut`).
+pub fn gemm(d: Dims, a: Mat, b: Mat, out: Out, threads: usize) {
     assert!(available(), "bf16 gemm: the CPU has no AVX512_BF16");
-    // SAFETY: dst is exclusively borrowed here.
-    unsafe {
-        gemm_shared(
-            m,
-            n,
-            k,
-            SharedMut::new(dst),
-            dst_rs,
-            accumulate,
-            a,
-            b,
-            threads,
-        )
-    }
+    let out = SharedOut {
+        dst: SharedMut::new(out.dst),
+        rs: out.rs,
+        accumulate: out.accumulate,
+    };
+    // SAFETY: dst is exclusively borrowed by `out` for this call.
+    unsafe { gemm_shared(d, a, b, out, threads) }
 }
 
 /// `gemm` into a destination whose rows interleave with data other threads own (one head of a
 /// (T, NH, d) tensor, in the attention kernel).
 ///
 /// # Safety
-/// No other thread may access rows 0..m (dst_rs apart) of n columns of dst meanwhile.
-#[allow(clippy::too_many_arguments)]
-pub(crate) unsafe fn gemm_shared(
-    m: usize,
-    n: usize,
-    k: usize,
-    dst: SharedMut,
-    dst_rs: usize,
-    accumulate: bool,
-    a: Mat,
-    b: Mat,
-    threads: usize,
-) {
+/// No other thread may access rows 0..m (`out.rs` apart) of n columns of the output meanwhile.
+pub(crate) unsafe fn gemm_shared(d: Dims, a: Mat, b: Mat, out: SharedOut, threads: usize) {
     with_thread_buffer(&PACK_B, |pb| {
-        pack_b(pb, b.transposed(), n, k, threads);
-        // SAFETY: B was just packed whole into pb at b_row(k); the caller keeps dst's rows to
-        // this call (this fn's `# Safety`, which `products` repeats).
-        unsafe { products(m, n, k, dst, dst_rs, accumulate, a, pb, b_row(k), threads) };
+        pack_b(pb, b.transposed(), d.n, d.k, threads);
+        let b = PackedB {
+            tiles: pb,
+            row: b_row(d.k),
+        };
+        // SAFETY: B was just packed whole; the caller keeps the output's rows to this call
+        // (this fn's `# Safety`, which `products` repeats).
+        unsafe { products(d, a, b, out, threads) };
     });
 }
 
@@ -587,36 +520,16 @@ pub(crate) unsafe fn tile_row_sums(
     acc
 }
 
-/// `gemm` with B already packed (`pack_b` of Bᵀ, or `pack_weight`), on a CPU where
-/// `available()`.
-#[allow(clippy::too_many_arguments)]
-pub fn gemm_packed(
-    m: usize,
-    n: usize,
-    k: usize,
-    dst: &mut [f32],
-    dst_rs: usize,
-    accumulate: bool,
-    a: Mat,
-    pb: &[u16],
-    threads: usize,
-) {
+/// `gemm` with B already packed (`PackedB`), on a CPU where `available()`.
+pub fn gemm_packed(d: Dims, a: Mat, b: &PackedB, out: Out, threads: usize) {
     assert!(available(), "bf16 gemm: the CPU has no AVX512_BF16");
-    // SAFETY: dst is exclusively borrowed here.
-    unsafe {
-        products(
-            m,
-            n,
-            k,
-            SharedMut::new(dst),
-            dst_rs,
-            accumulate,
-            a,
-            pb,
-            b_row(k),
-            threads,
-        )
-    }
+    let out = SharedOut {
+        dst: SharedMut::new(out.dst),
+        rs: out.rs,
+        accumulate: out.accumulate,
+    };
+    // SAFETY: dst is exclusively borrowed by `out` for this call.
+    unsafe { products(d, a, *b, out, threads) }
 }
 
 /// Distance between consecutive tile rows of a packed B of depth k (`pack_b`).
@@ -624,10 +537,14 @@ fn b_row(k: usize) -> usize {
     k.div_ceil(TK) * TILE
 }
 
-/// B (k × n) packed once, for products over ranges of its columns and depth (an attention
-/// task's keys and values, against each query block in turn).
-pub(crate) struct PackedB<'a> {
+/// B (k × n) packed in bf16 tiles (`pack_b` of Bᵀ), for products over ranges of its columns
+/// and depth: a linear layer's weight packed once for inference (`weight`), or an attention
+/// task's keys and values, against each query block and head in turn (`pack`, through
+/// `small::with_packed`).
+#[derive(Clone, Copy)]
+pub struct PackedB<'a> {
     tiles: &'a [u16],
+    /// distance between consecutive tile rows: the tiles of one depth
     row: usize,
 }
 
@@ -644,66 +561,63 @@ impl<'a> PackedB<'a> {
         }
     }
 
-    /// dst (m × n) (+)= a (m × k) · B[p0..p0 + k, j0..j0 + n] on this thread (inside
+    /// The weight (oc, c) that `pack_weight` packed, as the B (c × oc) of x · wᵀ.
+    pub fn weight(tiles: &'a [u16], oc: usize, c: usize) -> PackedB<'a> {
+        assert_eq!(
+            tiles.len(),
+            packed_len(oc, c),
+            "PackedB: not a ({oc}, {c}) weight"
+        );
+        PackedB {
+            tiles,
+            row: b_row(c),
+        }
+    }
+
+    /// C (m × n) (+)= a (m × k) · B[p0..p0 + k, j0..j0 + n] on this thread (inside
     /// `with_tiles`); j0 a multiple of 32 and p0 of 32. Where k is not a multiple of 32, the
     /// packed rows past p0 + k meet A's zero padding.
     ///
     /// # Safety
     /// As for `gemm_shared`.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) unsafe fn gemm(
-        &self,
-        m: usize,
-        n: usize,
-        k: usize,
-        (j0, p0): (usize, usize),
-        dst: SharedMut,
-        dst_rs: usize,
-        accumulate: bool,
-        a: Mat,
-    ) {
+    pub(crate) unsafe fn gemm(&self, d: Dims, (j0, p0): (usize, usize), a: Mat, out: SharedOut) {
+        if d.m == 0 || d.n == 0 {
+            return;
+        }
+        assert!(a.fits(d.m, d.k), "PackedB::gemm: A too small");
         assert!(
             j0 % BLOCK == 0 && p0 % TK == 0,
             "PackedB: ({j0}, {p0}) off the tiles"
         );
         let at = 2 * (j0 / BLOCK) * self.row + (p0 / TK) * TILE;
+        let b = PackedB {
+            tiles: &self.tiles[at..],
+            row: self.row,
+        };
         // SAFETY: the tiles from `at` are this packed B's, at its row distance (`products`
-        // checks their length); dst is the caller's alone (this fn's `# Safety`).
-        unsafe {
-            products(
-                m,
-                n,
-                k,
-                dst,
-                dst_rs,
-                accumulate,
-                a,
-                &self.tiles[at..],
-                self.row,
-                1,
-            )
-        }
+        // checks their length); the output is the caller's alone (this fn's `# Safety`).
+        unsafe { products(d, a, b, out, 1) }
     }
 }
 
-/// dst (+)= A · B, 32 × 32 blocks of dst at a time: a task per two tile rows of A, which it
+/// C (+)= A · B, 32 × 32 blocks of C at a time: a task per two tile rows of A, which it
 /// packs itself.
 ///
 /// # Safety
 /// As for `gemm_shared`.
-#[allow(clippy::too_many_arguments)]
-unsafe fn products(
-    m: usize,
-    n: usize,
-    k: usize,
-    dst_ptr: SharedMut,
-    dst_rs: usize,
-    accumulate: bool,
-    a: Mat,
-    pb: &[u16],
-    b_row: usize,
-    threads: usize,
-) {
+unsafe fn products(d: Dims, a: Mat, b: PackedB, out: SharedOut, threads: usize) {
+    let (
+        Dims { m, n, k },
+        PackedB {
+            tiles: pb,
+            row: b_row,
+        },
+    ) = (d, b);
+    let SharedOut {
+        dst: dst_ptr,
+        rs: dst_rs,
+        accumulate,
+    } = out;
     let kts = k.div_ceil(TK);
     assert!(
         kts * TILE <= b_row && pb.len() >= (2 * n.div_ceil(BLOCK) - 1) * b_row + kts * TILE,
@@ -713,7 +627,7 @@ unsafe fn products(
     let row_block = |bi: usize| {
         // Each task packs its own two tile rows of A, which then stay in L1 for its products.
         with_thread_buffer(&PACK_A, |pa| {
-            let a_rows = super::ensure(pa, 2 * row);
+            let a_rows = crate::kernels::ensure(pa, 2 * row);
             let i0 = bi * BLOCK;
             // SAFETY: AVX512_BF16 is available (checked by the caller), and with AMX the tiles
             // are configured on this thread by the caller's session; the caller bounds-checked a; the tile pointers stay
@@ -778,40 +692,22 @@ mod tests {
         assert_eq!(packed.len(), packed_len(oc, c));
         for threads in [1, 2] {
             let (mut a, mut b) = (vec![0f32; n * oc], vec![0f32; n * oc]);
-            gemm(
-                n,
-                oc,
-                c,
-                &mut a,
-                oc,
-                false,
-                Mat::rows(&x, c),
-                Mat::t(&w, c),
-                threads,
-            );
-            gemm_packed(
-                n,
-                oc,
-                c,
-                &mut b,
-                oc,
-                false,
-                Mat::rows(&x, c),
-                &packed,
-                threads,
-            );
+            let (d, x) = (Dims::new(n, oc, c), Mat::rows(&x, c));
+            gemm(d, x, Mat::t(&w, c), Out::set(&mut a, oc), threads);
+            let pw = PackedB::weight(&packed, oc, c);
+            gemm_packed(d, x, &pw, Out::set(&mut b, oc), threads);
             assert_eq!(a, b);
             assert!(a.iter().any(|&v| v != 0.0));
         }
         // decoding reads the same tiles: rows of x against the bf16-rounded weight
         for rows in 1..=4 {
             let mut y = vec![0.25f32; rows * oc];
-            let weight = crate::kernels::matmul::Weight {
+            let weight = crate::kernels::gemm::Weight {
                 f32: &w,
                 bf16: None,
                 tiles: Some(&packed),
             };
-            crate::kernels::matmul::matmul_forward(
+            crate::kernels::gemm::matmul_forward(
                 &mut y,
                 &x,
                 weight,
@@ -952,7 +848,8 @@ mod tests {
                     for (ri, r) in rhs.iter().enumerate() {
                         let ld = n + 3;
                         let mut out = vec![0.5f32; m * ld];
-                        gemm(m, n, k, &mut out, ld, li == 0, *l, *r, threads);
+                        let o = Out::new(&mut out, ld, li == 0);
+                        gemm(Dims::new(m, n, k), *l, *r, o, threads);
                         for i in 0..m {
                             for j in 0..ld {
                                 let exact: f64 = if j < n {
