@@ -8,7 +8,7 @@
 use super::attention::{self as attn, Lambda};
 use super::bf16_weights::Bf16Weights;
 use super::kv_cache::KvCache;
-use crate::config::params::LayerParams;
+use crate::config::params::{LayerParams, Span};
 use crate::config::{lambda_init_at, AttentionKind, ModelConfig};
 use crate::kernels::attention::{
     attention_backward, attention_delta, attention_forward, AttnShape,
@@ -19,7 +19,6 @@ use crate::kernels::rope::{rope_backward, rope_forward, RopeTable};
 use crate::kernels::sigmoid;
 use crate::kernels::swiglu::{swiglu_backward, swiglu_forward};
 use crate::kernels::{Grad, Precision};
-use std::ops::Range;
 
 /// Sizes shared by every block of one model.
 #[derive(Clone, Copy, Debug)]
@@ -199,13 +198,13 @@ pub fn block_forward(
     let c = d.c;
     let s = &d.shape;
     // A linear layer's weight, with its bf16 copies where inference keeps them.
-    let weight = |r: Range<usize>| Bf16Weights::weight_of(wb, w, r);
+    let weight = |r: Span| Bf16Weights::weight_of(wb, w, r.range());
     rmsnorm_forward(
         &mut a.ln1[..n * c],
         &mut a.rstd1[..n],
         x,
         Some(&mut a.x_in[..n * c]),
-        &w[p.input_layernorm.clone()],
+        &w[p.input_layernorm.range()],
         1.0,
         c,
         d.eps,
@@ -217,11 +216,11 @@ pub fn block_forward(
         &mut a.v[..n * d.v_width()],
     );
     // diff_v2's λ projection reads ln1 too: it joins the q, k and v products.
-    let lambda = p.lambda_proj.clone().map(&weight);
+    let lambda = p.lambda_proj.map(&weight);
     let mut parts = [
-        (&mut *q, weight(p.q_proj.clone()), d.q_width()),
-        (&mut *k, weight(p.k_proj.clone()), d.k_width()),
-        (&mut *v, weight(p.v_proj.clone()), d.v_width()),
+        (&mut *q, weight(p.q_proj), d.q_width()),
+        (&mut *k, weight(p.k_proj), d.k_width()),
+        (&mut *v, weight(p.v_proj), d.v_width()),
         (&mut a.lam[..], lambda.unwrap_or((&[][..]).into()), d.h),
     ];
     let count = if lambda.is_some() { 4 } else { 3 };
@@ -270,7 +269,7 @@ pub fn block_forward(
         AttentionKind::DiffV1 => {
             let lambda_init = lambda_init_at(d.lambda_init, layer);
             let ls = p.lambdas.as_ref().expect("diff_v1 layer has lambdas");
-            let lambdas = [0, 1, 2, 3].map(|i| &w[ls[i].clone()]);
+            let lambdas = [0, 1, 2, 3].map(|i| &w[ls[i].range()]);
             a.lambda_parts = attn::lambda_full(lambdas, lambda_init);
             let comb = &mut a.comb[..n * d.out];
             attn::diff_combine_forward(comb, o, Lambda::Layer(a.lambda_parts.0), d.h, s.dv);
@@ -278,7 +277,7 @@ pub fn block_forward(
             // as its gain. Ablated (d.subln false), both go: the paper ties the scale to the norm.
             if d.subln {
                 let y = &mut a.y[..n * d.out];
-                let subln = &w[p.subln.clone().expect("diff_v1 layer has subln")];
+                let subln = &w[p.subln.expect("diff_v1 layer has subln").range()];
                 let sub_rstd = &mut a.sub_rstd[..n * d.h];
                 rmsnorm_forward(
                     y,
@@ -308,7 +307,7 @@ pub fn block_forward(
     matmul_forward(
         x,
         a.attn_out(n, d),
-        weight(p.o_proj.clone()),
+        weight(p.o_proj),
         n,
         d.out,
         c,
@@ -321,7 +320,7 @@ pub fn block_forward(
         &mut a.rstd2[..n],
         x,
         Some(&mut a.x_mid[..n * c]),
-        &w[p.post_attention_layernorm.clone()],
+        &w[p.post_attention_layernorm.range()],
         1.0,
         c,
         d.eps,
@@ -333,8 +332,8 @@ pub fn block_forward(
     );
     matmul_forward_each(
         &mut [
-            (&mut *gate, weight(p.gate_proj.clone()), d.f),
-            (&mut *up, weight(p.up_proj.clone()), d.f),
+            (&mut *gate, weight(p.gate_proj), d.f),
+            (&mut *up, weight(p.up_proj), d.f),
         ],
         ln2,
         n,
@@ -342,16 +341,7 @@ pub fn block_forward(
         precision,
     );
     swiglu_forward(hid, gate, up);
-    matmul_forward(
-        x,
-        hid,
-        weight(p.down_proj.clone()),
-        n,
-        d.f,
-        c,
-        true,
-        precision,
-    );
+    matmul_forward(x, hid, weight(p.down_proj), n, d.f, c, true, precision);
 }
 
 /// dx: (B, T, D) in place: the gradient w.r.t. the block's output on entry, w.r.t. its input on
@@ -381,7 +371,7 @@ pub fn block_backward(
         Grad::Set(dhid),
         g,
         w,
-        &p.down_proj,
+        p.down_proj,
         dx,
         &a.hid[..n * d.f],
         n,
@@ -402,7 +392,7 @@ pub fn block_backward(
         Grad::Set(dln),
         g,
         w,
-        &p.gate_proj,
+        p.gate_proj,
         dgate,
         ln2,
         n,
@@ -414,7 +404,7 @@ pub fn block_backward(
         Grad::Add(dln),
         g,
         w,
-        &p.up_proj,
+        p.up_proj,
         dup,
         ln2,
         n,
@@ -422,13 +412,13 @@ pub fn block_backward(
         d.f,
         precision,
     );
-    let pal = p.post_attention_layernorm.clone();
+    let pal = p.post_attention_layernorm;
     rmsnorm_backward(
         Grad::Add(dx),
-        &mut g[pal.clone()],
+        &mut g[pal.range()],
         dln,
         &a.x_mid[..n * c],
-        &w[pal],
+        &w[pal.range()],
         1.0,
         &a.rstd2[..n],
         c,
@@ -439,7 +429,7 @@ pub fn block_backward(
         Grad::Set(dattn),
         g,
         w,
-        &p.o_proj,
+        p.o_proj,
         dx,
         a.attn_out(n, d),
         n,
@@ -462,13 +452,13 @@ pub fn block_backward(
                 let lambda_init = lambda_init_at(d.lambda_init, layer);
                 // in the forward pass this was `y = (1 − λ_init) · subln(comb)`
                 let dcomb = &mut sc.dcomb[..n * d.out];
-                let sub = p.subln.clone().expect("diff_v1 layer has subln");
+                let sub = p.subln.expect("diff_v1 layer has subln");
                 rmsnorm_backward(
                     Grad::Set(dcomb),
-                    &mut g[sub.clone()],
+                    &mut g[sub.range()],
                     dattn,
                     &a.comb[..n * d.out],
-                    &w[sub],
+                    &w[sub.range()],
                     1.0 - lambda_init,
                     &a.sub_rstd[..n * d.h],
                     s.dv,
@@ -484,7 +474,7 @@ pub fn block_backward(
             attn::diff_combine_backward(dlam, delta, dcomb, o, lambda, d.h, s.dv);
             let dlambda = dlam.iter().map(|&v| v as f64).sum::<f64>() as f32;
             let ls = p.lambdas.as_ref().expect("diff_v1 layer has lambdas");
-            let lambdas = [0, 1, 2, 3].map(|i| &w[ls[i].clone()]);
+            let lambdas = [0, 1, 2, 3].map(|i| &w[ls[i].range()]);
             let [g0, g1, g2, g3] = split4(g, ls);
             attn::lambda_full_backward([g0, g1, g2, g3], lambdas, e1, e2, dlambda);
             (dcomb, Some(lambda))
@@ -498,11 +488,8 @@ pub fn block_backward(
             dlam.iter_mut()
                 .zip(lam)
                 .for_each(|(dl, &l)| *dl *= l * (1.0 - l));
-            let lp = p
-                .lambda_proj
-                .clone()
-                .expect("diff_v2 layer has lambda_proj");
-            linear_backward(Grad::Set(dln), g, w, &lp, dlam, ln1, n, c, d.h, precision);
+            let lp = p.lambda_proj.expect("diff_v2 layer has lambda_proj");
+            linear_backward(Grad::Set(dln), g, w, lp, dlam, ln1, n, c, d.h, precision);
             (dattn, Some(lambda))
         }
     };
@@ -528,23 +515,12 @@ pub fn block_backward(
     } else {
         Grad::Set(dln)
     };
-    linear_backward(
-        dln_q,
-        g,
-        w,
-        &p.q_proj,
-        dq,
-        ln1,
-        n,
-        c,
-        d.q_width(),
-        precision,
-    );
+    linear_backward(dln_q, g, w, p.q_proj, dq, ln1, n, c, d.q_width(), precision);
     linear_backward(
         Grad::Add(dln),
         g,
         w,
-        &p.k_proj,
+        p.k_proj,
         dk,
         ln1,
         n,
@@ -556,7 +532,7 @@ pub fn block_backward(
         Grad::Add(dln),
         g,
         w,
-        &p.v_proj,
+        p.v_proj,
         dv,
         ln1,
         n,
@@ -564,13 +540,13 @@ pub fn block_backward(
         d.v_width(),
         precision,
     );
-    let il = p.input_layernorm.clone();
+    let il = p.input_layernorm;
     rmsnorm_backward(
         Grad::Add(dx),
-        &mut g[il.clone()],
+        &mut g[il.range()],
         dln,
         &a.x_in[..n * c],
-        &w[il],
+        &w[il.range()],
         1.0,
         &a.rstd1[..n],
         c,
@@ -584,7 +560,7 @@ pub(super) fn linear_backward(
     dinp: Grad,
     g: &mut [f32],
     w: &[f32],
-    r: &Range<usize>,
+    r: Span,
     dout: &[f32],
     inp: &[f32],
     n: usize,
@@ -594,10 +570,10 @@ pub(super) fn linear_backward(
 ) {
     matmul_backward(
         dinp,
-        &mut g[r.clone()],
+        &mut g[r.range()],
         dout,
         inp,
-        &w[r.clone()],
+        &w[r.range()],
         n,
         c,
         oc,
@@ -606,9 +582,9 @@ pub(super) fn linear_backward(
 }
 
 /// Four disjoint mutable gradient slices for the four λ vectors (laid out one after another).
-fn split4<'g>(g: &'g mut [f32], ls: &[Range<usize>; 4]) -> [&'g mut [f32]; 4] {
-    let len = ls[0].len();
-    debug_assert!((1..4).all(|i| ls[i].start == ls[i - 1].end && ls[i].len() == len));
-    let mut it = g[ls[0].start..ls[3].end].chunks_mut(len);
+fn split4<'g>(g: &'g mut [f32], ls: &[Span; 4]) -> [&'g mut [f32]; 4] {
+    let len = ls[0].len;
+    debug_assert!((1..4).all(|i| ls[i].offset == ls[i - 1].end() && ls[i].len == len));
+    let mut it = g[ls[0].offset..ls[3].end()].chunks_mut(len);
     std::array::from_fn(|_| it.next().expect("four lambda vectors"))
 }

@@ -233,7 +233,7 @@ impl Model {
             }
         }
         let x = &mut ws.x[..n * dm];
-        embedding_forward(x, tokens, &w[self.layout.embed_tokens.clone()], dm);
+        embedding_forward(x, tokens, &w[self.layout.embed_tokens.range()], dm);
         for (l, (acts, p)) in ws.layers.iter_mut().zip(&self.layout.layers).enumerate() {
             let cache = caches.as_deref_mut().map(|cs| (cs, &ws.positions[..b]));
             block_forward(
@@ -273,16 +273,16 @@ impl Model {
             &mut ws.rstdf[..rows],
             xin,
             None,
-            &w[self.layout.norm.clone()],
+            &w[self.layout.norm.range()],
             1.0,
             dm,
             self.dims.eps,
         );
-        let head = self.layout.lm_head_range();
+        let head = self.layout.lm_head_span();
         matmul_forward(
             &mut ws.logits[..rows * v],
             lnf,
-            Bf16Weights::weight_of(wb, w, head),
+            Bf16Weights::weight_of(wb, w, head.range()),
             rows,
             dm,
             v,
@@ -350,12 +350,12 @@ impl Model {
             1.0 / counted(&ws.targets[..n]) as f32,
         );
         let dlnf = &mut ws.dlnf[..n * dm];
-        let lm = self.layout.lm_head_range();
+        let lm = self.layout.lm_head_span();
         linear_backward(
             Grad::Set(dlnf),
             grads,
             w,
-            &lm,
+            lm,
             dlogits,
             &ws.lnf[..n * dm],
             n,
@@ -364,13 +364,13 @@ impl Model {
             precision,
         );
         let dx = &mut ws.dx[..n * dm];
-        let nr = self.layout.norm.clone();
+        let nr = self.layout.norm;
         rmsnorm_backward(
             Grad::Set(dx),
-            &mut grads[nr.clone()],
+            &mut grads[nr.range()],
             dlnf,
             &ws.x[..n * dm],
-            &w[nr],
+            &w[nr.range()],
             1.0,
             &ws.rstdf[..n],
             dm,
@@ -392,7 +392,7 @@ impl Model {
             );
         }
         embedding_backward(
-            &mut grads[self.layout.embed_tokens.clone()],
+            &mut grads[self.layout.embed_tokens.range()],
             dx,
             &ws.tokens[..n],
             dm,

@@ -128,10 +128,10 @@ pub(crate) fn layer_lambdas(model: &Model, ws: &Workspace, n: usize, out: &mut [
                 let r = p.lambdas.as_ref().expect("diff_v1 has lambdas");
                 let w = &model.params;
                 let v = [
-                    &w[r[0].clone()],
-                    &w[r[1].clone()],
-                    &w[r[2].clone()],
-                    &w[r[3].clone()],
+                    &w[r[0].range()],
+                    &w[r[1].range()],
+                    &w[r[2].range()],
+                    &w[r[3].range()],
                 ];
                 out[l] = lambda_full(v, c.lambda_init_at(l)).0;
             }
