@@ -1,6 +1,9 @@
 //! difftx: Differential Transformer language models (Ye et al., ICLR 2025) — DIFF V1, DIFF V2
 //! and the baseline Transformer — trained and run on a CPU with hand-written kernels.
 
+#![deny(clippy::undocumented_unsafe_blocks)]
+#![deny(unsafe_op_in_unsafe_fn)]
+
 pub mod config;
 pub mod data;
 pub mod error;

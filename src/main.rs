@@ -1,10 +1,14 @@
 //! The `difftx` command line. `main` parses and routes; each command's arguments and printing
 //! live in `cli/` (one file per command), and everything that computes lives in the library.
 
+#![deny(clippy::undocumented_unsafe_blocks)]
+#![deny(unsafe_op_in_unsafe_fn)]
+
 mod cli;
 
 use anyhow::{bail, Result};
 use clap::{Parser, Subcommand};
+use difftx::kernels::Precision;
 
 #[derive(Parser)]
 #[command(name = "difftx", version, about = "Train, run and evaluate Differential Transformer language models on a CPU.", long_about = None)]
@@ -80,21 +84,21 @@ fn try_main(cli: Cli) -> Result<()> {
             .num_threads(n)
             .build_global()?;
     }
-    if cli.bf16 && !difftx::kernels::matmul::set_bf16(true) {
+    let Some(precision) = Precision::new(cli.bf16) else {
         bail!("--bf16 needs a CPU with AVX512_BF16 (AMD Zen 4 or later, Intel Cooper Lake or later); this machine has none, so leave it off");
-    }
+    };
     match cli.cmd {
         Cmd::Demo(a) => cli::demo::run(a),
-        Cmd::Train(a) => cli::train::run(*a),
+        Cmd::Train(a) => cli::train::run(*a, precision),
         Cmd::Tokenizer(c) => cli::tokenizer::run(c),
         Cmd::Plot(a) => cli::plot::run(a),
-        Cmd::Eval(a) => cli::eval::run(a),
-        Cmd::Generate(a) => cli::generate::run(a),
+        Cmd::Eval(a) => cli::eval::run(a, precision),
+        Cmd::Generate(a) => cli::generate::run(a, precision),
         Cmd::Repro(a) => cli::repro::run(a),
-        Cmd::AttentionMap(a) => cli::attention_map::run(a),
+        Cmd::AttentionMap(a) => cli::attention_map::run(a, precision),
         Cmd::Export(a) => cli::export::run(a),
         Cmd::Init(a) => cli::init::run(a),
-        Cmd::Bench(c) => cli::bench::run(c),
+        Cmd::Bench(c) => cli::bench::run(c, precision),
         Cmd::Presets => {
             cli::presets::run();
             Ok(())

@@ -1,13 +1,13 @@
-//! The opt-in bf16 path (`--bf16`: matrix products with bf16 operands, f32 elsewhere).
-//! It switches a process-wide setting, so these tests live in their own binary. On a machine
-//! without AVX512_BF16 they check the refusal instead.
+//! The opt-in bf16 path (`--bf16`: matrix products with bf16 operands, f32 elsewhere), which a
+//! model's `precision` selects. On a machine without AVX512_BF16 they check the refusal
+//! instead.
 
 use difftx::experiments::bench::bench_bf16;
-use difftx::kernels::matmul::bf16_available;
+use difftx::kernels::gemm::cpu::avx512_bf16 as bf16_available;
+use difftx::kernels::Precision;
 use difftx::train::in_memory::ShortRun;
 use difftx::{AttentionKind, ModelConfig, Preset};
 use std::process::Command;
-use std::sync::Mutex;
 
 /// True (after saying so) on a machine without AVX512_BF16, where a test has nothing to run.
 fn skip_without_bf16() -> bool {
@@ -17,9 +17,6 @@ fn skip_without_bf16() -> bool {
     !bf16_available()
 }
 
-/// Tests that switch the process-wide bf16 setting, or read it, take turns.
-static SWITCH: Mutex<()> = Mutex::new(());
-
 /// A short run in bf16 follows the f32 curve within 1% (issue 6, target 6), and is not the
 /// f32 run under another name: the losses differ.
 #[test]
@@ -27,7 +24,6 @@ fn bf16_training_follows_the_f32_loss_curve() {
     if skip_without_bf16() {
         return;
     }
-    let _turn = SWITCH.lock().unwrap_or_else(|e| e.into_inner());
     let config = ModelConfig::preset(Preset::Tiny, AttentionKind::DiffV1);
     let run = ShortRun {
         steps: 60,
@@ -52,7 +48,7 @@ fn bf16_training_follows_the_f32_loss_curve() {
         r.max_window_rel_diff,
         r.val_rel_diff
     );
-    assert!(!difftx::kernels::matmul::bf16(), "left bf16 on");
+    assert_eq!((r.f32.precision, r.bf16.precision), ("f32", "bf16"));
 }
 
 #[test]
@@ -85,7 +81,6 @@ fn the_bf16_flag_runs_or_says_why_not() {
 #[test]
 fn bf16_decode_weights_move_logits_by_rounding_only() {
     use difftx::model::{KvCache, Model, Workspace};
-    let _turn = SWITCH.lock().unwrap_or_else(|e| e.into_inner());
     for kind in [
         AttentionKind::Standard,
         AttentionKind::DiffV1,
@@ -203,13 +198,13 @@ fn a_resumed_run_keeps_the_precision_it_started_with() {
 /// is read: changing a weight after they were taken changes nothing.
 #[test]
 fn prefill_with_prepacked_tiles_equals_packing_per_product() {
-    use difftx::kernels::matmul::set_bf16;
     use difftx::model::{KvCache, Model, Workspace};
     if skip_without_bf16() {
         return;
     }
-    let _turn = SWITCH.lock().unwrap_or_else(|e| e.into_inner());
-    let model = Model::init(ModelConfig::preset(Preset::Tiny, AttentionKind::DiffV2), 5).unwrap();
+    let mut model =
+        Model::init(ModelConfig::preset(Preset::Tiny, AttentionKind::DiffV2), 5).unwrap();
+    model.precision = Precision::new(true).unwrap();
     // the same model with one projection changed
     let mut changed = model.clone();
     let q = changed
@@ -231,12 +226,12 @@ fn prefill_with_prepacked_tiles_equals_packing_per_product() {
             .unwrap();
         ws.logits[..prompt.len() * m.config.vocab_size].to_vec()
     };
-    assert!(set_bf16(true));
     let per_product = run(&model, None);
     let prepacked = run(&changed, Some(&model));
     let changed_per_product = run(&changed, None);
-    set_bf16(false);
-    let f32_logits = run(&model, None);
+    let mut f32_model = model.clone();
+    f32_model.precision = Precision::F32;
+    let f32_logits = run(&f32_model, None);
     assert_eq!(per_product, prepacked);
     assert_ne!(per_product, changed_per_product, "the change had no effect");
     assert_ne!(per_product, f32_logits, "bf16 products were not used");
@@ -253,7 +248,6 @@ fn bf16_attention_moves_outputs_and_gradients_by_rounding_only() {
     if skip_without_bf16() {
         return;
     }
-    let _turn = SWITCH.lock().unwrap_or_else(|e| e.into_inner());
     // diff_v1's layout: 4 sub-heads in pairs over 2 value heads of twice the width
     let diff_v1 = AttnShape {
         nq: 4,
@@ -281,7 +275,6 @@ fn attention_moves_by_rounding_only(s: &difftx::kernels::attention::AttnShape) {
     use difftx::kernels::attention::{
         attention_backward, attention_delta, attention_forward, Lambda,
     };
-    use difftx::kernels::matmul::set_bf16;
     let s = *s;
     let (b, t) = (2, 150);
     let mut seed = 12345u64;
@@ -317,10 +310,22 @@ fn attention_moves_by_rounding_only(s: &difftx::kernels::attention::AttnShape) {
     } else {
         dout.clone()
     };
+    let precision = |bf16: bool| Precision::new(bf16).unwrap();
     let forward = |bf16: bool| {
-        assert_eq!(set_bf16(bf16), bf16);
         let (mut o, mut lse) = (vec![0.0; dout.len()], vec![0.0; b * s.nq * t]);
-        attention_forward(&mut o, &mut lse, &q, &k, &v, b, t, t, 0, &s);
+        attention_forward(
+            &mut o,
+            &mut lse,
+            &q,
+            &k,
+            &v,
+            b,
+            t,
+            t,
+            0,
+            &s,
+            precision(bf16),
+        );
         (o, lse)
     };
     // The backward starts from the f32 forward's outputs either way, so that the gradients
@@ -334,7 +339,20 @@ fn attention_moves_by_rounding_only(s: &difftx::kernels::attention::AttnShape) {
         // diff_v1's pairs share their value products
         let pairs = s.diff_pairs.then_some(Lambda::Layer(lambda));
         attention_backward(
-            &mut dq, &mut dk, &mut dv, &dcomb, &q, &k, &v, &delta, &lse32, b, t, &s, pairs,
+            &mut dq,
+            &mut dk,
+            &mut dv,
+            &dcomb,
+            &q,
+            &k,
+            &v,
+            &delta,
+            &lse32,
+            b,
+            t,
+            &s,
+            pairs,
+            precision(bf16),
         );
         // the last 3 queries as a decoding step over the cached keys
         let tail = 3;
@@ -351,8 +369,8 @@ fn attention_moves_by_rounding_only(s: &difftx::kernels::attention::AttnShape) {
             t,
             t - tail,
             &s,
+            precision(bf16),
         );
-        set_bf16(false);
         [o, dq, dk, dv, o_tail]
     };
     let (f, h) = (run(false), run(true));

@@ -40,9 +40,8 @@ fn training_steps_allocate_nothing_after_warm_up() {
         subln: false,
         ..v1
     });
-    // f32, then bf16 products where the CPU has AVX512_BF16 (the only test in this binary, so the
-    // process-wide switch disturbs nothing)
-    let precisions = if difftx::kernels::matmul::bf16_available() {
+    // f32, then bf16 products where the CPU has AVX512_BF16 (the model's precision)
+    let precisions = if difftx::kernels::gemm::cpu::avx512_bf16() {
         vec![false, true]
     } else {
         vec![false]
@@ -51,10 +50,10 @@ fn training_steps_allocate_nothing_after_warm_up() {
         .iter()
         .flat_map(|&p| configs.iter().map(move |c| (p, c.clone())))
     {
-        assert_eq!(difftx::kernels::matmul::set_bf16(bf16), bf16);
         c.max_position_embeddings = 64;
         let label = format!("{} subln={} bf16={bf16}", c.attention, c.subln);
         let mut model = Model::init(c, 1).unwrap();
+        model.precision = difftx::kernels::Precision::new(bf16).unwrap();
         let (b, t) = (4, 64);
         let mut ws = Workspace::new(&model, b, t);
         let hp = AdamWParams {

@@ -26,9 +26,9 @@ pub struct AttentionMapArgs {
     pub out: PathBuf,
 }
 
-pub fn run(a: AttentionMapArgs) -> Result<()> {
+pub fn run(a: AttentionMapArgs, precision: difftx::kernels::Precision) -> Result<()> {
     use difftx::report::heatmap::{plot_attention_maps, MapPanel};
-    let (model, dir) = super::load_model(&a.model)?;
+    let (model, dir) = super::load_model(&a.model, precision)?;
     let tok = Tokenizer::for_model(&dir, &model.config)?;
     let ids = tok.encode(&a.prompt)?;
     let m = difftx::experiments::attention_stats::head_maps(&model, &ids, a.layer, a.head)?;

@@ -5,6 +5,7 @@ use super::percent;
 use super::progress::progress;
 use anyhow::{bail, Result};
 use clap::{Args, Subcommand};
+use difftx::kernels::Precision;
 use difftx::util::thousands;
 use difftx::{AttentionKind, Model, ModelConfig, Preset};
 use std::path::PathBuf;
@@ -27,13 +28,13 @@ pub enum BenchCmd {
     Bf16(BenchBf16Args),
 }
 
-pub fn run(cmd: BenchCmd) -> Result<()> {
+pub fn run(cmd: BenchCmd, precision: Precision) -> Result<()> {
     match cmd {
-        BenchCmd::Train(a) => train(a),
+        BenchCmd::Train(a) => train(a, precision),
         BenchCmd::Bf16(a) => bf16(a),
-        BenchCmd::Memory(a) => memory(a),
+        BenchCmd::Memory(a) => memory(a, precision),
         BenchCmd::Attention(a) => attention(a),
-        BenchCmd::Decode(a) => decode(a),
+        BenchCmd::Decode(a) => decode(a, precision),
         BenchCmd::Matmul(a) => matmul(a),
     }
 }
@@ -191,7 +192,7 @@ pub struct BenchMatmulArgs {
     pub json: bool,
 }
 
-fn train(a: BenchTrainArgs) -> Result<()> {
+fn train(a: BenchTrainArgs, precision: Precision) -> Result<()> {
     let config = a.shape.config()?;
     if a.steps == 0 {
         bail!("--steps must be positive");
@@ -199,6 +200,7 @@ fn train(a: BenchTrainArgs) -> Result<()> {
     let pb = progress((a.warmup + a.steps) as u64, "steps");
     let r = difftx::experiments::bench::bench_train(
         &config,
+        precision,
         a.shape.batch,
         a.warmup,
         a.steps,
@@ -346,9 +348,16 @@ fn bf16(a: BenchBf16Args) -> Result<()> {
     Ok(())
 }
 
-fn memory(a: BenchMemoryArgs) -> Result<()> {
+fn memory(a: BenchMemoryArgs, precision: Precision) -> Result<()> {
     let config = a.shape.config()?;
-    let r = difftx::experiments::bench::bench_train(&config, a.shape.batch, 0, 1, |_, _| {})?;
+    let r = difftx::experiments::bench::bench_train(
+        &config,
+        precision,
+        a.shape.batch,
+        0,
+        1,
+        |_, _| {},
+    )?;
     let computed = r.state_bytes + r.workspace_bytes;
     let ratio = r.peak_rss_bytes as f64 / computed as f64;
     if a.json {
@@ -385,10 +394,14 @@ fn attention(a: BenchAttentionArgs) -> Result<()> {
     Ok(())
 }
 
-fn decode(a: BenchDecodeArgs) -> Result<()> {
+fn decode(a: BenchDecodeArgs, precision: Precision) -> Result<()> {
     let model = match &a.model {
-        Some(dir) => super::load_model(dir)?.0,
-        None => Model::init(ModelConfig::preset(a.preset, a.attention), 0)?,
+        Some(dir) => super::load_model(dir, precision)?.0,
+        None => {
+            let mut m = Model::init(ModelConfig::preset(a.preset, a.attention), 0)?;
+            m.precision = precision;
+            m
+        }
     };
     let ctx = model.config.max_position_embeddings;
     let prompt_len = a.prompt_len.unwrap_or(128.min(ctx / 2).max(1));

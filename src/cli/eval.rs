@@ -23,8 +23,8 @@ pub struct EvalArgs {
     pub json: bool,
 }
 
-pub fn run(a: EvalArgs) -> Result<()> {
-    let (model, dir) = super::load_model(&a.model)?;
+pub fn run(a: EvalArgs, precision: difftx::kernels::Precision) -> Result<()> {
+    let (model, dir) = super::load_model(&a.model, precision)?;
     let tok = Tokenizer::for_model(&dir, &model.config)?;
     let text = std::fs::read(&a.data).with_context(|| format!("{}", a.data.display()))?;
     let text = String::from_utf8(text)

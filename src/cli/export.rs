@@ -23,7 +23,7 @@ pub fn run(a: ExportArgs) -> Result<()> {
     if a.format != "hf" {
         bail!("--format `{}` is not supported (expected hf)", a.format);
     }
-    let (model, dir) = super::load_model(&a.model)?;
+    let (model, dir) = super::load_model(&a.model, difftx::kernels::Precision::F32)?;
     difftx::interop::hf::export(&model, &dir, &a.out)?;
     eprintln!(
         "wrote {} ({} as Hugging Face {}; load it with AutoModelForCausalLM.from_pretrained)",

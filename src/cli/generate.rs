@@ -46,7 +46,7 @@ pub struct GenerateArgs {
     pub json: bool,
 }
 
-pub fn run(a: GenerateArgs) -> Result<()> {
+pub fn run(a: GenerateArgs, precision: difftx::kernels::Precision) -> Result<()> {
     use std::io::Write;
     let sampling = difftx::infer::Sampling {
         temperature: a.temperature,
@@ -54,7 +54,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         top_p: a.top_p,
     };
     sampling.validate()?;
-    let (model, dir) = super::load_model(&a.model)?;
+    let (model, dir) = super::load_model(&a.model, precision)?;
     let tok = Tokenizer::for_model(&dir, &model.config)?;
     let mut texts = a.prompt.clone();
     for f in &a.prompt_file {

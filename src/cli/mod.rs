@@ -16,6 +16,7 @@ pub mod tokenizer;
 pub mod train;
 
 use anyhow::Result;
+use difftx::kernels::Precision;
 use difftx::{Model, ModelConfig};
 use std::path::{Path, PathBuf};
 
@@ -29,11 +30,12 @@ pub fn model_dir(path: &Path) -> Result<PathBuf> {
     Ok(dir)
 }
 
-/// Loads what a `--model` names (see `model_dir`), native or Hugging Face; returns the model
-/// and the directory it came from (for its tokenizer).
-pub fn load_model(path: &Path) -> Result<(Model, PathBuf)> {
+/// Loads what a `--model` names (see `model_dir`), native or Hugging Face, to multiply at
+/// `precision`; returns the model and the directory it came from (for its tokenizer).
+pub fn load_model(path: &Path, precision: Precision) -> Result<(Model, PathBuf)> {
     let dir = model_dir(path)?;
-    let model = difftx::interop::load(&dir)?;
+    let mut model = difftx::interop::load(&dir)?;
+    model.precision = precision;
     Ok((model, dir))
 }
 

@@ -68,12 +68,12 @@ fn matched_counts(opts: &difftx::train::TrainOptions, vocab: usize) -> String {
         .join(", ")
 }
 
-pub fn run(a: TrainArgs) -> Result<()> {
+pub fn run(a: TrainArgs, precision: difftx::kernels::Precision) -> Result<()> {
     let mut opts = match &a.config {
         Some(p) => difftx::train::TrainOptions::from_toml_file(p)?.overlaid(&a.opts),
         None => a.opts.clone(),
     };
-    if difftx::kernels::matmul::bf16() {
+    if precision == difftx::kernels::Precision::Bf16 {
         opts.bf16 = Some(true);
     }
     // Everything that can be checked is checked before anything is written or printed.
@@ -83,7 +83,7 @@ pub fn run(a: TrainArgs) -> Result<()> {
         options: opts,
     } = difftx::train::prepare_run(&opts, &a.out, a.resume, a.extend_steps)?;
     // A run recorded with bf16 products (or `bf16 = true` in TOML) trains with them.
-    if run.train.bf16 && !difftx::kernels::matmul::set_bf16(true) {
+    if run.train.bf16 && difftx::kernels::Precision::new(true).is_none() {
         bail!("this run uses bf16 matrix products (--bf16), which need a CPU with AVX512_BF16 (AMD Zen 4 or later, Intel Cooper Lake or later); this machine has none");
     }
     let stop = Stop::new()?;
@@ -133,7 +133,7 @@ pub fn run(a: TrainArgs) -> Result<()> {
         run.train.grad_accum,
         m.max_position_embeddings,
         rayon::current_num_threads(),
-        difftx::experiments::bench::precision()
+        if run.train.bf16 { "bf16" } else { "f32" }
     );
     if let Some(end) = run.train.decay_steps {
         eprintln!(

@@ -24,34 +24,53 @@ impl ParamSpec {
     }
 }
 
-/// Ranges of one block's tensors in the flat buffer.
-#[derive(Clone, Debug)]
+/// Where one tensor lies in the flat buffer: `len` values from `offset`. `Copy`, unlike the
+/// `Range` it stands for (`range`), so that a layer's spans pass around without clones.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Span {
+    pub offset: usize,
+    pub len: usize,
+}
+
+impl Span {
+    /// offset..offset + len, to index the flat buffers with.
+    pub fn range(self) -> Range<usize> {
+        self.offset..self.offset + self.len
+    }
+    /// The first offset past the span.
+    pub fn end(self) -> usize {
+        self.offset + self.len
+    }
+}
+
+/// Spans of one block's tensors in the flat buffer.
+#[derive(Clone, Copy, Debug)]
 pub struct LayerParams {
-    pub input_layernorm: Range<usize>,
-    pub q_proj: Range<usize>,
-    pub k_proj: Range<usize>,
-    pub v_proj: Range<usize>,
-    pub o_proj: Range<usize>,
+    pub input_layernorm: Span,
+    pub q_proj: Span,
+    pub k_proj: Span,
+    pub v_proj: Span,
+    pub o_proj: Span,
     /// diff_v1: lambda_q1, lambda_k1, lambda_q2, lambda_k2 (each of length d)
-    pub lambdas: Option<[Range<usize>; 4]>,
+    pub lambdas: Option<[Span; 4]>,
     /// diff_v1: the per-head RMSNorm weight over 2d (absent when the config turns subln off)
-    pub subln: Option<Range<usize>>,
+    pub subln: Option<Span>,
     /// diff_v2: D -> H per-token lambda logits
-    pub lambda_proj: Option<Range<usize>>,
-    pub post_attention_layernorm: Range<usize>,
-    pub gate_proj: Range<usize>,
-    pub up_proj: Range<usize>,
-    pub down_proj: Range<usize>,
+    pub lambda_proj: Option<Span>,
+    pub post_attention_layernorm: Span,
+    pub gate_proj: Span,
+    pub up_proj: Span,
+    pub down_proj: Span,
 }
 
 #[derive(Clone, Debug)]
 pub struct ParamLayout {
     pub specs: Vec<ParamSpec>,
-    pub embed_tokens: Range<usize>,
+    pub embed_tokens: Span,
     pub layers: Vec<LayerParams>,
-    pub norm: Range<usize>,
+    pub norm: Span,
     /// `None` when tied to `embed_tokens`.
-    pub lm_head: Option<Range<usize>>,
+    pub lm_head: Option<Span>,
     pub total: usize,
 }
 
@@ -61,17 +80,20 @@ struct Builder {
 }
 
 impl Builder {
-    fn add(&mut self, name: String, shape: &[usize], decay: bool) -> Range<usize> {
+    fn add(&mut self, name: String, shape: &[usize], decay: bool) -> Span {
         let spec = ParamSpec {
             name,
             shape: shape.to_vec(),
             offset: self.total,
             decay,
         };
-        self.total += spec.numel();
-        let r = spec.range();
+        let span = Span {
+            offset: self.total,
+            len: spec.numel(),
+        };
+        self.total += span.len;
         self.specs.push(spec);
-        r
+        span
     }
 }
 
@@ -156,9 +178,9 @@ impl ParamLayout {
         }
     }
 
-    /// The range of the output embedding (lm_head, or embed_tokens when tied).
-    pub fn lm_head_range(&self) -> Range<usize> {
-        self.lm_head.clone().unwrap_or(self.embed_tokens.clone())
+    /// The span of the output embedding (lm_head, or embed_tokens when tied).
+    pub fn lm_head_span(&self) -> Span {
+        self.lm_head.unwrap_or(self.embed_tokens)
     }
 
     pub fn find(&self, name: &str) -> Option<&ParamSpec> {

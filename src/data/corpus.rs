@@ -160,7 +160,8 @@ pub struct Tokenized {
     pub coverage: Coverage,
 }
 
-/// The file beside a token file that records its `Coverage` as "bytes lost".
+/// The file beside a token file that records its `Coverage` as "bytes lost", written only
+/// when the tokenizer lost some of the text (no file: nothing lost).
 fn coverage_path(tokens: &Path) -> PathBuf {
     tokens.with_extension("coverage")
 }
@@ -245,8 +246,10 @@ pub fn tokenize_to_cache(
     match res {
         Ok((used, skipped)) => {
             let tokens = w.count() as usize;
-            let record = format!("{} {}\n", coverage.bytes, coverage.lost);
-            crate::util::write_atomic(&coverage_path(&path), record.as_bytes())?;
+            if coverage.lost > 0 {
+                let record = format!("{} {}\n", coverage.bytes, coverage.lost);
+                crate::util::write_atomic(&coverage_path(&path), record.as_bytes())?;
+            }
             let path = w.finish()?;
             Ok(Tokenized {
                 path,

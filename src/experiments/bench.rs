@@ -3,6 +3,7 @@
 use crate::config::{AttentionKind, ModelConfig};
 use crate::error::{Error, Result};
 use crate::kernels::adamw::AdamWParams;
+use crate::kernels::Precision;
 use crate::model::{Model, Workspace};
 use crate::train::Optimizer;
 use rand::{Rng, SeedableRng};
@@ -39,9 +40,9 @@ pub struct TrainBench {
     pub losses: Vec<f32>,
 }
 
-/// Matrix-product precision in effect, for reports.
-pub fn precision() -> &'static str {
-    if crate::kernels::matmul::bf16() {
+/// A matrix-product precision as reports name it.
+pub fn precision(p: Precision) -> &'static str {
+    if p.is_bf16() {
         "bf16"
     } else {
         "f32"
@@ -92,9 +93,11 @@ pub fn peak_rss_bytes() -> u64 {
 }
 
 /// Runs `warmup` untimed and `steps` timed training steps (forward, backward, AdamW) of a freshly
-/// initialised model on seeded random tokens. `on_step` sees each step's index and time.
+/// initialised model on seeded random tokens, its products in `precision`. `on_step` sees each
+/// step's index and time.
 pub fn bench_train(
     config: &ModelConfig,
+    precision: Precision,
     batch: usize,
     warmup: usize,
     steps: usize,
@@ -102,6 +105,7 @@ pub fn bench_train(
 ) -> Result<TrainBench> {
     let t = config.max_position_embeddings;
     let mut model = Model::init(config.clone(), 0)?;
+    model.precision = precision;
     let mut ws = Workspace::new(&model, batch, t);
     let hp = AdamWParams {
         lr: 1e-3,
@@ -159,7 +163,7 @@ pub fn bench_train(
         peak_rss_bytes: peak_rss_bytes(),
         state_bytes: 4 * 4 * model.num_params() as u64,
         workspace_bytes: ws.bytes() as u64,
-        precision: precision(),
+        precision: self::precision(ws.precision),
         losses,
     })
 }
@@ -192,7 +196,7 @@ pub fn bench_matmul(
     reps: usize,
     cold: bool,
 ) -> Vec<MatmulBench> {
-    use crate::kernels::matmul::{sgemm_with, Backend, Mat};
+    use crate::kernels::gemm::{gemm_on, Backend, Dims, Mat, Out};
     // `cold`: copies of A and C adding up to 128 MiB, four times this machine's L3, used in turn
     let sets = if cold {
         ((128usize << 20) / ((m * k + m * n) * 4)).clamp(2, 4096)
@@ -208,7 +212,7 @@ pub fn bench_matmul(
     // touched once now, so that no timed product pays for its output's first page faults
     c.iter_mut().for_each(|c| c.fill(1.0));
     let mut backends = vec![Backend::F32, Backend::GemmCrate];
-    if crate::kernels::matmul::bf16_available() {
+    if crate::kernels::gemm::cpu::avx512_bf16() {
         backends.push(Backend::Bf16);
     }
     let mut times = vec![Vec::new(); backends.len()];
@@ -219,7 +223,7 @@ pub fn bench_matmul(
                 let a = &a[set];
                 let lhs = if a_t { Mat::t(a, m) } else { Mat::rows(a, k) };
                 let t0 = Instant::now();
-                sgemm_with(be, m, n, k, &mut c[set], n, false, lhs, rhs);
+                gemm_on(be, Dims::new(m, n, k), lhs, rhs, Out::set(&mut c[set], n));
                 if rep > 0 {
                     times[bi].push(t0.elapsed().as_secs_f64());
                 }
@@ -234,7 +238,7 @@ pub fn bench_matmul(
             let med = t[t.len() / 2];
             MatmulBench {
                 backend: match be {
-                    Backend::Auto | Backend::F32 => "difftx".into(),
+                    Backend::F32 => "difftx".into(),
                     Backend::GemmCrate => "gemm-crate".into(),
                     Backend::Bf16 => "difftx-bf16".into(),
                 },
@@ -333,12 +337,12 @@ pub fn bench_decode(
         decode_s_median: d,
         decode_tokens_per_s: new_tokens as f64 / d,
         // with --bf16 the matrix products of decoding read 2 bytes a weight
-        weight_bytes: if crate::kernels::matmul::bf16() {
+        weight_bytes: if model.precision.is_bf16() {
             (4 * model.num_params() - 2 * matmul_params(c)) as u64
         } else {
             4 * model.num_params() as u64
         },
-        precision: precision(),
+        precision: precision(model.precision),
         kv_cache_bytes: 4 * (kv_per_token * (prompt_len + new_tokens)) as u64,
     })
 }
@@ -393,11 +397,12 @@ pub fn bench_attention(config: &ModelConfig, batch: usize, reps: usize) -> Atten
     crate::kernels::on_pool(|| {
         for rep in 0..=reps {
             let t0 = Instant::now();
-            attention_forward(&mut o, &mut lse, &q, &k, &v, batch, t, t, 0, &s);
+            let p = Precision::F32;
+            attention_forward(&mut o, &mut lse, &q, &k, &v, batch, t, t, 0, &s, p);
             let t1 = Instant::now();
             attention_delta(&mut delta, &dmaps, &o, s.nq, s.dv);
             attention_backward(
-                &mut dq, &mut dk, &mut dv, &dout, &q, &k, &v, &delta, &lse, batch, t, &s, pairs,
+                &mut dq, &mut dk, &mut dv, &dout, &q, &k, &v, &delta, &lse, batch, t, &s, pairs, p,
             );
             if rep > 0 {
                 tf.push((t1 - t0).as_secs_f64());
@@ -436,8 +441,11 @@ pub fn fma_peak_gflops() -> Option<f64> {
         if !is_x86_feature_detected!("avx512f") {
             return None;
         }
+        /// # Safety
+        /// AVX-512F.
         #[target_feature(enable = "avx512f")]
         unsafe fn run(iters: usize) -> f32 {
+            // (unsafe only as `register_peak`'s argument type: register arithmetic alone)
             let mut acc = [_mm512_set1_ps(0.0); 24];
             let (a, b) = (_mm512_set1_ps(1.000_000_1), _mm512_set1_ps(0.999_999_9));
             for _ in 0..iters {
@@ -460,21 +468,27 @@ pub fn dot_bf16_peak_gflops() -> Option<f64> {
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::x86_64::*;
-        if !crate::kernels::bf16::available() {
+        if !crate::kernels::gemm::cpu::avx512_bf16() {
             return None;
         }
+        /// # Safety
+        /// AVX-512F and AVX512_BF16.
         #[target_feature(enable = "avx512f,avx512bf16")]
         unsafe fn run(iters: usize) -> f32 {
-            let mut acc = [_mm512_set1_ps(0.0); 24];
-            // bf16 pairs (1.0, 1.0) and (2^-20, 2^-20): the sums grow slowly, stay finite
-            let a: __m512bh = std::mem::transmute(_mm512_set1_epi32(0x3f80_3f80));
-            let b: __m512bh = std::mem::transmute(_mm512_set1_epi32(0x3580_3580));
-            for _ in 0..iters {
-                for x in acc.iter_mut() {
-                    *x = _mm512_dpbf16_ps(*x, a, b);
+            // SAFETY: AVX512_BF16 is the caller's contract (`dot_bf16_peak_gflops` checked
+            // it); the body only computes on registers.
+            unsafe {
+                let mut acc = [_mm512_set1_ps(0.0); 24];
+                // bf16 pairs (1.0, 1.0) and (2^-20, 2^-20): the sums grow slowly, stay finite
+                let a: __m512bh = std::mem::transmute(_mm512_set1_epi32(0x3f80_3f80));
+                let b: __m512bh = std::mem::transmute(_mm512_set1_epi32(0x3580_3580));
+                for _ in 0..iters {
+                    for x in acc.iter_mut() {
+                        *x = _mm512_dpbf16_ps(*x, a, b);
+                    }
                 }
+                sum_registers(acc)
             }
-            sum_registers(acc)
         }
         // SAFETY: AVX512_BF16 was detected above.
         Some(unsafe { register_peak(run, 24 * 64) })
@@ -489,11 +503,14 @@ pub fn dot_bf16_peak_gflops() -> Option<f64> {
 /// `run` must be safe to call on this CPU.
 #[cfg(target_arch = "x86_64")]
 unsafe fn register_peak(run: unsafe fn(usize) -> f32, flops: usize) -> f64 {
-    let iters = 20_000_000;
-    run(iters / 10);
-    let t0 = Instant::now();
-    std::hint::black_box(run(iters));
-    (iters * flops) as f64 / t0.elapsed().as_secs_f64() / 1e9
+    // SAFETY: `run` is safe to call on this CPU: this fn's contract.
+    unsafe {
+        let iters = 20_000_000;
+        run(iters / 10);
+        let t0 = Instant::now();
+        std::hint::black_box(run(iters));
+        (iters * flops) as f64 / t0.elapsed().as_secs_f64() / 1e9
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -544,22 +561,26 @@ pub fn read_gbs(bytes: usize) -> f64 {
 /// any cache's read rate, where one register's chain would not.
 fn sum_wide(x: &[f32]) -> f32 {
     #[cfg(target_arch = "x86_64")]
-    if crate::kernels::sgemm_avx512::available() {
+    if crate::kernels::gemm::cpu::avx512f() {
         /// # Safety
         /// AVX-512F.
         #[target_feature(enable = "avx512f")]
         unsafe fn sum4(x: &[f32]) -> f32 {
-            use std::arch::x86_64::*;
-            let mut acc = [_mm512_setzero_ps(); 4];
-            let chunks = x.chunks_exact(64);
-            let rest: f32 = chunks.remainder().iter().sum();
-            for c in chunks {
-                for (i, a) in acc.iter_mut().enumerate() {
-                    *a = _mm512_add_ps(*a, _mm512_loadu_ps(c.as_ptr().add(16 * i)));
+            // SAFETY: AVX-512F is the caller's contract; each load reads 16 values at
+            // 16·i < 64 from a chunk of exactly 64.
+            unsafe {
+                use std::arch::x86_64::*;
+                let mut acc = [_mm512_setzero_ps(); 4];
+                let chunks = x.chunks_exact(64);
+                let rest: f32 = chunks.remainder().iter().sum();
+                for c in chunks {
+                    for (i, a) in acc.iter_mut().enumerate() {
+                        *a = _mm512_add_ps(*a, _mm512_loadu_ps(c.as_ptr().add(16 * i)));
+                    }
                 }
+                let s = _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]));
+                _mm512_reduce_add_ps(s) + rest
             }
-            let s = _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]));
-            _mm512_reduce_add_ps(s) + rest
         }
         // SAFETY: AVX-512F was detected.
         return unsafe { sum4(x) };
@@ -611,8 +632,8 @@ pub fn window_means(losses: &[f32]) -> Vec<f64> {
 }
 
 /// Trains `config` for `run.steps` steps on seeded random windows of `text` (training part),
-/// once with f32 products and once with bf16, and compares the curves. Leaves the
-/// process's precision at f32. `on_step(precision, step)` reports progress.
+/// once with f32 products and once with bf16, and compares the curves (validation losses
+/// from f32 products for both). `on_step(precision, step)` reports progress.
 pub fn bench_bf16(
     config: &ModelConfig,
     run: &crate::train::in_memory::ShortRun,
@@ -622,7 +643,6 @@ pub fn bench_bf16(
     use crate::error::Error;
     use crate::experiments::corpus::{fill_windows, split, val_starts};
     use crate::experiments::lm_scaling::window_loss;
-    use crate::kernels::matmul::set_bf16;
     let (train, val) = split(text);
     let (b, t) = (run.batch, run.context);
     if train.len() < t + 1 || val.len() < t + 1 {
@@ -635,24 +655,23 @@ pub fn bench_bf16(
     let mut runs = Vec::new();
     let mut params = 0;
     for bf16 in [false, true] {
-        if set_bf16(bf16) != bf16 {
-            set_bf16(false);
+        let Some(p) = Precision::new(bf16) else {
             return Err(Error::Invalid(
                 "bf16 needs AVX512_BF16, which this CPU lacks".into(),
             ));
-        }
-        let tag = precision();
+        };
+        let tag = precision(p);
         let mut last = Instant::now();
         let mut times = Vec::with_capacity(run.steps as usize);
         let fill = |rng: &mut ChaCha8Rng, x: &mut [u32], y: &mut [u32]| -> Result<usize> {
             fill_windows(rng, train, x, y, b, t);
             Ok(t)
         };
-        let trained = crate::train::in_memory::train_short(
+        let trained = crate::train::in_memory::train_short_in(
             config.clone(),
             run,
-            0,
-            0x6266_3136,
+            p,
+            (0, 0x6266_3136),
             fill,
             |step, _| {
                 times.push(last.elapsed().as_secs_f64() * 1e3);
@@ -660,8 +679,9 @@ pub fn bench_bf16(
                 on_step(tag, step);
             },
         );
-        set_bf16(false);
-        let trained = trained?;
+        let mut trained = trained?;
+        // both runs' validation losses come from f32 products
+        trained.model.precision = Precision::F32;
         params = trained.model.num_params();
         times.sort_by(|a, b| a.total_cmp(b));
         runs.push(PrecisionRun {

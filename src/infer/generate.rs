@@ -97,7 +97,7 @@ fn generate_in_pool(
     }
     let longest = used.iter().map(|p| p.len()).max().unwrap_or(1);
     let mut ws = Workspace::new(model, b, longest);
-    if crate::kernels::matmul::bf16() {
+    if ws.precision.is_bf16() {
         // `--bf16`: weights packed once, for prefill and decode (`Workspace::keep_bf16_weights`)
         ws.keep_bf16_weights(model);
     }

@@ -218,9 +218,9 @@ fn to_native(model: &mut Model) {
     let (d, cols) = (c.head_dim, c.hidden_size);
     let diff = c.attention == AttentionKind::DiffV1;
     for l in 0..c.num_hidden_layers {
-        let p = model.layout.layers[l].clone();
+        let p = model.layout.layers[l];
         for (range, n) in [(p.q_proj, c.n_query_heads()), (p.k_proj, c.n_key_heads())] {
-            permute_rows(&mut model.params[range], n, d, cols, |h, r| {
+            permute_rows(&mut model.params[range.range()], n, d, cols, |h, r| {
                 (
                     if diff { pair_from_halves(h, n) } else { h },
                     interleave_from_half(r, d),
@@ -231,7 +231,7 @@ fn to_native(model: &mut Model) {
             // v: native head g (2d rows) = HF heads g and g + H_kv/2 (d rows each), i.e. the same
             // pairing over d-row blocks, with no RoPE reordering.
             let n = 2 * c.num_key_value_heads;
-            permute_rows(&mut model.params[p.v_proj], n, d, cols, |h, r| {
+            permute_rows(&mut model.params[p.v_proj.range()], n, d, cols, |h, r| {
                 (pair_from_halves(h, n), r)
             });
         }
@@ -318,27 +318,27 @@ fn to_hf(model: &Model) -> Vec<f32> {
     };
     for p in &model.layout.layers {
         scatter(
-            &mut w[p.q_proj.clone()],
-            &model.params[p.q_proj.clone()],
+            &mut w[p.q_proj.range()],
+            &model.params[p.q_proj.range()],
             c.n_query_heads(),
             true,
         );
         scatter(
-            &mut w[p.k_proj.clone()],
-            &model.params[p.k_proj.clone()],
+            &mut w[p.k_proj.range()],
+            &model.params[p.k_proj.range()],
             c.n_key_heads(),
             true,
         );
         if diff {
             scatter(
-                &mut w[p.v_proj.clone()],
-                &model.params[p.v_proj.clone()],
+                &mut w[p.v_proj.range()],
+                &model.params[p.v_proj.range()],
                 2 * c.num_key_value_heads,
                 false,
             );
-            let sub = &model.params[p.subln.clone().expect("diff_v1 has subln")];
+            let sub = &model.params[p.subln.expect("diff_v1 has subln").range()];
             let out = c.attn_out_dim();
-            for row in w[p.o_proj.clone()].chunks_mut(out) {
+            for row in w[p.o_proj.range()].chunks_mut(out) {
                 for (x, s) in row.iter_mut().zip(sub.iter().cycle()) {
                     *x *= s;
                 }

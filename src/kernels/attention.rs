@@ -8,8 +8,9 @@
 
 #[cfg(target_arch = "x86_64")]
 use super::attention_scores::{probs_grads_row, scores_softmax};
-use super::matmul::Mat;
-use super::small_gemm::{small_gemm, with_packed, PackedB, MAX_PACKED};
+use super::gemm::small::{small_gemm, with_packed, PackedB, MAX_PACKED};
+use super::gemm::{extent, Dims, Mat, SharedOut};
+use super::precision::Precision;
 use super::{dot, exp_nonpos, map_lanes, SharedMut, MAX, SUM};
 use rayon::prelude::*;
 use std::ops::Range;
@@ -21,8 +22,8 @@ pub(crate) const BK: usize = 64;
 /// Whether a call's products run in bf16 tiles: under `--bf16`, for calls of at least one
 /// tile of queries (training, prefill); decoding's few queries per call stay f32, where a
 /// tile would hold 15 rows of padding.
-fn on_tiles(queries: usize) -> bool {
-    super::matmul::bf16() && queries >= 16
+fn on_tiles(precision: Precision, queries: usize) -> bool {
+    precision.is_bf16() && queries >= 16
 }
 
 /// Head counts and widths of one attention call.
@@ -78,7 +79,7 @@ fn load_tile_t(
 ) {
     let mut c0 = 0;
     #[cfg(target_arch = "x86_64")]
-    if w.is_multiple_of(16) && super::sgemm_avx512::available() {
+    if w.is_multiple_of(16) && super::gemm::cpu::avx512f() {
         assert!(tile.len() >= w * BK && x.len() >= ((row0 + len - 1) * heads + h + 1) * w);
         while c0 + 16 <= len {
             // SAFETY: AVX-512F is present; rows c0..c0+16 < len of x and columns < w of the
@@ -111,15 +112,21 @@ unsafe fn transpose_rows16(
     h: usize,
     w: usize,
 ) {
-    use std::arch::x86_64::*;
-    for d0 in (0..w).step_by(16) {
-        let mut r = [_mm512_setzero_si512(); 16];
-        for (i, r) in r.iter_mut().enumerate() {
-            *r = _mm512_loadu_si512(x.as_ptr().add(((row + i) * heads + h) * w + d0) as *const _);
-        }
-        super::transpose16(&mut r);
-        for (i, v) in r.iter().enumerate() {
-            _mm512_storeu_si512(tile.as_mut_ptr().add((d0 + i) * BK + col) as *mut _, *v);
+    // SAFETY: AVX-512F and rows/columns inside x and tile are this
+    // fn's contract, which bounds every masked load and store below.
+    unsafe {
+        use std::arch::x86_64::*;
+        for d0 in (0..w).step_by(16) {
+            let mut r = [_mm512_setzero_si512(); 16];
+            for (i, r) in r.iter_mut().enumerate() {
+                *r = _mm512_loadu_si512(
+                    x.as_ptr().add(((row + i) * heads + h) * w + d0) as *const _
+                );
+            }
+            super::transpose16(&mut r);
+            for (i, v) in r.iter().enumerate() {
+                _mm512_storeu_si512(tile.as_mut_ptr().add((d0 + i) * BK + col) as *mut _, *v);
+            }
         }
     }
 }
@@ -232,6 +239,7 @@ pub fn attention_forward(
     tkv: usize,
     q_offset: usize,
     s: &AttnShape,
+    precision: Precision,
 ) {
     s.check();
     assert!(
@@ -251,7 +259,7 @@ pub fn attention_forward(
         return super::attention_decode::attention_decode(o, lse, q, k, v, b, tkv, visible, s);
     }
     let scale = 1.0 / (dk as f32).sqrt();
-    let bf16 = on_tiles(tq);
+    let bf16 = on_tiles(precision, tq);
     let (o_ptr, lse_ptr) = (SharedMut::new(o), SharedMut::new(lse));
     let group = nq / nk;
     // One task per (sequence, key head): it runs every query head that reads that key head (a
@@ -276,7 +284,7 @@ pub fn attention_forward(
             let src = Src { packed: kv, bf16 };
             // f32 on AVX-512: the scores' softmax runs in the product's registers
             #[cfg(target_arch = "x86_64")]
-            let fused = kv.is_none() && super::sgemm_avx512::available();
+            let fused = kv.is_none() && super::gemm::cpu::avx512f();
             #[cfg(not(target_arch = "x86_64"))]
             let fused = false;
             // A call of many queries streams each V tile again and again, from a copy; a few
@@ -550,6 +558,7 @@ pub fn attention_backward(
     t: usize,
     s: &AttnShape,
     pairs: Option<Lambda>,
+    precision: Precision,
 ) {
     s.check();
     let AttnShape {
@@ -583,9 +592,9 @@ pub fn attention_backward(
         );
     }
     let scale = 1.0 / (d_k as f32).sqrt();
-    let bf16 = on_tiles(t);
+    let bf16 = on_tiles(precision, t);
     #[cfg(target_arch = "x86_64")]
-    let avx512 = super::sgemm_avx512::available();
+    let avx512 = super::gemm::cpu::avx512f();
     let (dq_ptr, dk_ptr, dv_ptr) = (SharedMut::new(dq), SharedMut::new(dk), SharedMut::new(dv));
     let group = nq / nv;
     assert!(
@@ -837,11 +846,24 @@ impl Src<'_, '_> {
         b: Mat,
         (c, c_rs, accumulate): (*mut f32, usize, bool),
     ) {
+        // SAFETY: C's m rows of n columns at c_rs are the caller's alone, valid while this
+        // runs (this fn's `# Safety`): exactly the values handed on.
+        let dst = unsafe { SharedMut::from_raw(c, extent(m, n, c_rs, 1)) };
+        let (d, out) = (
+            Dims::new(m, n, k),
+            SharedOut {
+                dst,
+                rs: c_rs,
+                accumulate,
+            },
+        );
         match self.packed {
-            Some(p) => p[i].gemm_raw(m, n, k, at, a, c, c_rs, accumulate),
+            // SAFETY: C is the caller's alone, as both products require (this fn's `# Safety`).
+            Some(p) => unsafe { p[i].gemm(d, at, a, out) },
             None => {
                 assert_eq!(b.cs, 1, "attention: B's columns must be contiguous");
-                small_gemm(m, n, k, a, b.data, b.rs, c, c_rs, accumulate, self.bf16)
+                // SAFETY: as above; small_gemm bounds A and B itself.
+                unsafe { small_gemm(d, a, b, out, self.bf16) }
             }
         }
     }
@@ -954,7 +976,7 @@ mod tests {
     #[test]
     fn register_softmax_matches_the_portable_passes() {
         use super::super::attention_scores::{probs_grads_row, scores_softmax};
-        if !crate::kernels::sgemm_avx512::available() {
+        if !crate::kernels::gemm::cpu::avx512f() {
             eprintln!("skipped: no AVX-512F");
             return;
         }
@@ -986,19 +1008,13 @@ mod tests {
                     &mut p[0],
                     st,
                 );
-                let s = p[1].as_mut_ptr();
-                small_gemm(
-                    rows,
-                    BK,
-                    dk,
-                    Mat::rows(&q, dk),
-                    &kt,
-                    BK,
-                    s,
-                    BK,
-                    false,
-                    false,
-                );
+                let s = SharedOut {
+                    dst: SharedMut::new(&mut p[1]),
+                    rs: BK,
+                    accumulate: false,
+                };
+                let d = Dims::new(rows, BK, dk);
+                small_gemm(d, Mat::rows(&q, dk), Mat::rows(&kt, BK), s, false);
             }
             let st = Online {
                 m: &mut m[1],
@@ -1073,7 +1089,7 @@ mod tests {
             let k = randn(b * t * s.nk * s.dk, 2, 1.0);
             let v = randn(b * t * s.nv * s.dv, 3, 1.0);
             let (mut o, mut lse) = (vec![0.0; b * t * s.nq * s.dv], vec![0.0; b * s.nq * t]);
-            attention_forward(&mut o, &mut lse, &q, &k, &v, b, t, t, 0, &s);
+            attention_forward(&mut o, &mut lse, &q, &k, &v, b, t, t, 0, &s, Precision::F32);
             let r = naive(&q, &k, &v, b, t, &s);
             let err = o
                 .iter()
@@ -1093,10 +1109,22 @@ mod tests {
         let k = randn(t * s.nk * s.dk, 2, 1.0);
         let v = randn(t * s.nv * s.dv, 3, 1.0);
         let (mut o, mut lse) = (vec![0.0; t * s.nq * s.dv], vec![0.0; s.nq * t]);
-        attention_forward(&mut o, &mut lse, &q, &k, &v, 1, t, t, 0, &s);
+        attention_forward(&mut o, &mut lse, &q, &k, &v, 1, t, t, 0, &s, Precision::F32);
         let (mut ot, mut lt) = (vec![0.0; tail * s.nq * s.dv], vec![0.0; s.nq * tail]);
         let qt = &q[(t - tail) * s.nq * s.dk..];
-        attention_forward(&mut ot, &mut lt, qt, &k, &v, 1, tail, t, t - tail, &s);
+        attention_forward(
+            &mut ot,
+            &mut lt,
+            qt,
+            &k,
+            &v,
+            1,
+            tail,
+            t,
+            t - tail,
+            &s,
+            Precision::F32,
+        );
         assert_eq!(&o[(t - tail) * s.nq * s.dv..], &ot[..]);
     }
 
@@ -1118,10 +1146,34 @@ mod tests {
                         .flat_map(|bi| q[(bi * t + visible - 1) * qw..][..qw].to_vec())
                         .collect();
                     let (mut o, mut lse) = (vec![0.0; b * ow], vec![0.0; b * s.nq]);
-                    attention_forward(&mut o, &mut lse, &q1, &k, &v, b, 1, t, visible - 1, &s);
+                    attention_forward(
+                        &mut o,
+                        &mut lse,
+                        &q1,
+                        &k,
+                        &v,
+                        b,
+                        1,
+                        t,
+                        visible - 1,
+                        &s,
+                        Precision::F32,
+                    );
                     let want = naive(&q, &k, &v, b, t, &s);
                     let (mut o_t, mut lse_t) = (vec![0.0; b * t * ow], vec![0.0; b * s.nq * t]);
-                    attention_forward(&mut o_t, &mut lse_t, &q, &k, &v, b, t, t, 0, &s);
+                    attention_forward(
+                        &mut o_t,
+                        &mut lse_t,
+                        &q,
+                        &k,
+                        &v,
+                        b,
+                        t,
+                        t,
+                        0,
+                        &s,
+                        Precision::F32,
+                    );
                     for bi in 0..b {
                         let row = &want[(bi * t + visible - 1) * ow..][..ow];
                         for (x, y) in o[bi * ow..(bi + 1) * ow].iter().zip(row) {
@@ -1151,7 +1203,7 @@ mod tests {
             let r = randn(b * t * s.nq * s.dv, 7, 1.0);
             let fwd = |q: &[f32], k: &[f32], v: &[f32]| {
                 let (mut o, mut lse) = (vec![0.0; b * t * s.nq * s.dv], vec![0.0; b * s.nq * t]);
-                attention_forward(&mut o, &mut lse, q, k, v, b, t, t, 0, &s);
+                attention_forward(&mut o, &mut lse, q, k, v, b, t, t, 0, &s, Precision::F32);
                 (o, lse)
             };
             let (o, lse) = fwd(&q, &k, &v);
@@ -1161,7 +1213,20 @@ mod tests {
             let mut delta = vec![0.0; b * t * s.nq];
             attention_delta(&mut delta, &r, &o, s.nq, s.dv);
             attention_backward(
-                &mut dq, &mut dk, &mut dv, &r, &q, &k, &v, &delta, &lse, b, t, &s, None,
+                &mut dq,
+                &mut dk,
+                &mut dv,
+                &r,
+                &q,
+                &k,
+                &v,
+                &delta,
+                &lse,
+                b,
+                t,
+                &s,
+                None,
+                Precision::F32,
             );
             check_grad("attention dq", &q, &dq, |q| dot64(&fwd(q, &k, &v).0, &r));
             check_grad("attention dk", &k, &dk, |k| dot64(&fwd(&q, k, &v).0, &r));
@@ -1204,7 +1269,7 @@ mod tests {
             let r = randn(b * t * s.nq / 2 * s.dv, 7, 1.0);
             let fwd = |q: &[f32], k: &[f32], v: &[f32]| {
                 let (mut o, mut lse) = (vec![0.0; b * t * s.nq * s.dv], vec![0.0; b * s.nq * t]);
-                attention_forward(&mut o, &mut lse, q, k, v, b, t, t, 0, &s);
+                attention_forward(&mut o, &mut lse, q, k, v, b, t, t, 0, &s, Precision::F32);
                 (o, lse)
             };
             // L = Σ r · (attn1 − λ·attn2), so dO of pair g is (r, −λ·r): the backward reads r
@@ -1238,6 +1303,7 @@ mod tests {
                 t,
                 &s,
                 Some(lambda),
+                Precision::F32,
             );
             check_grad("paired dq", &q, &dq, |q| loss(&fwd(q, &k, &v).0));
             check_grad("paired dk", &k, &dk, |k| loss(&fwd(&q, k, &v).0));

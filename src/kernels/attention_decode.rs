@@ -143,7 +143,7 @@ fn key_scores<const Q: usize>(mut scores: [&mut [f32]; Q], qs: [&[f32]; Q], k: &
     let (len, dk) = (scores[0].len(), qs[0].len());
     assert!(k.len() >= (len - 1) * rs + dk);
     #[cfg(target_arch = "x86_64")]
-    if super::sgemm_avx512::available() {
+    if super::gemm::cpu::avx512f() {
         use std::arch::x86_64::*;
         for r0 in (0..len).step_by(16) {
             let h = 16.min(len - r0);
@@ -191,31 +191,35 @@ unsafe fn group_scores16<const Q: usize>(
     rs: usize,
     h: usize,
 ) -> [std::arch::x86_64::__m512; Q] {
-    use std::arch::x86_64::*;
-    let dk = qs[0].len();
-    let mut acc = [_mm512_setzero_ps(); Q];
-    for p0 in (0..dk).step_by(16) {
-        let m = super::lane_mask(dk - p0);
-        let mut cols: [__m512i; 16] = std::array::from_fn(|i| {
-            if i < h {
-                _mm512_castps_si512(_mm512_maskz_loadu_ps(m, k.add(i * rs + p0)))
-            } else {
-                _mm512_setzero_si512()
+    // SAFETY: AVX-512F is the caller's contract, and the loads
+    // read rows i < h of k at stride rs, columns p0.. masked to dk, which it guarantees in bounds.
+    unsafe {
+        use std::arch::x86_64::*;
+        let dk = qs[0].len();
+        let mut acc = [_mm512_setzero_ps(); Q];
+        for p0 in (0..dk).step_by(16) {
+            let m = super::lane_mask(dk - p0);
+            let mut cols: [__m512i; 16] = std::array::from_fn(|i| {
+                if i < h {
+                    _mm512_castps_si512(_mm512_maskz_loadu_ps(m, k.add(i * rs + p0)))
+                } else {
+                    _mm512_setzero_si512()
+                }
+            });
+            super::transpose16(&mut cols);
+            // this block's query components, zero past dk
+            let mut qp = [[0f32; 16]; Q];
+            for (d, q) in qp.iter_mut().zip(qs) {
+                _mm512_storeu_ps(d.as_mut_ptr(), _mm512_maskz_loadu_ps(m, q.as_ptr().add(p0)));
             }
-        });
-        super::transpose16(&mut cols);
-        // this block's query components, zero past dk
-        let mut qp = [[0f32; 16]; Q];
-        for (d, q) in qp.iter_mut().zip(qs) {
-            _mm512_storeu_ps(d.as_mut_ptr(), _mm512_maskz_loadu_ps(m, q.as_ptr().add(p0)));
-        }
-        for (p, col) in cols.iter().enumerate() {
-            for (a, d) in acc.iter_mut().zip(&qp) {
-                *a = _mm512_fmadd_ps(_mm512_set1_ps(d[p]), _mm512_castsi512_ps(*col), *a);
+            for (p, col) in cols.iter().enumerate() {
+                for (a, d) in acc.iter_mut().zip(&qp) {
+                    *a = _mm512_fmadd_ps(_mm512_set1_ps(d[p]), _mm512_castsi512_ps(*col), *a);
+                }
             }
         }
+        acc
     }
-    acc
 }
 
 /// accs[i] = Σ_t ps[i][t] · v[t·rs..t·rs + accs[i].len()], each row of v loaded once for all
@@ -223,7 +227,7 @@ fn weighted_rows<const Q: usize>(accs: [&mut [f32]; Q], ps: [&[f32]; Q], v: &[f3
     let (w, len) = (accs[0].len(), ps[0].len());
     assert!(v.len() >= (len - 1) * rs + w);
     #[cfg(target_arch = "x86_64")]
-    if super::sgemm_avx512::available() {
+    if super::gemm::cpu::avx512f() {
         // SAFETY: AVX-512F is present; rows t < len of v are in bounds (asserted above).
         unsafe { weighted_rows_avx512(accs, ps, v, rs) };
         return;
@@ -251,15 +255,19 @@ unsafe fn weighted_rows_avx512<const Q: usize>(
     v: &[f32],
     rs: usize,
 ) {
-    let w = accs[0].len();
-    for c0 in (0..w).step_by(64) {
-        let cols = (w - c0).min(64);
-        let (a, p) = (&mut accs, &ps);
-        match cols.div_ceil(16) {
-            1 => weighted_columns::<1, Q>(a, p, v, rs, c0, cols),
-            2 => weighted_columns::<2, Q>(a, p, v, rs, c0, cols),
-            3 => weighted_columns::<3, Q>(a, p, v, rs, c0, cols),
-            _ => weighted_columns::<4, Q>(a, p, v, rs, c0, cols),
+    // SAFETY: `weighted_columns` has this fn's contract
+    // (AVX-512F, rows of v in bounds) and is called with c0 + cols ≤ w columns.
+    unsafe {
+        let w = accs[0].len();
+        for c0 in (0..w).step_by(64) {
+            let cols = (w - c0).min(64);
+            let (a, p) = (&mut accs, &ps);
+            match cols.div_ceil(16) {
+                1 => weighted_columns::<1, Q>(a, p, v, rs, c0, cols),
+                2 => weighted_columns::<2, Q>(a, p, v, rs, c0, cols),
+                3 => weighted_columns::<3, Q>(a, p, v, rs, c0, cols),
+                _ => weighted_columns::<4, Q>(a, p, v, rs, c0, cols),
+            }
         }
     }
 }
@@ -280,26 +288,31 @@ unsafe fn weighted_columns<const N: usize, const Q: usize>(
     c0: usize,
     cols: usize,
 ) {
-    use std::arch::x86_64::*;
-    let masks: [__mmask16; N] =
-        std::array::from_fn(|i| super::lane_mask(cols.saturating_sub(16 * i)));
-    let mut sums = [[_mm512_setzero_ps(); N]; Q];
-    for t in 0..ps[0].len() {
-        let row = v.as_ptr().add(t * rs + c0);
-        let mut pv = [_mm512_setzero_ps(); Q];
-        for (x, p) in pv.iter_mut().zip(ps) {
-            *x = _mm512_set1_ps(p[t]);
-        }
-        for i in 0..N {
-            let x = _mm512_maskz_loadu_ps(masks[i], row.add(16 * i));
-            for (s, &p) in sums.iter_mut().zip(&pv) {
-                s[i] = _mm512_fmadd_ps(p, x, s[i]);
+    // SAFETY: AVX-512F and rows t < ps[0].len() of v in bounds
+    // at stride rs are the caller's contract; the loads and stores are masked to the cols
+    // columns from c0, inside v's rows and every acc (c0 + cols ≤ their length).
+    unsafe {
+        use std::arch::x86_64::*;
+        let masks: [__mmask16; N] =
+            std::array::from_fn(|i| super::lane_mask(cols.saturating_sub(16 * i)));
+        let mut sums = [[_mm512_setzero_ps(); N]; Q];
+        for t in 0..ps[0].len() {
+            let row = v.as_ptr().add(t * rs + c0);
+            let mut pv = [_mm512_setzero_ps(); Q];
+            for (x, p) in pv.iter_mut().zip(ps) {
+                *x = _mm512_set1_ps(p[t]);
+            }
+            for i in 0..N {
+                let x = _mm512_maskz_loadu_ps(masks[i], row.add(16 * i));
+                for (s, &p) in sums.iter_mut().zip(&pv) {
+                    s[i] = _mm512_fmadd_ps(p, x, s[i]);
+                }
             }
         }
-    }
-    for (acc, s) in accs.iter_mut().zip(&sums) {
-        for i in 0..N {
-            _mm512_mask_storeu_ps(acc.as_mut_ptr().add(c0 + 16 * i), masks[i], s[i]);
+        for (acc, s) in accs.iter_mut().zip(&sums) {
+            for i in 0..N {
+                _mm512_mask_storeu_ps(acc.as_mut_ptr().add(c0 + 16 * i), masks[i], s[i]);
+            }
         }
     }
 }

@@ -5,8 +5,8 @@
 //! attention.rs keeps those passes for other CPUs and for bf16 tiles.
 
 use super::attention::{Online, PairRow, BK};
-use super::matmul::Mat;
-use super::small_gemm::avx512::{products, WIDE_ROWS};
+use super::gemm::small::avx512::{products, WIDE_ROWS};
+use super::gemm::Mat;
 use super::{exp_nonpos, exp_nonpos16, lane_mask};
 use std::arch::x86_64::*;
 
@@ -31,35 +31,48 @@ pub unsafe fn scores_softmax(
     p: &mut [f32],
     mut st: Online,
 ) {
-    assert!(q.fits(rows, dk) && kt.len() >= dk * BK && p.len() >= rows * BK);
-    assert!(st.m.len() >= rows && st.l.len() >= rows && st.corr.len() >= rows);
-    let mut r0 = 0;
-    while r0 < rows {
-        let h = WIDE_ROWS.min(rows - r0);
-        let a = q.data.as_ptr().add(r0 * q.rs);
-        let s = (dk, a, q.rs, q.cs, kt.as_ptr());
-        match h {
-            6 => rows_out(&products_of::<6>(s), r0, scale, &valid, p, &mut st),
-            5 => rows_out(&products_of::<5>(s), r0, scale, &valid, p, &mut st),
-            4 => rows_out(&products_of::<4>(s), r0, scale, &valid, p, &mut st),
-            3 => rows_out(&products_of::<3>(s), r0, scale, &valid, p, &mut st),
-            2 => rows_out(&products_of::<2>(s), r0, scale, &valid, p, &mut st),
-            _ => rows_out(&products_of::<1>(s), r0, scale, &valid, p, &mut st),
+    // SAFETY: AVX-512F is the caller's contract; the asserts
+    // above bound q (rows × dk), kt (dk × BK), p (rows × BK) and the statistics, which are
+    // all the pointers below reach.
+    unsafe {
+        assert!(q.fits(rows, dk) && kt.len() >= dk * BK && p.len() >= rows * BK);
+        assert!(st.m.len() >= rows && st.l.len() >= rows && st.corr.len() >= rows);
+        let mut r0 = 0;
+        while r0 < rows {
+            let h = WIDE_ROWS.min(rows - r0);
+            let a = q.data.as_ptr().add(r0 * q.rs);
+            let s = (dk, a, q.rs, q.cs, kt.as_ptr());
+            match h {
+                6 => rows_out(&products_of::<6>(s), r0, scale, &valid, p, &mut st),
+                5 => rows_out(&products_of::<5>(s), r0, scale, &valid, p, &mut st),
+                4 => rows_out(&products_of::<4>(s), r0, scale, &valid, p, &mut st),
+                3 => rows_out(&products_of::<3>(s), r0, scale, &valid, p, &mut st),
+                2 => rows_out(&products_of::<2>(s), r0, scale, &valid, p, &mut st),
+                _ => rows_out(&products_of::<1>(s), r0, scale, &valid, p, &mut st),
+            }
+            r0 += h;
         }
-        r0 += h;
     }
 }
 
 /// The scores of H rows: (dk, A, A's row and column strides, Kᵀ).
+///
+/// # Safety
+/// AVX-512F; A's H rows of dk and Kᵀ's dk rows of BK in bounds.
 #[target_feature(enable = "avx512f")]
 #[inline]
 unsafe fn products_of<const H: usize>(
     (dk, a, a_rs, a_cs, kt): (usize, *const f32, usize, usize, *const f32),
 ) -> [[__m512; V]; H] {
-    products::<H, V>(dk, a, a_rs, a_cs, kt, BK, [0xffff; V])
+    // SAFETY: AVX-512F is the caller's contract; a holds H rows of
+    // dk at (a_rs, a_cs) and kt dk rows of BK (checked by `scores_softmax`).
+    unsafe { products::<H, V>(dk, a, a_rs, a_cs, kt, BK, [0xffff; V]) }
 }
 
 /// The softmax update of rows r0.. from their scores s, in registers.
+///
+/// # Safety
+/// AVX-512F; rows r0..r0 + H of p (BK each) and of the statistics in bounds.
 #[target_feature(enable = "avx512f")]
 #[inline]
 unsafe fn rows_out<const H: usize>(
@@ -70,38 +83,42 @@ unsafe fn rows_out<const H: usize>(
     p: &mut [f32],
     st: &mut Online,
 ) {
-    for (i, row) in s.iter().enumerate() {
-        let r = r0 + i;
-        let out = p.as_mut_ptr().add(r * BK);
-        let valid = valid(r).min(BK);
-        if valid == 0 {
-            for v in 0..V {
-                _mm512_storeu_ps(out.add(16 * v), _mm512_setzero_ps());
+    // SAFETY: AVX-512F is the caller's contract; rows r0..r0 + H are
+    // below `rows`, inside p and the statistics (checked by `scores_softmax`).
+    unsafe {
+        for (i, row) in s.iter().enumerate() {
+            let r = r0 + i;
+            let out = p.as_mut_ptr().add(r * BK);
+            let valid = valid(r).min(BK);
+            if valid == 0 {
+                for v in 0..V {
+                    _mm512_storeu_ps(out.add(16 * v), _mm512_setzero_ps());
+                }
+                st.corr[r] = 1.0;
+                continue;
             }
-            st.corr[r] = 1.0;
-            continue;
+            // scaled, and −∞ past the causal limit
+            let mut x = [_mm512_setzero_ps(); V];
+            let mut mx = _mm512_set1_ps(f32::NEG_INFINITY);
+            for v in 0..V {
+                let keep = lane_mask(valid.saturating_sub(16 * v));
+                x[v] = _mm512_mask_mul_ps(mx, keep, row[v], _mm512_set1_ps(scale));
+            }
+            for xv in x {
+                mx = _mm512_max_ps(mx, xv);
+            }
+            let m_new = st.m[r].max(_mm512_reduce_max_ps(mx));
+            let c = exp_nonpos(st.m[r] - m_new);
+            let mut sum = _mm512_setzero_ps();
+            for (v, xv) in x.iter().enumerate() {
+                let e = exp_nonpos16(_mm512_sub_ps(*xv, _mm512_set1_ps(m_new)));
+                _mm512_storeu_ps(out.add(16 * v), e);
+                sum = _mm512_add_ps(sum, e);
+            }
+            st.l[r] = st.l[r] * c + _mm512_reduce_add_ps(sum);
+            st.m[r] = m_new;
+            st.corr[r] = c;
         }
-        // scaled, and −∞ past the causal limit
-        let mut x = [_mm512_setzero_ps(); V];
-        let mut mx = _mm512_set1_ps(f32::NEG_INFINITY);
-        for v in 0..V {
-            let keep = lane_mask(valid.saturating_sub(16 * v));
-            x[v] = _mm512_mask_mul_ps(mx, keep, row[v], _mm512_set1_ps(scale));
-        }
-        for xv in x {
-            mx = _mm512_max_ps(mx, xv);
-        }
-        let m_new = st.m[r].max(_mm512_reduce_max_ps(mx));
-        let c = exp_nonpos(st.m[r] - m_new);
-        let mut sum = _mm512_setzero_ps();
-        for (v, xv) in x.iter().enumerate() {
-            let e = exp_nonpos16(_mm512_sub_ps(*xv, _mm512_set1_ps(m_new)));
-            _mm512_storeu_ps(out.add(16 * v), e);
-            sum = _mm512_add_ps(sum, e);
-        }
-        st.l[r] = st.l[r] * c + _mm512_reduce_add_ps(sum);
-        st.m[r] = m_new;
-        st.corr[r] = c;
     }
 }
 
@@ -121,39 +138,43 @@ pub unsafe fn probs_grads_row(
     scale: f32,
     mut pair: Option<PairRow>,
 ) {
-    assert!(p.len() >= BK && ds.len() >= BK);
-    if let Some(pr) = &pair {
-        assert!(pr.p.len() >= BK && pr.ds.len() >= BK);
-    }
-    let c = _mm512_set1_ps;
-    let probs = |s: *const f32, lse: f32, keep| {
-        let s = _mm512_mul_ps(_mm512_loadu_ps(s), c(scale));
-        _mm512_maskz_mov_ps(keep, exp_nonpos16(_mm512_sub_ps(s, c(lse))))
-    };
-    let grads = |e, dp, delta, keep| {
-        let g = _mm512_mul_ps(e, _mm512_sub_ps(dp, c(delta)));
-        _mm512_maskz_mul_ps(keep, g, c(scale))
-    };
-    for v in 0..V {
-        let keep = lane_mask(valid.saturating_sub(16 * v));
-        let (pv, dv) = (p.as_mut_ptr().add(16 * v), ds.as_mut_ptr().add(16 * v));
-        let e = probs(pv, lse, keep);
-        let dp = _mm512_loadu_ps(dv);
-        _mm512_storeu_ps(dv, grads(e, dp, delta, keep));
-        let weights = match &mut pair {
-            None => e,
-            Some(pr) => {
-                let (pv2, dv2) = (
-                    pr.p.as_mut_ptr().add(16 * v),
-                    pr.ds.as_mut_ptr().add(16 * v),
-                );
-                let (lse2, delta2) = pr.lse_delta;
-                let e2 = probs(pv2, lse2, keep);
-                let dp2 = _mm512_mul_ps(dp, c(-pr.lambda));
-                _mm512_storeu_ps(dv2, grads(e2, dp2, delta2, keep));
-                _mm512_fnmadd_ps(c(pr.lambda), e2, e)
-            }
+    // SAFETY: AVX-512F is the caller's contract; every
+    // pointer below stays inside p and ds (and the pair's), whose lengths are checked above.
+    unsafe {
+        assert!(p.len() >= BK && ds.len() >= BK);
+        if let Some(pr) = &pair {
+            assert!(pr.p.len() >= BK && pr.ds.len() >= BK);
+        }
+        let c = _mm512_set1_ps;
+        let probs = |s: *const f32, lse: f32, keep| {
+            let s = _mm512_mul_ps(_mm512_loadu_ps(s), c(scale));
+            _mm512_maskz_mov_ps(keep, exp_nonpos16(_mm512_sub_ps(s, c(lse))))
         };
-        _mm512_storeu_ps(pv, weights);
+        let grads = |e, dp, delta, keep| {
+            let g = _mm512_mul_ps(e, _mm512_sub_ps(dp, c(delta)));
+            _mm512_maskz_mul_ps(keep, g, c(scale))
+        };
+        for v in 0..V {
+            let keep = lane_mask(valid.saturating_sub(16 * v));
+            let (pv, dv) = (p.as_mut_ptr().add(16 * v), ds.as_mut_ptr().add(16 * v));
+            let e = probs(pv, lse, keep);
+            let dp = _mm512_loadu_ps(dv);
+            _mm512_storeu_ps(dv, grads(e, dp, delta, keep));
+            let weights = match &mut pair {
+                None => e,
+                Some(pr) => {
+                    let (pv2, dv2) = (
+                        pr.p.as_mut_ptr().add(16 * v),
+                        pr.ds.as_mut_ptr().add(16 * v),
+                    );
+                    let (lse2, delta2) = pr.lse_delta;
+                    let e2 = probs(pv2, lse2, keep);
+                    let dp2 = _mm512_mul_ps(dp, c(-pr.lambda));
+                    _mm512_storeu_ps(dv2, grads(e2, dp2, delta2, keep));
+                    _mm512_fnmadd_ps(c(pr.lambda), e2, e)
+                }
+            };
+            _mm512_storeu_ps(pv, weights);
+        }
     }
 }

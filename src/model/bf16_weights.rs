@@ -4,7 +4,7 @@
 //! (half the bytes of f32); elsewhere every parameter as bf16 rows for decoding only.
 
 use super::Model;
-use crate::kernels::matmul::Weight;
+use crate::kernels::gemm::Weight;
 use std::ops::Range;
 
 pub struct Bf16Weights {
@@ -20,11 +20,14 @@ impl Bf16Weights {
     pub(crate) fn new(model: &Model) -> Self {
         let (mut rows, mut tiles) = (Vec::new(), Vec::new());
         #[cfg(target_arch = "x86_64")]
-        if crate::kernels::matmul::bf16_available() {
+        if crate::kernels::gemm::cpu::avx512_bf16() {
             for spec in model.layout.specs.iter().filter(|s| s.shape.len() == 2) {
                 let (oc, c) = (spec.shape[0], spec.shape[1]);
                 let w = &model.params[spec.range()];
-                tiles.push((spec.offset, crate::kernels::bf16::pack_weight(w, oc, c)));
+                tiles.push((
+                    spec.offset,
+                    crate::kernels::gemm::bf16::pack_weight(w, oc, c),
+                ));
             }
             tiles.sort_by_key(|t| t.0);
         }

@@ -8,18 +8,17 @@
 use super::attention::{self as attn, Lambda};
 use super::bf16_weights::Bf16Weights;
 use super::kv_cache::KvCache;
-use crate::config::params::LayerParams;
+use crate::config::params::{LayerParams, Span};
 use crate::config::{lambda_init_at, AttentionKind, ModelConfig};
 use crate::kernels::attention::{
     attention_backward, attention_delta, attention_forward, AttnShape,
 };
-use crate::kernels::matmul::{matmul_backward, matmul_forward, matmul_forward_each};
+use crate::kernels::gemm::{matmul_backward, matmul_forward, matmul_forward_each};
 use crate::kernels::rmsnorm::{rmsnorm_backward, rmsnorm_forward};
 use crate::kernels::rope::{rope_backward, rope_forward, RopeTable};
 use crate::kernels::sigmoid;
 use crate::kernels::swiglu::{swiglu_backward, swiglu_forward};
-use crate::kernels::Grad;
-use std::ops::Range;
+use crate::kernels::{Grad, Precision};
 
 /// Sizes shared by every block of one model.
 #[derive(Clone, Copy, Debug)]
@@ -193,18 +192,19 @@ pub fn block_forward(
     t: usize,
     cache: Option<(&mut [KvCache], &[usize])>,
     logit_bits: Option<u32>,
+    precision: Precision,
 ) {
     let n = b * t;
     let c = d.c;
     let s = &d.shape;
     // A linear layer's weight, with its bf16 copies where inference keeps them.
-    let weight = |r: Range<usize>| Bf16Weights::weight_of(wb, w, r);
+    let weight = |r: Span| Bf16Weights::weight_of(wb, w, r.range());
     rmsnorm_forward(
         &mut a.ln1[..n * c],
         &mut a.rstd1[..n],
         x,
         Some(&mut a.x_in[..n * c]),
-        &w[p.input_layernorm.clone()],
+        &w[p.input_layernorm.range()],
         1.0,
         c,
         d.eps,
@@ -216,15 +216,15 @@ pub fn block_forward(
         &mut a.v[..n * d.v_width()],
     );
     // diff_v2's λ projection reads ln1 too: it joins the q, k and v products.
-    let lambda = p.lambda_proj.clone().map(&weight);
+    let lambda = p.lambda_proj.map(&weight);
     let mut parts = [
-        (&mut *q, weight(p.q_proj.clone()), d.q_width()),
-        (&mut *k, weight(p.k_proj.clone()), d.k_width()),
-        (&mut *v, weight(p.v_proj.clone()), d.v_width()),
+        (&mut *q, weight(p.q_proj), d.q_width()),
+        (&mut *k, weight(p.k_proj), d.k_width()),
+        (&mut *v, weight(p.v_proj), d.v_width()),
         (&mut a.lam[..], lambda.unwrap_or((&[][..]).into()), d.h),
     ];
     let count = if lambda.is_some() { 4 } else { 3 };
-    matmul_forward_each(&mut parts[..count], ln1, n, c);
+    matmul_forward_each(&mut parts[..count], ln1, n, c, precision);
     let o = &mut a.o[..n * d.o_width()];
     let lse = &mut a.lse[..b * s.nq * t];
     match cache {
@@ -232,7 +232,7 @@ pub fn block_forward(
             rope_forward(q, rope, t, s.nq, &[0]);
             rope_forward(k, rope, t, s.nk, &[0]);
             match logit_bits {
-                None => attention_forward(o, lse, q, k, v, b, t, t, 0, s),
+                None => attention_forward(o, lse, q, k, v, b, t, t, 0, s, precision),
                 Some(bits) => crate::kernels::attention_lowbit::quantized_attention_forward(
                     o, q, k, v, b, t, s, bits,
                 ),
@@ -259,6 +259,7 @@ pub fn block_forward(
                     at + t,
                     at,
                     s,
+                    precision,
                 );
             }
         }
@@ -268,7 +269,7 @@ pub fn block_forward(
         AttentionKind::DiffV1 => {
             let lambda_init = lambda_init_at(d.lambda_init, layer);
             let ls = p.lambdas.as_ref().expect("diff_v1 layer has lambdas");
-            let lambdas = [0, 1, 2, 3].map(|i| &w[ls[i].clone()]);
+            let lambdas = [0, 1, 2, 3].map(|i| &w[ls[i].range()]);
             a.lambda_parts = attn::lambda_full(lambdas, lambda_init);
             let comb = &mut a.comb[..n * d.out];
             attn::diff_combine_forward(comb, o, Lambda::Layer(a.lambda_parts.0), d.h, s.dv);
@@ -276,7 +277,7 @@ pub fn block_forward(
             // as its gain. Ablated (d.subln false), both go: the paper ties the scale to the norm.
             if d.subln {
                 let y = &mut a.y[..n * d.out];
-                let subln = &w[p.subln.clone().expect("diff_v1 layer has subln")];
+                let subln = &w[p.subln.expect("diff_v1 layer has subln").range()];
                 let sub_rstd = &mut a.sub_rstd[..n * d.h];
                 rmsnorm_forward(
                     y,
@@ -306,11 +307,12 @@ pub fn block_forward(
     matmul_forward(
         x,
         a.attn_out(n, d),
-        weight(p.o_proj.clone()),
+        weight(p.o_proj),
         n,
         d.out,
         c,
         true,
+        precision,
     );
     let ln2 = &mut a.ln2[..n * c];
     rmsnorm_forward(
@@ -318,7 +320,7 @@ pub fn block_forward(
         &mut a.rstd2[..n],
         x,
         Some(&mut a.x_mid[..n * c]),
-        &w[p.post_attention_layernorm.clone()],
+        &w[p.post_attention_layernorm.range()],
         1.0,
         c,
         d.eps,
@@ -330,15 +332,16 @@ pub fn block_forward(
     );
     matmul_forward_each(
         &mut [
-            (&mut *gate, weight(p.gate_proj.clone()), d.f),
-            (&mut *up, weight(p.up_proj.clone()), d.f),
+            (&mut *gate, weight(p.gate_proj), d.f),
+            (&mut *up, weight(p.up_proj), d.f),
         ],
         ln2,
         n,
         c,
+        precision,
     );
     swiglu_forward(hid, gate, up);
-    matmul_forward(x, hid, weight(p.down_proj.clone()), n, d.f, c, true);
+    matmul_forward(x, hid, weight(p.down_proj), n, d.f, c, true, precision);
 }
 
 /// dx: (B, T, D) in place: the gradient w.r.t. the block's output on entry, w.r.t. its input on
@@ -356,6 +359,7 @@ pub fn block_backward(
     rope: &RopeTable,
     b: usize,
     t: usize,
+    precision: Precision,
 ) {
     let n = b * t;
     let c = d.c;
@@ -367,12 +371,13 @@ pub fn block_backward(
         Grad::Set(dhid),
         g,
         w,
-        &p.down_proj,
+        p.down_proj,
         dx,
         &a.hid[..n * d.f],
         n,
         d.f,
         c,
+        precision,
     );
     let (dgate, dup) = (&mut sc.dgate[..n * d.f], &mut sc.dup[..n * d.f]);
     swiglu_backward(
@@ -383,15 +388,37 @@ pub fn block_backward(
         &a.up[..n * d.f],
     );
     let dln = &mut sc.dln[..n * c];
-    linear_backward(Grad::Set(dln), g, w, &p.gate_proj, dgate, ln2, n, c, d.f);
-    linear_backward(Grad::Add(dln), g, w, &p.up_proj, dup, ln2, n, c, d.f);
-    let pal = p.post_attention_layernorm.clone();
+    linear_backward(
+        Grad::Set(dln),
+        g,
+        w,
+        p.gate_proj,
+        dgate,
+        ln2,
+        n,
+        c,
+        d.f,
+        precision,
+    );
+    linear_backward(
+        Grad::Add(dln),
+        g,
+        w,
+        p.up_proj,
+        dup,
+        ln2,
+        n,
+        c,
+        d.f,
+        precision,
+    );
+    let pal = p.post_attention_layernorm;
     rmsnorm_backward(
         Grad::Add(dx),
-        &mut g[pal.clone()],
+        &mut g[pal.range()],
         dln,
         &a.x_mid[..n * c],
-        &w[pal],
+        &w[pal.range()],
         1.0,
         &a.rstd2[..n],
         c,
@@ -402,12 +429,13 @@ pub fn block_backward(
         Grad::Set(dattn),
         g,
         w,
-        &p.o_proj,
+        p.o_proj,
         dx,
         a.attn_out(n, d),
         n,
         d.out,
         c,
+        precision,
     );
     let dln = &mut sc.dln[..n * c];
     let o = &a.o[..n * d.o_width()];
@@ -424,13 +452,13 @@ pub fn block_backward(
                 let lambda_init = lambda_init_at(d.lambda_init, layer);
                 // in the forward pass this was `y = (1 − λ_init) · subln(comb)`
                 let dcomb = &mut sc.dcomb[..n * d.out];
-                let sub = p.subln.clone().expect("diff_v1 layer has subln");
+                let sub = p.subln.expect("diff_v1 layer has subln");
                 rmsnorm_backward(
                     Grad::Set(dcomb),
-                    &mut g[sub.clone()],
+                    &mut g[sub.range()],
                     dattn,
                     &a.comb[..n * d.out],
-                    &w[sub],
+                    &w[sub.range()],
                     1.0 - lambda_init,
                     &a.sub_rstd[..n * d.h],
                     s.dv,
@@ -446,7 +474,7 @@ pub fn block_backward(
             attn::diff_combine_backward(dlam, delta, dcomb, o, lambda, d.h, s.dv);
             let dlambda = dlam.iter().map(|&v| v as f64).sum::<f64>() as f32;
             let ls = p.lambdas.as_ref().expect("diff_v1 layer has lambdas");
-            let lambdas = [0, 1, 2, 3].map(|i| &w[ls[i].clone()]);
+            let lambdas = [0, 1, 2, 3].map(|i| &w[ls[i].range()]);
             let [g0, g1, g2, g3] = split4(g, ls);
             attn::lambda_full_backward([g0, g1, g2, g3], lambdas, e1, e2, dlambda);
             (dcomb, Some(lambda))
@@ -460,11 +488,8 @@ pub fn block_backward(
             dlam.iter_mut()
                 .zip(lam)
                 .for_each(|(dl, &l)| *dl *= l * (1.0 - l));
-            let lp = p
-                .lambda_proj
-                .clone()
-                .expect("diff_v2 layer has lambda_proj");
-            linear_backward(Grad::Set(dln), g, w, &lp, dlam, ln1, n, c, d.h);
+            let lp = p.lambda_proj.expect("diff_v2 layer has lambda_proj");
+            linear_backward(Grad::Set(dln), g, w, lp, dlam, ln1, n, c, d.h, precision);
             (dattn, Some(lambda))
         }
     };
@@ -479,7 +504,9 @@ pub fn block_backward(
         &a.v[..n * d.v_width()],
     );
     let (delta, lse) = (&sc.delta[..n * s.nq], &a.lse[..b * s.nq * t]);
-    attention_backward(dq, dk, dv, d_o, q, k, v, delta, lse, b, t, s, pairs);
+    attention_backward(
+        dq, dk, dv, d_o, q, k, v, delta, lse, b, t, s, pairs, precision,
+    );
     rope_backward(dq, rope, t, s.nq, &[0]);
     rope_backward(dk, rope, t, s.nk, &[0]);
     // diff_v2's λ projection made the first contribution to dln
@@ -488,16 +515,38 @@ pub fn block_backward(
     } else {
         Grad::Set(dln)
     };
-    linear_backward(dln_q, g, w, &p.q_proj, dq, ln1, n, c, d.q_width());
-    linear_backward(Grad::Add(dln), g, w, &p.k_proj, dk, ln1, n, c, d.k_width());
-    linear_backward(Grad::Add(dln), g, w, &p.v_proj, dv, ln1, n, c, d.v_width());
-    let il = p.input_layernorm.clone();
+    linear_backward(dln_q, g, w, p.q_proj, dq, ln1, n, c, d.q_width(), precision);
+    linear_backward(
+        Grad::Add(dln),
+        g,
+        w,
+        p.k_proj,
+        dk,
+        ln1,
+        n,
+        c,
+        d.k_width(),
+        precision,
+    );
+    linear_backward(
+        Grad::Add(dln),
+        g,
+        w,
+        p.v_proj,
+        dv,
+        ln1,
+        n,
+        c,
+        d.v_width(),
+        precision,
+    );
+    let il = p.input_layernorm;
     rmsnorm_backward(
         Grad::Add(dx),
-        &mut g[il.clone()],
+        &mut g[il.range()],
         dln,
         &a.x_in[..n * c],
-        &w[il],
+        &w[il.range()],
         1.0,
         &a.rstd1[..n],
         c,
@@ -511,20 +560,31 @@ pub(super) fn linear_backward(
     dinp: Grad,
     g: &mut [f32],
     w: &[f32],
-    r: &Range<usize>,
+    r: Span,
     dout: &[f32],
     inp: &[f32],
     n: usize,
     c: usize,
     oc: usize,
+    precision: Precision,
 ) {
-    matmul_backward(dinp, &mut g[r.clone()], dout, inp, &w[r.clone()], n, c, oc);
+    matmul_backward(
+        dinp,
+        &mut g[r.range()],
+        dout,
+        inp,
+        &w[r.range()],
+        n,
+        c,
+        oc,
+        precision,
+    );
 }
 
 /// Four disjoint mutable gradient slices for the four λ vectors (laid out one after another).
-fn split4<'g>(g: &'g mut [f32], ls: &[Range<usize>; 4]) -> [&'g mut [f32]; 4] {
-    let len = ls[0].len();
-    debug_assert!((1..4).all(|i| ls[i].start == ls[i - 1].end && ls[i].len() == len));
-    let mut it = g[ls[0].start..ls[3].end].chunks_mut(len);
+fn split4<'g>(g: &'g mut [f32], ls: &[Span; 4]) -> [&'g mut [f32]; 4] {
+    let len = ls[0].len;
+    debug_assert!((1..4).all(|i| ls[i].offset == ls[i - 1].end() && ls[i].len == len));
+    let mut it = g[ls[0].offset..ls[3].end()].chunks_mut(len);
     std::array::from_fn(|_| it.next().expect("four lambda vectors"))
 }

@@ -16,10 +16,10 @@ use crate::kernels::cross_entropy::{
     counted, cross_entropy_backward, cross_entropy_forward, mean_loss, IGNORE,
 };
 use crate::kernels::embedding::{embedding_backward, embedding_forward};
-use crate::kernels::matmul::matmul_forward;
+use crate::kernels::gemm::matmul_forward;
 use crate::kernels::rmsnorm::{rmsnorm_backward, rmsnorm_forward};
 use crate::kernels::rope::RopeTable;
-use crate::kernels::Grad;
+use crate::kernels::{Grad, Precision};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -31,6 +31,10 @@ pub struct Model {
     pub params: Vec<f32>,
     pub(crate) dims: Dims,
     pub(crate) rope: RopeTable,
+    /// The matrix products' operands (f32 unless the caller sets `Precision::Bf16`, which
+    /// only `Precision::new` on an AVX512_BF16 CPU gives): a `Workspace` made for this model
+    /// runs its forwards and backwards in it. Not part of a checkpoint.
+    pub precision: Precision,
 }
 
 /// Everything a forward and backward pass over up to B×T tokens writes, allocated once.
@@ -63,6 +67,9 @@ pub struct Workspace {
     cur: (usize, usize),
     /// bf16 copies of the model's weights that cached forwards read (`keep_bf16_weights`)
     bf16: Option<Bf16Weights>,
+    /// the model's `precision` when this was made, which its buffers are sized for and every
+    /// pass through it runs in
+    pub precision: Precision,
 }
 
 /// Standard normal samples by Box–Muller from a seeded generator.
@@ -102,6 +109,7 @@ impl Model {
             config,
             dims,
             rope,
+            precision: Precision::F32,
         })
     }
 
@@ -216,7 +224,7 @@ impl Model {
             .bf16
             .as_ref()
             .filter(|b| caches.is_some() && b.fits(w.len()));
-        let bits = ws.logit_bits;
+        let (bits, precision) = (ws.logit_bits, ws.precision);
         ws.cur = (b, t);
         ws.tokens[..n].copy_from_slice(tokens);
         if let Some(caches) = caches.as_deref() {
@@ -225,7 +233,7 @@ impl Model {
             }
         }
         let x = &mut ws.x[..n * dm];
-        embedding_forward(x, tokens, &w[self.layout.embed_tokens.clone()], dm);
+        embedding_forward(x, tokens, &w[self.layout.embed_tokens.range()], dm);
         for (l, (acts, p)) in ws.layers.iter_mut().zip(&self.layout.layers).enumerate() {
             let cache = caches.as_deref_mut().map(|cs| (cs, &ws.positions[..b]));
             block_forward(
@@ -240,6 +248,7 @@ impl Model {
                 t,
                 cache,
                 bits,
+                precision,
             );
             if ws.keep_hidden {
                 ws.hidden[l][..n * dm].copy_from_slice(x);
@@ -264,20 +273,21 @@ impl Model {
             &mut ws.rstdf[..rows],
             xin,
             None,
-            &w[self.layout.norm.clone()],
+            &w[self.layout.norm.range()],
             1.0,
             dm,
             self.dims.eps,
         );
-        let head = self.layout.lm_head_range();
+        let head = self.layout.lm_head_span();
         matmul_forward(
             &mut ws.logits[..rows * v],
             lnf,
-            Bf16Weights::weight_of(wb, w, head),
+            Bf16Weights::weight_of(wb, w, head.range()),
             rows,
             dm,
             v,
             false,
+            precision,
         );
         Ok(())
     }
@@ -329,7 +339,7 @@ impl Model {
         );
         let (b, t) = ws.cur;
         let (n, dm, v) = (b * t, self.config.hidden_size, self.config.vocab_size);
-        let w = &self.params;
+        let (w, precision) = (&self.params, ws.precision);
         let dlogits = &mut ws.dlogits[..n * v];
         cross_entropy_backward(
             dlogits,
@@ -340,26 +350,27 @@ impl Model {
             1.0 / counted(&ws.targets[..n]) as f32,
         );
         let dlnf = &mut ws.dlnf[..n * dm];
-        let lm = self.layout.lm_head_range();
+        let lm = self.layout.lm_head_span();
         linear_backward(
             Grad::Set(dlnf),
             grads,
             w,
-            &lm,
+            lm,
             dlogits,
             &ws.lnf[..n * dm],
             n,
             dm,
             v,
+            precision,
         );
         let dx = &mut ws.dx[..n * dm];
-        let nr = self.layout.norm.clone();
+        let nr = self.layout.norm;
         rmsnorm_backward(
             Grad::Set(dx),
-            &mut grads[nr.clone()],
+            &mut grads[nr.range()],
             dlnf,
             &ws.x[..n * dm],
-            &w[nr],
+            &w[nr.range()],
             1.0,
             &ws.rstdf[..n],
             dm,
@@ -377,10 +388,11 @@ impl Model {
                 &self.rope,
                 b,
                 t,
+                precision,
             );
         }
         embedding_backward(
-            &mut grads[self.layout.embed_tokens.clone()],
+            &mut grads[self.layout.embed_tokens.range()],
             dx,
             &ws.tokens[..n],
             dm,
@@ -408,7 +420,7 @@ impl Workspace {
         let shared = (qkv + d.h).max(2 * c.intermediate_size);
         let group = c.n_query_heads() / c.n_key_heads();
         let heads = (c.head_dim, c.value_head_dim(), group, seq);
-        crate::kernels::prepare_threads(widest, shared, batch * seq, heads);
+        crate::kernels::prepare_threads(widest, shared, batch * seq, heads, model.precision);
         let n = batch * seq;
         let z = crate::kernels::zeroed;
         Workspace {
@@ -435,6 +447,7 @@ impl Workspace {
             dlogits: z(n * c.vocab_size),
             cur: (0, 0),
             bf16: None,
+            precision: model.precision,
         }
     }
 

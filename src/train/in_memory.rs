@@ -9,6 +9,7 @@ use super::Optimizer;
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::kernels::adamw::AdamWParams;
+use crate::kernels::Precision;
 use crate::model::{Model, Workspace};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -43,10 +44,23 @@ pub fn train_short(
     run: &ShortRun,
     seed: u64,
     stream: u64,
+    fill: impl FnMut(&mut ChaCha8Rng, &mut [u32], &mut [u32]) -> Result<usize>,
+    on_step: impl FnMut(u64, f32),
+) -> Result<Trained> {
+    train_short_in(config, run, Precision::F32, (seed, stream), fill, on_step)
+}
+
+/// `train_short` with the matrix products in `precision`; `seeds` is (seed, stream).
+pub fn train_short_in(
+    config: ModelConfig,
+    run: &ShortRun,
+    precision: Precision,
+    (seed, stream): (u64, u64),
     mut fill: impl FnMut(&mut ChaCha8Rng, &mut [u32], &mut [u32]) -> Result<usize>,
     mut on_step: impl FnMut(u64, f32),
 ) -> Result<Trained> {
     let mut model = Model::init(config, seed)?;
+    model.precision = precision;
     let hp = AdamWParams {
         lr: run.lr,
         beta1: 0.9,

@@ -21,6 +21,7 @@ use crate::config::AttentionKind;
 use crate::data::{Dataset, TokenSlice, Tokenizer, WindowSampler};
 use crate::error::{Error, Result};
 use crate::kernels::adamw::AdamWParams;
+use crate::kernels::Precision;
 use crate::model::attention::lambda_full;
 use crate::model::{Model, Workspace};
 use std::path::{Path, PathBuf};
@@ -129,10 +130,10 @@ pub(crate) fn layer_lambdas(model: &Model, ws: &Workspace, n: usize, out: &mut [
                 let r = p.lambdas.as_ref().expect("diff_v1 has lambdas");
                 let w = &model.params;
                 let v = [
-                    &w[r[0].clone()],
-                    &w[r[1].clone()],
-                    &w[r[2].clone()],
-                    &w[r[3].clone()],
+                    &w[r[0].range()],
+                    &w[r[1].range()],
+                    &w[r[2].range()],
+                    &w[r[3].range()],
                 ];
                 out[l] = lambda_full(v, c.lambda_init_at(l)).0;
             }
@@ -508,6 +509,10 @@ pub fn train(
     let mut st = start_or_resume(run, out, resume, observer)?;
     let first_step = st.step;
     let _lock = lock_run(out)?;
+    // a run with `bf16 = true` (`--bf16`) multiplies in bf16, on a CPU that can
+    st.model.precision = Precision::new(run.train.bf16).ok_or_else(|| {
+        Error::Invalid("this run uses bf16 matrix products, which need AVX512_BF16".into())
+    })?;
 
     // 2. Record the run and open its metrics log (a resumed log keeps its first steps)
     let params = st.model.num_params();

@@ -4,9 +4,9 @@
 //! Row blocks of C are spread over the rayon pool; each task packs its own A block. Short,
 //! deep products (weight gradients) split their depth across the pool instead.
 
-use super::matmul::{extent, Mat};
-use super::small_gemm::avx512::products;
-use super::{ensure, ensure_aligned, with_thread_buffer};
+use super::small::avx512::products;
+use super::{extent, Dims, Mat, Out};
+use crate::kernels::{ensure, ensure_aligned, with_thread_buffer};
 use rayon::prelude::*;
 use std::arch::x86_64::*;
 use std::cell::Cell;
@@ -26,7 +26,7 @@ const B_PANEL: usize = KC * NR + 16;
 const fn a_panel(kc: usize) -> usize {
     kc * MR + 16
 }
-/// Rows ahead that packing a row-major source prefetches (`super::prefetch`).
+/// Rows ahead that packing a row-major source prefetches (`crate::kernels::prefetch`).
 const PACK_AHEAD: usize = 8;
 /// Most column panels of packed B per pass over the row blocks (2^18 values, 1 MiB),
 /// counted without their padding.
@@ -39,10 +39,6 @@ thread_local! {
     static PACK_B: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
     /// Partial products of a depth-split call made from this thread (`sgemm_split_depth`).
     static PARTIAL: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
-}
-
-pub fn available() -> bool {
-    is_x86_feature_detected!("avx512f")
 }
 
 /// panels[q·stride + p·R + c] = x(p0 + p, j0 + q·R + c) for p < kc and c < R, zero past w:
@@ -62,7 +58,7 @@ fn pack_panels<const R: usize>(
         // panel, a row-major source was read R values at a time at its row stride).
         for p in 0..kc {
             if p + PACK_AHEAD < kc {
-                super::prefetch(x.data[(p0 + p + PACK_AHEAD) * x.rs + j0..].as_ptr(), w);
+                crate::kernels::prefetch(x.data[(p0 + p + PACK_AHEAD) * x.rs + j0..].as_ptr(), w);
             }
             let src = &x.data[(p0 + p) * x.rs + j0..][..w];
             for (q, chunk) in src.chunks(R).enumerate() {
@@ -110,27 +106,32 @@ fn pack_panels<const R: usize>(
 /// Needs AVX-512F; every row must hold kc values and the panel kc · R.
 #[target_feature(enable = "avx512f")]
 unsafe fn transpose_rows<const R: usize>(panel: &mut [f32], rows: &[&[f32]; R], kc: usize) {
-    assert!(panel.len() >= kc * R && rows.iter().all(|r| r.len() >= kc));
-    let mut p = 0;
-    while p + 16 <= kc {
-        for c0 in (0..R).step_by(16) {
-            let w = 16.min(R - c0);
-            let mut r = [_mm512_setzero_si512(); 16];
-            for (i, r) in r.iter_mut().enumerate().take(w) {
-                *r = _mm512_loadu_si512(rows[c0 + i].as_ptr().add(p) as *const _);
+    // SAFETY: AVX-512F is the caller's contract; the assert above
+    // checks that every row holds kc values and the panel kc · R, so the 16-wide loads at
+    // p + 16 ≤ kc and the stores masked to the w ≤ R − c0 columns of row p + i stay in bounds.
+    unsafe {
+        assert!(panel.len() >= kc * R && rows.iter().all(|r| r.len() >= kc));
+        let mut p = 0;
+        while p + 16 <= kc {
+            for c0 in (0..R).step_by(16) {
+                let w = 16.min(R - c0);
+                let mut r = [_mm512_setzero_si512(); 16];
+                for (i, r) in r.iter_mut().enumerate().take(w) {
+                    *r = _mm512_loadu_si512(rows[c0 + i].as_ptr().add(p) as *const _);
+                }
+                crate::kernels::transpose16(&mut r);
+                let mask = crate::kernels::lane_mask(w);
+                for (i, v) in r.iter().enumerate() {
+                    let dst = panel.as_mut_ptr().add((p + i) * R + c0);
+                    _mm512_mask_storeu_epi32(dst as *mut _, mask, *v);
+                }
             }
-            super::transpose16(&mut r);
-            let mask = super::lane_mask(w);
-            for (i, v) in r.iter().enumerate() {
-                let dst = panel.as_mut_ptr().add((p + i) * R + c0);
-                _mm512_mask_storeu_epi32(dst as *mut _, mask, *v);
-            }
+            p += 16;
         }
-        p += 16;
-    }
-    for p in p..kc {
-        for (c, row) in rows.iter().enumerate() {
-            panel[p * R + c] = row[p];
+        for p in p..kc {
+            for (c, row) in rows.iter().enumerate() {
+                panel[p * R + c] = row[p];
+            }
         }
     }
 }
@@ -164,6 +165,7 @@ fn pack_b(panels: &mut [f32], parts: &[Part], p0: usize, kc: usize, jp: Range<us
 /// # Safety
 /// Needs AVX-512F; `c` must be valid for h rows of w columns at stride ldc.
 #[target_feature(enable = "avx512f")]
+// the micro-kernel's raw operands, unpacked once per call
 #[allow(clippy::too_many_arguments)]
 #[inline(never)]
 unsafe fn kernel(
@@ -176,63 +178,71 @@ unsafe fn kernel(
     w: usize,
     accumulate: bool,
 ) {
-    // The register products of the rows and columns the tile has: a ragged last panel (the
-    // 4 rows left of 2,048 or 256, the 11 columns left of 683) runs only the FMAs it needs.
-    let mut acc = [_mm512_setzero_ps(); 2 * MR];
-    macro_rules! tile {
-        ($h:expr, $nv:literal) => {{
-            let p = products::<$h, $nv>(kc, ap.as_ptr(), 1, MR, bp.as_ptr(), NR, [0xffff; $nv]);
-            for (r, row) in p.iter().enumerate() {
-                acc[2 * r..2 * r + $nv].copy_from_slice(row);
-            }
-        }};
-    }
-    match (h, w > 16) {
-        (0..=4, false) => tile!(4, 1),
-        (0..=4, true) => tile!(4, 2),
-        (5..=8, false) => tile!(8, 1),
-        (5..=8, true) => tile!(8, 2),
-        (_, false) => tile!(MR, 1),
-        _ => {
-            // The full tile: its own loop (products::<MR, 2> ran 1-6% slower here).
-            let (mut pa, mut pb) = (ap.as_ptr(), bp.as_ptr());
-            for _ in 0..kc {
-                let b0 = _mm512_loadu_ps(pb);
-                let b1 = _mm512_loadu_ps(pb.add(16));
-                for r in 0..MR {
-                    let a = _mm512_set1_ps(*pa.add(r));
-                    acc[2 * r] = _mm512_fmadd_ps(a, b0, acc[2 * r]);
-                    acc[2 * r + 1] = _mm512_fmadd_ps(a, b1, acc[2 * r + 1]);
+    // SAFETY: AVX-512F and c valid for h rows of w columns at ldc are this
+    // fn's contract; the callers slice ap to kc · MR and bp to kc · NR values, which the panel
+    // loads (kc steps of MR and NR) stay inside; the stores write rows r < h, columns masked to w.
+    unsafe {
+        // The register products of the rows and columns the tile has: a ragged last panel (the
+        // 4 rows left of 2,048 or 256, the 11 columns left of 683) runs only the FMAs it needs.
+        let mut acc = [_mm512_setzero_ps(); 2 * MR];
+        macro_rules! tile {
+            ($h:expr, $nv:literal) => {{
+                let p = products::<$h, $nv>(kc, ap.as_ptr(), 1, MR, bp.as_ptr(), NR, [0xffff; $nv]);
+                for (r, row) in p.iter().enumerate() {
+                    acc[2 * r..2 * r + $nv].copy_from_slice(row);
                 }
-                pa = pa.add(MR);
-                pb = pb.add(NR);
+            }};
+        }
+        match (h, w > 16) {
+            (0..=4, false) => tile!(4, 1),
+            (0..=4, true) => tile!(4, 2),
+            (5..=8, false) => tile!(8, 1),
+            (5..=8, true) => tile!(8, 2),
+            (_, false) => tile!(MR, 1),
+            _ => {
+                // The full tile: its own loop (products::<MR, 2> ran 1-6% slower here).
+                let (mut pa, mut pb) = (ap.as_ptr(), bp.as_ptr());
+                for _ in 0..kc {
+                    let b0 = _mm512_loadu_ps(pb);
+                    let b1 = _mm512_loadu_ps(pb.add(16));
+                    for r in 0..MR {
+                        let a = _mm512_set1_ps(*pa.add(r));
+                        acc[2 * r] = _mm512_fmadd_ps(a, b0, acc[2 * r]);
+                        acc[2 * r + 1] = _mm512_fmadd_ps(a, b1, acc[2 * r + 1]);
+                    }
+                    pa = pa.add(MR);
+                    pb = pb.add(NR);
+                }
             }
         }
-    }
-    // Rows by a loop of fixed length (unrolled, so that acc stays in registers: a loop of h
-    // rows kept it on the stack, zeroed by a memset at every call).
-    let (m0, m1) = (super::lane_mask(w), super::lane_mask(w.saturating_sub(16)));
-    for r in 0..MR {
-        if r == h {
-            break;
-        }
-        let row = c.add(r * ldc);
-        let (mut x0, mut x1) = (acc[2 * r], acc[2 * r + 1]);
-        if w == NR {
-            if accumulate {
-                x0 = _mm512_add_ps(x0, _mm512_loadu_ps(row));
-                x1 = _mm512_add_ps(x1, _mm512_loadu_ps(row.add(16)));
+        // Rows by a loop of fixed length (unrolled, so that acc stays in registers: a loop of h
+        // rows kept it on the stack, zeroed by a memset at every call).
+        let (m0, m1) = (
+            crate::kernels::lane_mask(w),
+            crate::kernels::lane_mask(w.saturating_sub(16)),
+        );
+        for r in 0..MR {
+            if r == h {
+                break;
             }
-            _mm512_storeu_ps(row, x0);
-            _mm512_storeu_ps(row.add(16), x1);
-        } else {
-            // A ragged right edge: masked loads and stores of the first w columns.
-            if accumulate {
-                x0 = _mm512_add_ps(x0, _mm512_maskz_loadu_ps(m0, row));
-                x1 = _mm512_add_ps(x1, _mm512_maskz_loadu_ps(m1, row.add(16)));
+            let row = c.add(r * ldc);
+            let (mut x0, mut x1) = (acc[2 * r], acc[2 * r + 1]);
+            if w == NR {
+                if accumulate {
+                    x0 = _mm512_add_ps(x0, _mm512_loadu_ps(row));
+                    x1 = _mm512_add_ps(x1, _mm512_loadu_ps(row.add(16)));
+                }
+                _mm512_storeu_ps(row, x0);
+                _mm512_storeu_ps(row.add(16), x1);
+            } else {
+                // A ragged right edge: masked loads and stores of the first w columns.
+                if accumulate {
+                    x0 = _mm512_add_ps(x0, _mm512_maskz_loadu_ps(m0, row));
+                    x1 = _mm512_add_ps(x1, _mm512_maskz_loadu_ps(m1, row.add(16)));
+                }
+                _mm512_mask_storeu_ps(row, m0, x0);
+                _mm512_mask_storeu_ps(row.add(16), m1, x1);
             }
-            _mm512_mask_storeu_ps(row, m0, x0);
-            _mm512_mask_storeu_ps(row.add(16), m1, x1);
         }
     }
 }
@@ -256,7 +266,10 @@ pub(crate) fn reserve(n_max: usize) {
 
 #[derive(Clone, Copy)]
 struct DstPtr(*mut f32);
+// SAFETY: the destination of one product, which its tasks write in disjoint row blocks (or
+// depth shares) only, while the call that made it borrows the buffer mutably.
 unsafe impl Send for DstPtr {}
+// SAFETY: as for Send.
 unsafe impl Sync for DstPtr {}
 impl DstPtr {
     fn at(&self, off: usize) -> *mut f32 {
@@ -318,33 +331,21 @@ fn panel_of<'p, 'a>(parts: &'p [Part<'a>], mut jp: usize) -> (&'p Part<'a>, usiz
     unreachable!("column panel past the parts")
 }
 
-/// dst (m, n) row stride dst_rs = (or +=) a (m, k) · b (k, n), on a CPU with AVX-512F.
-#[allow(clippy::too_many_arguments)]
-pub fn sgemm(
-    m: usize,
-    n: usize,
-    k: usize,
-    dst: &mut [f32],
-    dst_rs: usize,
-    accumulate: bool,
-    a: Mat,
-    b: Mat,
-    threads: usize,
-) {
+/// C (+)= a (m, k) · b (k, n), on a CPU with AVX-512F.
+pub fn gemm(d: Dims, a: Mat, b: Mat, out: Out, threads: usize) {
+    let Dims { m, n, k } = d;
     // the depth split carves dst up by raw pointers: its reach is checked here
-    assert!(extent(m, n, dst_rs, 1) <= dst.len(), "sgemm: dst too small");
+    assert!(
+        extent(m, n, out.rs, 1) <= out.dst.len(),
+        "sgemm: dst too small"
+    );
     let deep = k >= threads * MIN_SPLIT_SLICES * KC;
     if threads > 1 && deep && m <= MAX_SPLIT_M && (threads - 1) * m * n <= MAX_PARTIAL {
-        return sgemm_split_depth(m, n, k, dst, dst_rs, accumulate, a, b, threads);
+        return gemm_split_depth(d, a, b, out, threads);
     }
-    sgemm_rows(
-        m,
-        k,
-        a,
-        &[Part::new(dst, dst_rs, n, b)],
-        accumulate,
-        threads,
-    )
+    let accumulate = out.accumulate;
+    let part = Part::new(out.dst, out.rs, n, b);
+    sgemm_rows(m, k, a, &[part], accumulate, threads)
 }
 
 /// Every part's dst = (or +=) a (m, k) · its b, as one product: A is packed once for all of
@@ -361,22 +362,19 @@ const MIN_SPLIT_SLICES: usize = 2;
 /// ... and the other threads' partial products fit this many values.
 const MAX_PARTIAL: usize = 1 << 20;
 
-/// `sgemm` with the depth cut into one contiguous share per thread: each share runs on one
+/// `gemm` with the depth cut into one contiguous share per thread: each share runs on one
 /// thread from packing to kernel with no synchronisation per KC slice (a weight gradient of
 /// 256 rows split by rows had two row blocks and two parallel regions per slice), thread 0
 /// into dst and the others into partial products that are added to dst in order at the end.
-#[allow(clippy::too_many_arguments)]
-fn sgemm_split_depth(
-    m: usize,
-    n: usize,
-    k: usize,
-    dst: &mut [f32],
-    dst_rs: usize,
-    accumulate: bool,
-    a: Mat,
-    b: Mat,
-    threads: usize,
-) {
+fn gemm_split_depth(d: Dims, a: Mat, b: Mat, out: Out, threads: usize) {
+    let (
+        Dims { m, n, k },
+        Out {
+            dst,
+            rs: dst_rs,
+            accumulate,
+        },
+    ) = (d, out);
     let slices = k.div_ceil(KC);
     // share t covers slices [t·slices/threads, (t+1)·slices/threads)
     let depth = |t: usize| (t * slices / threads * KC).min(k);
@@ -413,7 +411,7 @@ fn sgemm_split_depth(
         for t in 1..threads {
             let part = &partial[(t - 1) * m * n..t * m * n];
             for (i, row) in part.chunks_exact(n).enumerate() {
-                super::axpy(&mut dst[i * dst_rs..i * dst_rs + n], 1.0, row);
+                crate::kernels::axpy(&mut dst[i * dst_rs..i * dst_rs + n], 1.0, row);
             }
         }
     });
@@ -451,7 +449,7 @@ fn each_chunk(buf: &mut [f32], len: usize, parallel: bool, f: impl Fn(usize, &mu
 /// `sgemm` (or `sgemm_parts`) with the rows of C split across the threads.
 fn sgemm_rows(m: usize, k: usize, a: Mat, parts: &[Part], accumulate: bool, threads: usize) {
     // What the kernel's raw pointers reach, checked once per call.
-    assert!(available(), "sgemm: the CPU has no AVX-512F");
+    assert!(super::cpu::avx512f(), "sgemm: the CPU has no AVX-512F");
     assert!(a.fits(m, k), "sgemm: lhs too small");
     for p in parts {
         assert!(p.b.fits(k, p.n), "sgemm: rhs too small");

@@ -10,13 +10,13 @@
 //! (TDPBF16PS, four C tiles in tile registers: `block`); elsewhere AVX512_BF16 (AMD Zen 4 and
 //! others: VDPBF16PS, a B tile row per register against broadcast A pairs: `block_dot`).
 
-use super::matmul::Mat;
-use super::{lane_mask, transpose16, with_thread_buffer, SharedMut};
+use super::cpu::{amx, avx512_bf16 as available};
+use super::{Dims, Mat, Out, SharedOut};
+use crate::kernels::{lane_mask, transpose16, with_thread_buffer, SharedMut};
 use rayon::prelude::*;
 use std::arch::asm;
 use std::arch::x86_64::*;
 use std::cell::Cell;
-use std::sync::OnceLock;
 
 /// Rows of a tile, and f32 columns of a C tile.
 const TR: usize = 16;
@@ -80,50 +80,6 @@ impl Drop for TileSession {
     }
 }
 
-/// Whether this CPU runs bf16 products at all: AVX512_BF16's dot products (AMD Zen 4, Intel
-/// Cooper Lake on), which also pack the operands, with or without the tile unit.
-pub fn available() -> bool {
-    static OK: OnceLock<bool> = OnceLock::new();
-    *OK.get_or_init(|| {
-        is_x86_feature_detected!("avx512f")
-            && is_x86_feature_detected!("avx512bw")
-            && is_x86_feature_detected!("avx512bf16")
-    })
-}
-
-/// Whether the products run on AMX tiles (else on VDPBF16PS, `block_dot`); the first call
-/// asks Linux for the tile-data state, which each process must request before its first tile
-/// instruction.
-pub fn amx() -> bool {
-    static OK: OnceLock<bool> = OnceLock::new();
-    *OK.get_or_init(|| available() && amx_in_cpuid() && request_tile_data())
-}
-
-fn amx_in_cpuid() -> bool {
-    // CPUID leaf 7: EDX bit 22 is AMX-BF16, bit 24 AMX-TILE.
-    let r = __cpuid_count(7, 0);
-    r.edx & (1 << 22) != 0 && r.edx & (1 << 24) != 0
-}
-
-#[cfg(target_os = "linux")]
-fn request_tile_data() -> bool {
-    const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
-    const XFEATURE_XTILEDATA: libc::c_long = 18;
-    // SAFETY: arch_prctl with these arguments only changes this process's permissions.
-    unsafe {
-        libc::syscall(
-            libc::SYS_arch_prctl,
-            ARCH_REQ_XCOMP_PERM,
-            XFEATURE_XTILEDATA,
-        ) == 0
-    }
-}
-
-#[cfg(not(target_os = "linux"))]
-fn request_tile_data() -> bool {
-    false
-}
-
 /// The 64-byte tile configuration (palette 1): all eight tiles 16 rows × 64 bytes.
 #[repr(C, align(64))]
 struct TileConfig {
@@ -168,15 +124,19 @@ unsafe fn pack_tile_rows(
         let r0 = (rt0 + i) * TR;
         let tile = &mut dst[(i * kts + kt) * TILE..][..TILE];
         if r0 < rows {
-            pack_tile(
-                tile,
-                x,
-                r0,
-                TR.min(rows - r0),
-                kt * TK,
-                TK.min(depth - kt * TK),
-                vnni,
-            );
+            // SAFETY: the caller guarantees AVX-512F/BW/BF16 and that x holds (rows, depth)
+            // (this fn's `# Safety`); the tile covers rows r0.. < rows, depths < depth.
+            unsafe {
+                pack_tile(
+                    tile,
+                    x,
+                    r0,
+                    TR.min(rows - r0),
+                    kt * TK,
+                    TK.min(depth - kt * TK),
+                    vnni,
+                )
+            };
         } else {
             tile.fill(0);
         }
@@ -213,68 +173,75 @@ unsafe fn pack_tile(
     d: usize,
     vnni: bool,
 ) {
-    if x.cs != 1 && x.rs != 1 {
-        for r in 0..TR {
-            for k in 0..TK {
-                let v = if r < h && k < d {
-                    bf16_bits(x.data[(r0 + r) * x.rs + (p0 + k) * x.cs])
-                } else {
-                    0
-                };
-                let (q, half) = (k / 2, k % 2);
-                let u = if vnni { q * TR + r } else { r * TR + q };
-                tile[2 * u + half] = v;
+    // SAFETY: the caller guarantees AVX-512F/BW/BF16 (this fn's `# Safety`); every
+    // load reads rows r0..r0 + h, depths p0..p0 + d of x, inside x by the same contract (masked
+    // to h and d lanes), and the TR stores of 2·TR u16 each fill `tile` (TILE values, sliced
+    // by `pack_tile_rows`).
+    unsafe {
+        if x.cs != 1 && x.rs != 1 {
+            for r in 0..TR {
+                for k in 0..TK {
+                    let v = if r < h && k < d {
+                        bf16_bits(x.data[(r0 + r) * x.rs + (p0 + k) * x.cs])
+                    } else {
+                        0
+                    };
+                    let (q, half) = (k / 2, k % 2);
+                    let u = if vnni { q * TR + r } else { r * TR + q };
+                    tile[2 * u + half] = v;
+                }
             }
+            return;
         }
-        return;
-    }
-    // u32 j of the result = (lo[j], hi[j]) from [lo ×16, hi ×16] bf16.
-    let interleave: __m512i = _mm512_set_epi16(
-        31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21, 5, 20, 4,
-        19, 3, 18, 2, 17, 1, 16, 0,
-    );
-    // Line i of 16 u32 pairs: contiguous along the depth, row r = i with its 32 depths in
-    // order; contiguous along r, depth pair q = i for the 16 r's.
-    let line = |i: usize| -> __m512i {
-        if x.cs == 1 {
-            if i >= h {
-                return _mm512_setzero_si512();
-            }
-            let src = x.data.as_ptr().add((r0 + i) * x.rs + p0);
-            let lo = _mm512_maskz_loadu_ps(lane_mask(d), src);
-            let hi = _mm512_maskz_loadu_ps(lane_mask(d.saturating_sub(16)), src.wrapping_add(16));
-            std::mem::transmute::<__m512bh, __m512i>(_mm512_cvtne2ps_pbh(hi, lo))
-        } else {
-            if 2 * i >= d {
-                return _mm512_setzero_si512();
-            }
-            let m = lane_mask(h);
-            let src = x.data.as_ptr().add(r0 + (p0 + 2 * i) * x.cs);
-            let lo = _mm512_maskz_loadu_ps(m, src);
-            let hi = if 2 * i + 1 < d {
-                _mm512_maskz_loadu_ps(m, src.add(x.cs))
+        // u32 j of the result = (lo[j], hi[j]) from [lo ×16, hi ×16] bf16.
+        let interleave: __m512i = _mm512_set_epi16(
+            31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21, 5, 20,
+            4, 19, 3, 18, 2, 17, 1, 16, 0,
+        );
+        // Line i of 16 u32 pairs: contiguous along the depth, row r = i with its 32 depths in
+        // order; contiguous along r, depth pair q = i for the 16 r's.
+        let line = |i: usize| -> __m512i {
+            if x.cs == 1 {
+                if i >= h {
+                    return _mm512_setzero_si512();
+                }
+                let src = x.data.as_ptr().add((r0 + i) * x.rs + p0);
+                let lo = _mm512_maskz_loadu_ps(lane_mask(d), src);
+                let hi =
+                    _mm512_maskz_loadu_ps(lane_mask(d.saturating_sub(16)), src.wrapping_add(16));
+                std::mem::transmute::<__m512bh, __m512i>(_mm512_cvtne2ps_pbh(hi, lo))
             } else {
-                _mm512_setzero_ps()
-            };
-            let both: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(hi, lo));
-            _mm512_permutexvar_epi16(interleave, both)
-        }
-    };
-    let base = tile.as_mut_ptr();
-    let out = |i: usize| base.add(2 * TR * i) as *mut __m512i;
-    // A's tile rows are r, B's are q: lines that already are tile rows go straight out.
-    if (x.cs == 1) != vnni {
-        for i in 0..TR {
-            _mm512_storeu_si512(out(i) as *mut _, line(i));
-        }
-    } else {
-        let mut lines = [_mm512_setzero_si512(); TR];
-        for (i, l) in lines.iter_mut().enumerate() {
-            *l = line(i);
-        }
-        transpose16(&mut lines);
-        for (i, l) in lines.iter().enumerate() {
-            _mm512_storeu_si512(out(i) as *mut _, *l);
+                if 2 * i >= d {
+                    return _mm512_setzero_si512();
+                }
+                let m = lane_mask(h);
+                let src = x.data.as_ptr().add(r0 + (p0 + 2 * i) * x.cs);
+                let lo = _mm512_maskz_loadu_ps(m, src);
+                let hi = if 2 * i + 1 < d {
+                    _mm512_maskz_loadu_ps(m, src.add(x.cs))
+                } else {
+                    _mm512_setzero_ps()
+                };
+                let both: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(hi, lo));
+                _mm512_permutexvar_epi16(interleave, both)
+            }
+        };
+        let base = tile.as_mut_ptr();
+        let out = |i: usize| base.add(2 * TR * i) as *mut __m512i;
+        // A's tile rows are r, B's are q: lines that already are tile rows go straight out.
+        if (x.cs == 1) != vnni {
+            for i in 0..TR {
+                _mm512_storeu_si512(out(i) as *mut _, line(i));
+            }
+        } else {
+            let mut lines = [_mm512_setzero_si512(); TR];
+            for (i, l) in lines.iter_mut().enumerate() {
+                *l = line(i);
+            }
+            transpose16(&mut lines);
+            for (i, l) in lines.iter().enumerate() {
+                _mm512_storeu_si512(out(i) as *mut _, *l);
+            }
         }
     }
 }
@@ -292,7 +259,7 @@ pub(crate) fn reserve(long: usize, short: usize) {
     let a = 2 * long.div_ceil(TK) * TILE;
     for (slot, n) in [(&PACK_A, a), (&PACK_B, b)] {
         with_thread_buffer(slot, |v| {
-            super::ensure(v, n);
+            crate::kernels::ensure(v, n);
         });
     }
 }
@@ -302,7 +269,7 @@ pub(crate) fn reserve(long: usize, short: usize) {
 fn pack_b(buf: &mut Vec<u16>, x: Mat, rows: usize, depth: usize, threads: usize) {
     let (rts, kts) = (rows.div_ceil(BLOCK) * 2, depth.div_ceil(TK));
     let len = rts * kts * TILE;
-    super::ensure(buf, len);
+    crate::kernels::ensure(buf, len);
     // SAFETY: `available()` was checked by the caller; the caller bounds-checked x.
     let run = |(i, dst): (usize, &mut [u16])| unsafe {
         pack_tile_rows(dst, x, i * PACK_ROWS, rows, depth, true)
@@ -324,6 +291,7 @@ fn pack_b(buf: &mut Vec<u16>, x: Mat, rows: usize, depth: usize, threads: usize)
 /// # Safety
 /// AMX tiles configured with `CONFIG` on this thread; c valid for h rows of w columns at ldc.
 #[target_feature(enable = "avx512f")]
+// the tile unit's raw operands and clip, as the inner loop reads them
 #[allow(clippy::too_many_arguments)]
 unsafe fn block(
     a: [*const u16; 2],
@@ -335,10 +303,16 @@ unsafe fn block(
     w: usize,
     accumulate: bool,
 ) {
-    let stride = ldc * 4;
-    let full = |ti: usize, tj: usize| h >= (ti + 1) * TR && w >= (tj + 1) * TR;
-    let at = |ti: usize, tj: usize| c.wrapping_add(ti * TR * ldc + tj * TR);
-    macro_rules! init {
+    // SAFETY: the caller configured the tiles with `CONFIG` on this thread and holds
+    // c valid for h rows of w columns at ldc (this fn's `# Safety`): full tiles are loaded and
+    // stored only where `full` says the 16 × 16 tile lies inside (h, w), edge tiles go through
+    // `edge` and write only rows < h, columns < w; a[i], b[i] hold `kts` tiles each (the packed
+    // rows `products` slices).
+    unsafe {
+        let stride = ldc * 4;
+        let full = |ti: usize, tj: usize| h >= (ti + 1) * TR && w >= (tj + 1) * TR;
+        let at = |ti: usize, tj: usize| c.wrapping_add(ti * TR * ldc + tj * TR);
+        macro_rules! init {
         ($t:literal, $ti:literal, $tj:literal) => {
             if accumulate && full($ti, $tj) {
                 asm!(concat!("tileloadd tmm", $t, ", [{p} + {s}]"), p = in(reg) at($ti, $tj), s = in(reg) stride);
@@ -347,32 +321,32 @@ unsafe fn block(
             }
         };
     }
-    init!("0", 0, 0);
-    init!("1", 0, 1);
-    init!("2", 1, 0);
-    init!("3", 1, 1);
-    let ([a0, a1], [b0, b1]) = (a, b);
-    for kt in 0..kts {
-        let o = kt * TILE;
-        // Each load goes just before the first product that needs it, so that loads overlap
-        // the products already issued (7-10% faster than four loads up front, in L1).
-        asm!(
-            "tileloadd tmm4, [{a0} + {s}]",
-            "tileloadd tmm6, [{b0} + {s}]",
-            "tdpbf16ps tmm0, tmm4, tmm6",
-            "tileloadd tmm7, [{b1} + {s}]",
-            "tdpbf16ps tmm1, tmm4, tmm7",
-            "tileloadd tmm5, [{a1} + {s}]",
-            "tdpbf16ps tmm2, tmm5, tmm6",
-            "tdpbf16ps tmm3, tmm5, tmm7",
-            a0 = in(reg) a0.add(o),
-            a1 = in(reg) a1.add(o),
-            b0 = in(reg) b0.add(o),
-            b1 = in(reg) b1.add(o),
-            s = in(reg) 64usize,
-        );
-    }
-    macro_rules! store {
+        init!("0", 0, 0);
+        init!("1", 0, 1);
+        init!("2", 1, 0);
+        init!("3", 1, 1);
+        let ([a0, a1], [b0, b1]) = (a, b);
+        for kt in 0..kts {
+            let o = kt * TILE;
+            // Each load goes just before the first product that needs it, so that loads overlap
+            // the products already issued (7-10% faster than four loads up front, in L1).
+            asm!(
+                "tileloadd tmm4, [{a0} + {s}]",
+                "tileloadd tmm6, [{b0} + {s}]",
+                "tdpbf16ps tmm0, tmm4, tmm6",
+                "tileloadd tmm7, [{b1} + {s}]",
+                "tdpbf16ps tmm1, tmm4, tmm7",
+                "tileloadd tmm5, [{a1} + {s}]",
+                "tdpbf16ps tmm2, tmm5, tmm6",
+                "tdpbf16ps tmm3, tmm5, tmm7",
+                a0 = in(reg) a0.add(o),
+                a1 = in(reg) a1.add(o),
+                b0 = in(reg) b0.add(o),
+                b1 = in(reg) b1.add(o),
+                s = in(reg) 64usize,
+            );
+        }
+        macro_rules! store {
         ($t:literal, $ti:literal, $tj:literal) => {
             if full($ti, $tj) {
                 asm!(concat!("tilestored [{p} + {s}], tmm", $t), p = in(reg) at($ti, $tj), s = in(reg) stride);
@@ -391,10 +365,11 @@ unsafe fn block(
             }
         };
     }
-    store!("0", 0, 0);
-    store!("1", 0, 1);
-    store!("2", 1, 0);
-    store!("3", 1, 1);
+        store!("0", 0, 0);
+        store!("1", 0, 1);
+        store!("2", 1, 0);
+        store!("3", 1, 1);
+    }
 }
 
 /// Rows of C that `block_dot` keeps in registers at a time: 8 rows × 2 × 16 columns = 16
@@ -409,6 +384,7 @@ const DOT_ROWS: usize = 8;
 /// Needs AVX-512F/BF16; the pointers hold `kts` tiles each; c valid for h rows of w columns
 /// at ldc.
 #[target_feature(enable = "avx512f,avx512bf16")]
+// `block`'s signature: the two kernels are picked by one fn pointer
 #[allow(clippy::too_many_arguments)]
 unsafe fn block_dot(
     a: [*const u16; 2],
@@ -420,91 +396,76 @@ unsafe fn block_dot(
     w: usize,
     accumulate: bool,
 ) {
-    let h = h.min(BLOCK);
-    let (m0, m1) = (lane_mask(w), lane_mask(w.saturating_sub(TR)));
-    for g in 0..h.div_ceil(DOT_ROWS) {
-        // rows g·8 .. g·8 + 8 of the block: half of A tile row g / 2
-        let a = a[g / 2].add((g % 2) * DOT_ROWS * TK) as *const i32;
-        let mut acc = [_mm512_setzero_ps(); 2 * DOT_ROWS];
-        for kt in 0..kts {
-            let (at, o) = (a.add(kt * TILE / 2), kt * TILE);
-            for q in 0..TR {
-                let b0: __m512bh =
-                    std::mem::transmute(_mm512_loadu_si512(b[0].add(o + 2 * TR * q) as *const _));
-                let b1: __m512bh =
-                    std::mem::transmute(_mm512_loadu_si512(b[1].add(o + 2 * TR * q) as *const _));
-                for r in 0..DOT_ROWS {
-                    let pair: __m512bh =
-                        std::mem::transmute(_mm512_set1_epi32(*at.add(r * TR + q)));
-                    acc[2 * r] = _mm512_dpbf16_ps(acc[2 * r], pair, b0);
-                    acc[2 * r + 1] = _mm512_dpbf16_ps(acc[2 * r + 1], pair, b1);
+    // SAFETY: the caller guarantees AVX-512F/BF16, `kts` tiles behind each of a[0],
+    // a[1], b[0], b[1], and c valid for h rows of w columns at ldc (this fn's `# Safety`): the
+    // loads stay inside the tiles (kt < kts, q < TR, r < DOT_ROWS), and the stores write rows
+    // < h (clamped to BLOCK) masked to the first w columns.
+    unsafe {
+        let h = h.min(BLOCK);
+        let (m0, m1) = (lane_mask(w), lane_mask(w.saturating_sub(TR)));
+        for g in 0..h.div_ceil(DOT_ROWS) {
+            // rows g·8 .. g·8 + 8 of the block: half of A tile row g / 2
+            let a = a[g / 2].add((g % 2) * DOT_ROWS * TK) as *const i32;
+            let mut acc = [_mm512_setzero_ps(); 2 * DOT_ROWS];
+            for kt in 0..kts {
+                let (at, o) = (a.add(kt * TILE / 2), kt * TILE);
+                for q in 0..TR {
+                    let b0: __m512bh = std::mem::transmute(_mm512_loadu_si512(
+                        b[0].add(o + 2 * TR * q) as *const _,
+                    ));
+                    let b1: __m512bh = std::mem::transmute(_mm512_loadu_si512(
+                        b[1].add(o + 2 * TR * q) as *const _,
+                    ));
+                    for r in 0..DOT_ROWS {
+                        let pair: __m512bh =
+                            std::mem::transmute(_mm512_set1_epi32(*at.add(r * TR + q)));
+                        acc[2 * r] = _mm512_dpbf16_ps(acc[2 * r], pair, b0);
+                        acc[2 * r + 1] = _mm512_dpbf16_ps(acc[2 * r + 1], pair, b1);
+                    }
                 }
             }
-        }
-        for r in 0..DOT_ROWS.min(h - g * DOT_ROWS) {
-            let row = c.add((g * DOT_ROWS + r) * ldc);
-            let (mut x0, mut x1) = (acc[2 * r], acc[2 * r + 1]);
-            if accumulate {
-                x0 = _mm512_add_ps(x0, _mm512_maskz_loadu_ps(m0, row));
-                x1 = _mm512_add_ps(x1, _mm512_maskz_loadu_ps(m1, row.add(TR)));
+            for r in 0..DOT_ROWS.min(h - g * DOT_ROWS) {
+                let row = c.add((g * DOT_ROWS + r) * ldc);
+                let (mut x0, mut x1) = (acc[2 * r], acc[2 * r + 1]);
+                if accumulate {
+                    x0 = _mm512_add_ps(x0, _mm512_maskz_loadu_ps(m0, row));
+                    x1 = _mm512_add_ps(x1, _mm512_maskz_loadu_ps(m1, row.add(TR)));
+                }
+                _mm512_mask_storeu_ps(row, m0, x0);
+                _mm512_mask_storeu_ps(row.add(TR), m1, x1);
             }
-            _mm512_mask_storeu_ps(row, m0, x0);
-            _mm512_mask_storeu_ps(row.add(TR), m1, x1);
         }
     }
 }
 
-/// dst (m, n) row stride dst_rs = (or +=) a (m, k) · b (k, n) with bf16 operands, on a CPU
-/// where `available()`; dst's reach is checked where the tiles are stored (`SharedMut`).
-#[allow(clippy::too_many_arguments)]
-pub fn gemm(
-    m: usize,
-    n: usize,
-    k: usize,
-    dst: &mut [f32],
-    dst_rs: usize,
-    accumulate: bool,
-    a: Mat,
-    b: Mat,
-    threads: usize,
-) {
+/// C (+)= a · b with bf16 operands, on a CPU where `available()`; C's reach is checked where
+/// the tiles are stored (`SharedMut`).
+pub fn gemm(d: Dims, a: Mat, b: Mat, out: Out, threads: usize) {
     assert!(available(), "bf16 gemm: the CPU has no AVX512_BF16");
-    // SAFETY: dst is exclusively borrowed here.
-    unsafe {
-        gemm_shared(
-            m,
-            n,
-            k,
-            SharedMut::new(dst),
-            dst_rs,
-            accumulate,
-            a,
-            b,
-            threads,
-        )
-    }
+    let out = SharedOut {
+        dst: SharedMut::new(out.dst),
+        rs: out.rs,
+        accumulate: out.accumulate,
+    };
+    // SAFETY: dst is exclusively borrowed by `out` for this call.
+    unsafe { gemm_shared(d, a, b, out, threads) }
 }
 
 /// `gemm` into a destination whose rows interleave with data other threads own (one head of a
 /// (T, NH, d) tensor, in the attention kernel).
 ///
 /// # Safety
-/// No other thread may access rows 0..m (dst_rs apart) of n columns of dst meanwhile.
-#[allow(clippy::too_many_arguments)]
-pub(crate) unsafe fn gemm_shared(
-    m: usize,
-    n: usize,
-    k: usize,
-    dst: SharedMut,
-    dst_rs: usize,
-    accumulate: bool,
-    a: Mat,
-    b: Mat,
-    threads: usize,
-) {
+/// No other thread may access rows 0..m (`out.rs` apart) of n columns of the output meanwhile.
+pub(crate) unsafe fn gemm_shared(d: Dims, a: Mat, b: Mat, out: SharedOut, threads: usize) {
     with_thread_buffer(&PACK_B, |pb| {
-        pack_b(pb, b.transposed(), n, k, threads);
-        products(m, n, k, dst, dst_rs, accumulate, a, pb, b_row(k), threads);
+        pack_b(pb, b.transposed(), d.n, d.k, threads);
+        let b = PackedB {
+            tiles: pb,
+            row: b_row(d.k),
+        };
+        // SAFETY: B was just packed whole; the caller keeps the output's rows to this call
+        // (this fn's `# Safety`, which `products` repeats).
+        unsafe { products(d, a, b, out, threads) };
     });
 }
 
@@ -543,7 +504,9 @@ pub(crate) unsafe fn tile_row_sums(
     let high = _mm512_set1_epi32(0xffff_0000u32 as i32);
     for p in (0..c).step_by(2) {
         let (kt, q) = (p / TK, (p % TK) / 2);
-        let v = _mm512_loadu_si512(row.as_ptr().add(kt * TILE + 2 * TR * q) as *const _);
+        // SAFETY: AVX-512F is the caller's contract; kt < kts and q < TR / 1 · 16 keep the
+        // 32 values read inside `row`, a checked slice of kts tiles.
+        let v = unsafe { _mm512_loadu_si512(row.as_ptr().add(kt * TILE + 2 * TR * q) as *const _) };
         let even = _mm512_castsi512_ps(_mm512_slli_epi32::<16>(v));
         let odd = _mm512_castsi512_ps(_mm512_and_si512(v, high));
         for (r, a) in acc.iter_mut().enumerate().take(n) {
@@ -557,36 +520,16 @@ pub(crate) unsafe fn tile_row_sums(
     acc
 }
 
-/// `gemm` with B already packed (`pack_b` of Bᵀ, or `pack_weight`), on a CPU where
-/// `available()`.
-#[allow(clippy::too_many_arguments)]
-pub fn gemm_packed(
-    m: usize,
-    n: usize,
-    k: usize,
-    dst: &mut [f32],
-    dst_rs: usize,
-    accumulate: bool,
-    a: Mat,
-    pb: &[u16],
-    threads: usize,
-) {
+/// `gemm` with B already packed (`PackedB`), on a CPU where `available()`.
+pub fn gemm_packed(d: Dims, a: Mat, b: &PackedB, out: Out, threads: usize) {
     assert!(available(), "bf16 gemm: the CPU has no AVX512_BF16");
-    // SAFETY: dst is exclusively borrowed here.
-    unsafe {
-        products(
-            m,
-            n,
-            k,
-            SharedMut::new(dst),
-            dst_rs,
-            accumulate,
-            a,
-            pb,
-            b_row(k),
-            threads,
-        )
-    }
+    let out = SharedOut {
+        dst: SharedMut::new(out.dst),
+        rs: out.rs,
+        accumulate: out.accumulate,
+    };
+    // SAFETY: dst is exclusively borrowed by `out` for this call.
+    unsafe { products(d, a, *b, out, threads) }
 }
 
 /// Distance between consecutive tile rows of a packed B of depth k (`pack_b`).
@@ -594,10 +537,14 @@ fn b_row(k: usize) -> usize {
     k.div_ceil(TK) * TILE
 }
 
-/// B (k × n) packed once, for products over ranges of its columns and depth (an attention
-/// task's keys and values, against each query block in turn).
-pub(crate) struct PackedB<'a> {
+/// B (k × n) packed in bf16 tiles (`pack_b` of Bᵀ), for products over ranges of its columns
+/// and depth: a linear layer's weight packed once for inference (`weight`), or an attention
+/// task's keys and values, against each query block and head in turn (`pack`, through
+/// `small::with_packed`).
+#[derive(Clone, Copy)]
+pub struct PackedB<'a> {
     tiles: &'a [u16],
+    /// distance between consecutive tile rows: the tiles of one depth
     row: usize,
 }
 
@@ -614,62 +561,63 @@ impl<'a> PackedB<'a> {
         }
     }
 
-    /// dst (m × n) (+)= a (m × k) · B[p0..p0 + k, j0..j0 + n] on this thread (inside
+    /// The weight (oc, c) that `pack_weight` packed, as the B (c × oc) of x · wᵀ.
+    pub fn weight(tiles: &'a [u16], oc: usize, c: usize) -> PackedB<'a> {
+        assert_eq!(
+            tiles.len(),
+            packed_len(oc, c),
+            "PackedB: not a ({oc}, {c}) weight"
+        );
+        PackedB {
+            tiles,
+            row: b_row(c),
+        }
+    }
+
+    /// C (m × n) (+)= a (m × k) · B[p0..p0 + k, j0..j0 + n] on this thread (inside
     /// `with_tiles`); j0 a multiple of 32 and p0 of 32. Where k is not a multiple of 32, the
     /// packed rows past p0 + k meet A's zero padding.
     ///
     /// # Safety
     /// As for `gemm_shared`.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) unsafe fn gemm(
-        &self,
-        m: usize,
-        n: usize,
-        k: usize,
-        (j0, p0): (usize, usize),
-        dst: SharedMut,
-        dst_rs: usize,
-        accumulate: bool,
-        a: Mat,
-    ) {
+    pub(crate) unsafe fn gemm(&self, d: Dims, (j0, p0): (usize, usize), a: Mat, out: SharedOut) {
+        if d.m == 0 || d.n == 0 {
+            return;
+        }
+        assert!(a.fits(d.m, d.k), "PackedB::gemm: A too small");
         assert!(
             j0 % BLOCK == 0 && p0 % TK == 0,
             "PackedB: ({j0}, {p0}) off the tiles"
         );
         let at = 2 * (j0 / BLOCK) * self.row + (p0 / TK) * TILE;
-        products(
-            m,
-            n,
-            k,
-            dst,
-            dst_rs,
-            accumulate,
-            a,
-            &self.tiles[at..],
-            self.row,
-            1,
-        )
+        let b = PackedB {
+            tiles: &self.tiles[at..],
+            row: self.row,
+        };
+        // SAFETY: the tiles from `at` are this packed B's, at its row distance (`products`
+        // checks their length); the output is the caller's alone (this fn's `# Safety`).
+        unsafe { products(d, a, b, out, 1) }
     }
 }
 
-/// dst (+)= A · B, 32 × 32 blocks of dst at a time: a task per two tile rows of A, which it
+/// C (+)= A · B, 32 × 32 blocks of C at a time: a task per two tile rows of A, which it
 /// packs itself.
 ///
 /// # Safety
 /// As for `gemm_shared`.
-#[allow(clippy::too_many_arguments)]
-unsafe fn products(
-    m: usize,
-    n: usize,
-    k: usize,
-    dst_ptr: SharedMut,
-    dst_rs: usize,
-    accumulate: bool,
-    a: Mat,
-    pb: &[u16],
-    b_row: usize,
-    threads: usize,
-) {
+unsafe fn products(d: Dims, a: Mat, b: PackedB, out: SharedOut, threads: usize) {
+    let (
+        Dims { m, n, k },
+        PackedB {
+            tiles: pb,
+            row: b_row,
+        },
+    ) = (d, b);
+    let SharedOut {
+        dst: dst_ptr,
+        rs: dst_rs,
+        accumulate,
+    } = out;
     let kts = k.div_ceil(TK);
     assert!(
         kts * TILE <= b_row && pb.len() >= (2 * n.div_ceil(BLOCK) - 1) * b_row + kts * TILE,
@@ -679,7 +627,7 @@ unsafe fn products(
     let row_block = |bi: usize| {
         // Each task packs its own two tile rows of A, which then stay in L1 for its products.
         with_thread_buffer(&PACK_A, |pa| {
-            let a_rows = super::ensure(pa, 2 * row);
+            let a_rows = crate::kernels::ensure(pa, 2 * row);
             let i0 = bi * BLOCK;
             // SAFETY: AVX512_BF16 is available (checked by the caller), and with AMX the tiles
             // are configured on this thread by the caller's session; the caller bounds-checked a; the tile pointers stay
@@ -744,40 +692,31 @@ mod tests {
         assert_eq!(packed.len(), packed_len(oc, c));
         for threads in [1, 2] {
             let (mut a, mut b) = (vec![0f32; n * oc], vec![0f32; n * oc]);
-            gemm(
-                n,
-                oc,
-                c,
-                &mut a,
-                oc,
-                false,
-                Mat::rows(&x, c),
-                Mat::t(&w, c),
-                threads,
-            );
-            gemm_packed(
-                n,
-                oc,
-                c,
-                &mut b,
-                oc,
-                false,
-                Mat::rows(&x, c),
-                &packed,
-                threads,
-            );
+            let (d, x) = (Dims::new(n, oc, c), Mat::rows(&x, c));
+            gemm(d, x, Mat::t(&w, c), Out::set(&mut a, oc), threads);
+            let pw = PackedB::weight(&packed, oc, c);
+            gemm_packed(d, x, &pw, Out::set(&mut b, oc), threads);
             assert_eq!(a, b);
             assert!(a.iter().any(|&v| v != 0.0));
         }
         // decoding reads the same tiles: rows of x against the bf16-rounded weight
         for rows in 1..=4 {
             let mut y = vec![0.25f32; rows * oc];
-            let weight = crate::kernels::matmul::Weight {
+            let weight = crate::kernels::gemm::Weight {
                 f32: &w,
                 bf16: None,
                 tiles: Some(&packed),
             };
-            crate::kernels::matmul::matmul_forward(&mut y, &x, weight, rows, c, oc, true);
+            crate::kernels::gemm::matmul_forward(
+                &mut y,
+                &x,
+                weight,
+                rows,
+                c,
+                oc,
+                true,
+                crate::kernels::Precision::F32,
+            );
             for r in 0..rows {
                 for o in 0..oc {
                     let want: f64 = 0.25
@@ -909,7 +848,8 @@ mod tests {
                     for (ri, r) in rhs.iter().enumerate() {
                         let ld = n + 3;
                         let mut out = vec![0.5f32; m * ld];
-                        gemm(m, n, k, &mut out, ld, li == 0, *l, *r, threads);
+                        let o = Out::new(&mut out, ld, li == 0);
+                        gemm(Dims::new(m, n, k), *l, *r, o, threads);
                         for i in 0..m {
                             for j in 0..ld {
                                 let exact: f64 = if j < n {

@@ -1,203 +1,11 @@
-//! Linear layers. Every matrix product in difftx goes through `sgemm`: our own AVX-512 kernel
-//! (kernels/sgemm_avx512.rs) where the CPU has it, else the `gemm` crate; with `set_bf16(true)`
-//! and an AVX512_BF16 CPU, bf16 operands (kernels/bf16.rs: AMX tiles or VDPBF16PS).
+//! Linear layers over the product engine (`super::gemm`), llm.c's `matmul_forward` and
+//! `matmul_backward`; decoding's few-row products are matrix-vector products here (`Gemv`),
+//! with no packing.
 
-use super::Grad;
-use gemm::Parallelism;
+use super::{gemm, threads_for, Dims, Mat, Out, Precision, PARALLEL_THRESHOLD};
+use crate::kernels::Grad;
 use rayon::prelude::*;
 use std::ops::Range;
-use std::sync::atomic::{AtomicBool, Ordering};
-
-/// Products smaller than this many multiply-adds run on one thread.
-const PARALLEL_THRESHOLD: usize = 1 << 16;
-
-/// A strided matrix operand: element (i, j) is at `data[i * rs + j * cs]`.
-#[derive(Clone, Copy)]
-pub struct Mat<'a> {
-    pub data: &'a [f32],
-    pub rs: usize,
-    pub cs: usize,
-}
-
-impl<'a> Mat<'a> {
-    /// A row-major (rows, cols) matrix.
-    pub fn rows(data: &'a [f32], cols: usize) -> Self {
-        Mat {
-            data,
-            rs: cols,
-            cs: 1,
-        }
-    }
-    /// The transpose of a row-major matrix with `cols` columns.
-    pub fn t(data: &'a [f32], cols: usize) -> Self {
-        Mat {
-            data,
-            rs: 1,
-            cs: cols,
-        }
-    }
-    /// This matrix transposed: the same elements, strides swapped.
-    pub fn transposed(self) -> Self {
-        Mat {
-            data: self.data,
-            rs: self.cs,
-            cs: self.rs,
-        }
-    }
-    /// The matrix from element (r, c) on.
-    pub fn from(self, r: usize, c: usize) -> Self {
-        Mat {
-            data: &self.data[r * self.rs + c * self.cs..],
-            ..self
-        }
-    }
-    /// Whether `data` holds every element of a (rows, cols) matrix at these strides.
-    pub fn fits(&self, rows: usize, cols: usize) -> bool {
-        self.data.len() >= extent(rows, cols, self.rs, self.cs)
-    }
-}
-
-/// How many elements a (rows, cols) matrix at strides rs, cs spans from its first.
-pub(crate) fn extent(rows: usize, cols: usize, rs: usize, cs: usize) -> usize {
-    if rows == 0 || cols == 0 {
-        0
-    } else {
-        (rows - 1) * rs + (cols - 1) * cs + 1
-    }
-}
-
-/// Threads a product of m·n·k multiply-adds is split over.
-fn threads_for(m: usize, n: usize, k: usize) -> usize {
-    if m * n * k < PARALLEL_THRESHOLD {
-        1
-    } else {
-        rayon::current_num_threads()
-    }
-}
-
-/// Which implementation runs a product.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Backend {
-    /// bf16 if `set_bf16(true)` took effect; else difftx's AVX-512 kernel where the CPU
-    /// has AVX-512F, else the `gemm` crate
-    Auto,
-    /// always the `gemm` crate (for comparison)
-    GemmCrate,
-    /// f32 on difftx's AVX-512 kernel (or the `gemm` crate), whatever `set_bf16` says
-    F32,
-    /// bf16 where the CPU has AVX512_BF16 (else as `F32`), whatever `set_bf16` says
-    Bf16,
-}
-
-static BF16: AtomicBool = AtomicBool::new(false);
-
-/// Routes every `sgemm` (the linear layers and the LM head, forward and backward) through bf16
-/// operands, or back to f32. Returns whether bf16 is now in effect: false on a CPU without
-/// AVX512_BF16, where products stay f32.
-pub fn set_bf16(on: bool) -> bool {
-    let on = on && bf16_available();
-    BF16.store(on, Ordering::Relaxed);
-    on
-}
-
-/// Whether this CPU can run the bf16 path (AVX512_BF16, with or without AMX tiles).
-pub fn bf16_available() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    return super::bf16::available();
-    #[cfg(not(target_arch = "x86_64"))]
-    false
-}
-
-/// Whether products run in bf16 (see `set_bf16`).
-pub fn bf16() -> bool {
-    BF16.load(Ordering::Relaxed)
-}
-
-/// dst (m, n), row-major with row stride `dst_rs`: dst = a (m, k) · b (k, n), or dst += a · b.
-#[allow(clippy::too_many_arguments)]
-pub fn sgemm(
-    m: usize,
-    n: usize,
-    k: usize,
-    dst: &mut [f32],
-    dst_rs: usize,
-    accumulate: bool,
-    a: Mat,
-    b: Mat,
-) {
-    sgemm_with(Backend::Auto, m, n, k, dst, dst_rs, accumulate, a, b)
-}
-
-/// `sgemm` on a chosen backend.
-#[allow(clippy::too_many_arguments)]
-pub fn sgemm_with(
-    backend: Backend,
-    m: usize,
-    n: usize,
-    k: usize,
-    dst: &mut [f32],
-    dst_rs: usize,
-    accumulate: bool,
-    a: Mat,
-    b: Mat,
-) {
-    assert!(dst.len() >= extent(m, n, dst_rs, 1), "sgemm: dst too small");
-    assert!(a.fits(m, k), "sgemm: lhs too small");
-    assert!(b.fits(k, n), "sgemm: rhs too small");
-    if m == 0 || n == 0 {
-        return;
-    }
-    if k == 0 {
-        if !accumulate {
-            for i in 0..m {
-                dst[i * dst_rs..i * dst_rs + n].fill(0.0);
-            }
-        }
-        return;
-    }
-    let threads = threads_for(m, n, k);
-    #[cfg(target_arch = "x86_64")]
-    if (backend == Backend::Bf16 || backend == Backend::Auto && bf16()) && super::bf16::available()
-    {
-        super::bf16::gemm(m, n, k, dst, dst_rs, accumulate, a, b, threads);
-        return;
-    }
-    #[cfg(target_arch = "x86_64")]
-    if backend != Backend::GemmCrate && super::sgemm_avx512::available() {
-        super::sgemm_avx512::sgemm(m, n, k, dst, dst_rs, accumulate, a, b, threads);
-        return;
-    }
-    let par = if threads == 1 {
-        Parallelism::None
-    } else {
-        Parallelism::Rayon(rayon::current_num_threads())
-    };
-    // SAFETY: the asserts above bound every index the strides reach inside the slices, and
-    // `dst` is borrowed mutably so it cannot alias `a` or `b`.
-    unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            dst.as_mut_ptr(),
-            1,
-            dst_rs as isize,
-            accumulate,
-            a.data.as_ptr(),
-            a.cs as isize,
-            a.rs as isize,
-            b.data.as_ptr(),
-            b.cs as isize,
-            b.rs as isize,
-            1.0,
-            1.0,
-            false,
-            false,
-            false,
-            par,
-        );
-    }
-}
 
 /// A linear layer's weight (OC, C) as in torch `Linear`, and optionally the bf16 copies that
 /// inference reads with `--bf16` (see `Workspace::keep_bf16_weights`): its rows, which
@@ -221,6 +29,8 @@ impl<'a> From<&'a [f32]> for Weight<'a> {
 }
 
 /// inp is (N, C), w is (OC, C); out (N, OC) = inp · wᵀ (or += with `accumulate`).
+// llm.c's linear-layer signature (out, inp, w, N, C, OC), plus accumulate and precision
+#[allow(clippy::too_many_arguments)]
 pub fn matmul_forward<'a>(
     out: &mut [f32],
     inp: &[f32],
@@ -229,30 +39,33 @@ pub fn matmul_forward<'a>(
     c: usize,
     oc: usize,
     accumulate: bool,
+    precision: Precision,
 ) {
     let w = w.into();
     if n <= GEMV_ROWS {
         return gemv(&[Gemv::new(out, inp, w, n, c, oc, accumulate)]);
     }
     #[cfg(target_arch = "x86_64")]
-    if let (Some(tiles), true) = (w.tiles, bf16()) {
+    if let (Some(tiles), true) = (w.tiles, precision.is_bf16()) {
         assert!(
             out.len() >= n * oc && inp.len() >= n * c,
             "matmul_forward: too small"
         );
         let threads = threads_for(n, oc, c);
-        let x = Mat::rows(inp, c);
-        return super::bf16::gemm_packed(n, oc, c, out, oc, accumulate, x, tiles, threads);
+        let (x, w) = (
+            Mat::rows(inp, c),
+            super::bf16::PackedB::weight(tiles, oc, c),
+        );
+        let out = Out::new(out, oc, accumulate);
+        return super::bf16::gemm_packed(Dims::new(n, oc, c), x, &w, out, threads);
     }
-    sgemm(
-        n,
-        oc,
-        c,
-        out,
-        oc,
-        accumulate,
-        Mat::rows(inp, c),
-        Mat::t(w.f32, c),
+    let (x, w) = (Mat::rows(inp, c), Mat::t(w.f32, c));
+    gemm(
+        Dims::new(n, oc, c),
+        x,
+        w,
+        Out::new(out, oc, accumulate),
+        precision,
     );
 }
 
@@ -266,6 +79,7 @@ pub fn matmul_forward_each(
     inp: &[f32],
     n: usize,
     c: usize,
+    precision: Precision,
 ) {
     if n <= GEMV_ROWS {
         let jobs: Vec<Gemv> = parts
@@ -276,8 +90,8 @@ pub fn matmul_forward_each(
     }
     #[cfg(target_arch = "x86_64")]
     {
-        use super::sgemm_avx512::{sgemm_parts, Part, MAX_PARTS};
-        if !bf16() && parts.len() <= MAX_PARTS && super::sgemm_avx512::available() {
+        use super::f32_avx512::{sgemm_parts, Part, MAX_PARTS};
+        if !precision.is_bf16() && parts.len() <= MAX_PARTS && super::cpu::avx512f() {
             // (sgemm_parts checks that input, outputs and weights hold what it reads and writes)
             let (count, width) = (parts.len(), parts.iter().map(|p| p.2).sum());
             let mut each = parts
@@ -290,7 +104,7 @@ pub fn matmul_forward_each(
         }
     }
     for (out, w, oc) in parts.iter_mut() {
-        matmul_forward(out, inp, *w, n, c, *oc, false);
+        matmul_forward(out, inp, *w, n, c, *oc, false, precision);
     }
 }
 
@@ -309,7 +123,7 @@ const GEMV_PARALLEL_THRESHOLD: usize = PARALLEL_THRESHOLD / 4;
 /// One matrix-vector product of decoding: out (n, oc) (+)= x (n, c) · wᵀ for n ≤ GEMV_ROWS, in
 /// tasks of GEMV_CHUNK outputs (`run`).
 struct Gemv<'a> {
-    out: super::SharedMut,
+    out: crate::kernels::SharedMut,
     /// `out` stays borrowed while the tasks write it through the raw pointer.
     _out: std::marker::PhantomData<&'a mut [f32]>,
     x: &'a [f32],
@@ -333,7 +147,7 @@ impl<'a> Gemv<'a> {
         assert!(n <= GEMV_ROWS && out.len() >= n * oc && x.len() >= n * c);
         assert!(w.f32.len() >= oc * c, "matmul_forward: weight too small");
         Gemv {
-            out: super::SharedMut::new(out),
+            out: crate::kernels::SharedMut::new(out),
             _out: std::marker::PhantomData,
             x,
             w,
@@ -362,14 +176,14 @@ impl<'a> Gemv<'a> {
             });
         }
         #[cfg(target_arch = "x86_64")]
-        if n == 1 && self.w.bf16.is_none() && super::sgemm_avx512::available() {
+        if n == 1 && self.w.bf16.is_none() && super::cpu::avx512f() {
             use std::arch::x86_64::_mm512_setzero_ps;
             let w = self.w.f32;
             // SAFETY: AVX-512F was detected; rows o0..o0+h of w are in bounds (Gemv::new).
             return self.blocks16(outs, |o0, h| unsafe {
                 let z = _mm512_setzero_ps();
                 [
-                    super::dot_rows16(&x[..c], w.as_ptr().add(o0 * c), c, h),
+                    crate::kernels::dot_rows16(&x[..c], w.as_ptr().add(o0 * c), c, h),
                     z,
                     z,
                     z,
@@ -377,8 +191,8 @@ impl<'a> Gemv<'a> {
             });
         }
         match self.w.bf16 {
-            Some(wb) => self.dots(outs, wb, super::dot_bf16),
-            None => self.dots(outs, self.w.f32, super::dot),
+            Some(wb) => self.dots(outs, wb, crate::kernels::dot_bf16),
+            None => self.dots(outs, self.w.f32, crate::kernels::dot),
         }
     }
 
@@ -408,7 +222,7 @@ impl<'a> Gemv<'a> {
         for o0 in outs.clone().step_by(16) {
             let h = 16.min(outs.end - o0);
             let y = sums(o0, h);
-            let m = super::lane_mask(h);
+            let m = crate::kernels::lane_mask(h);
             for (r, y) in y.iter().enumerate().take(self.n) {
                 // SAFETY: AVX-512F is present (the callers checked); outputs o0..o0+h of row r
                 // are in bounds (Gemv::new) and belong to this task alone.
@@ -447,6 +261,7 @@ fn gemv(jobs: &[Gemv]) {
 }
 
 /// dinp (N, C) = (or +=) dout · w, and accumulates dw (OC, C) += doutᵀ · inp.
+// llm.c's linear-layer signature (dinp, dw, dout, inp, w, N, C, OC), plus precision
 #[allow(clippy::too_many_arguments)]
 pub fn matmul_backward(
     dinp: Grad,
@@ -457,88 +272,24 @@ pub fn matmul_backward(
     n: usize,
     c: usize,
     oc: usize,
+    precision: Precision,
 ) {
     let (dinp, accumulate) = dinp.parts();
-    sgemm(
-        n,
-        c,
-        oc,
-        dinp,
-        c,
-        accumulate,
-        Mat::rows(dout, oc),
-        Mat::rows(w, c),
+    let (dout_rows, w) = (Mat::rows(dout, oc), Mat::rows(w, c));
+    gemm(
+        Dims::new(n, c, oc),
+        dout_rows,
+        w,
+        Out::new(dinp, c, accumulate),
+        precision,
     );
-    sgemm(oc, c, n, dw, c, true, Mat::t(dout, oc), Mat::rows(inp, c));
+    let (dout_t, inp) = (Mat::t(dout, oc), Mat::rows(inp, c));
+    gemm(Dims::new(oc, c, n), dout_t, inp, Out::add(dw, c), precision);
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Every layout the model uses (plain, transposed lhs, transposed rhs), ragged edges in
-    /// all three dimensions, depth past one packed slice, threaded and accumulating.
-    #[test]
-    fn sgemm_matches_f64_reference_for_all_layouts_and_edges() {
-        let shapes = [
-            (1, 1, 1),
-            (13, 31, 7),
-            (29, 33, 300),
-            (150, 70, 530),
-            (64, 96, 64),
-            // ragged last row panels of 4 and 5-6 rows, with full and narrow (≤ 16) column panels
-            (18, 40, 20),
-            (47, 17, 30),
-            (48, 10, 30),
-            // packs B in parallel (kc·n ≥ 2^15): by slices, and one slice by column groups
-            (40, 200, 300),
-            (40, 200, 200),
-            // wider than one pass of packed B holds (32 panels): a pass per KC slice
-            (30, 1100, 300),
-            // deep and short: the depth is split across the threads, with a ragged last slice
-            (40, 33, 1100),
-        ];
-        for (m, n, k) in shapes {
-            let a: Vec<f32> = (0..m * k)
-                .map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0)
-                .collect();
-            let b: Vec<f32> = (0..k * n)
-                .map(|i| ((i * 53 % 89) as f32 - 44.0) / 44.0)
-                .collect();
-            let mut want = vec![0f64; m * n];
-            for i in 0..m {
-                for j in 0..n {
-                    want[i * n + j] = (0..k)
-                        .map(|p| a[i * k + p] as f64 * b[p * n + j] as f64)
-                        .sum();
-                }
-            }
-            // the same matrices stored transposed
-            let at: Vec<f32> = (0..k * m).map(|idx| a[(idx % m) * k + idx / m]).collect();
-            let bt: Vec<f32> = (0..n * k).map(|idx| b[(idx % k) * n + idx / k]).collect();
-            let lhs = [Mat::rows(&a, k), Mat::t(&at, m)];
-            let rhs = [Mat::rows(&b, n), Mat::t(&bt, k)];
-            for (li, l) in lhs.iter().enumerate() {
-                for (ri, r) in rhs.iter().enumerate() {
-                    // accumulating onto 0.5, or overwriting it
-                    for (acc, base) in [(true, 0.5), (false, 0.0)] {
-                        let mut out = vec![0.5f32; m * (n + 3)];
-                        sgemm(m, n, k, &mut out, n + 3, acc, *l, *r);
-                        for i in 0..m {
-                            for j in 0..n + 3 {
-                                let got = out[i * (n + 3) + j] as f64;
-                                let exp = if j < n { base + want[i * n + j] } else { 0.5 };
-                                assert!(
-                                    (got - exp).abs() < 1e-4 * (1.0 + exp.abs()),
-                                    "{m}x{n}x{k} lhs{li} rhs{ri} acc {acc} ({i},{j}): {got} vs {exp}"
-                                );
-                            }
-                        }
-                    }
-                }
-            }
-        }
-    }
 
     #[test]
     fn matmul_matches_naive_triple_loop() {
@@ -590,10 +341,11 @@ mod tests {
             &inp,
             n,
             c,
+            Precision::F32,
         );
         for ((got, w), &oc) in outs.iter().zip(&ws).zip(&ocs) {
             let mut want = vec![0.0; n * oc];
-            matmul_forward(&mut want, &inp, &w[..], n, c, oc, false);
+            matmul_forward(&mut want, &inp, &w[..], n, c, oc, false, Precision::F32);
             assert_eq!(got, &want, "n {n}, oc {oc}");
         }
     }
@@ -604,7 +356,7 @@ mod tests {
     #[test]
     #[should_panic(expected = "sgemm:")]
     fn a_part_too_small_for_its_rows_is_refused() {
-        use crate::kernels::sgemm_avx512::{sgemm_parts, Part};
+        use crate::kernels::gemm::f32_avx512::{sgemm_parts, Part};
         let (m, k, n) = (20, 8, 16);
         let (a, b) = (vec![1.0; m * k], vec![1.0; k * n]);
         let mut short = vec![0.0; (m - 1) * n];
@@ -618,7 +370,8 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn parts_packed_in_column_groups_match_each_product() {
-        use crate::kernels::sgemm_avx512::{available, sgemm_parts, Part};
+        use crate::kernels::gemm::cpu::avx512f as available;
+        use crate::kernels::gemm::f32_avx512::{sgemm_parts, Part};
         if !available() {
             return;
         }
@@ -667,7 +420,7 @@ mod tests {
         let inp: Vec<f32> = (0..n * c).map(|i| ((i * 7) % 13) as f32 - 6.0).collect();
         let w: Vec<f32> = (0..oc * c).map(|i| ((i * 5) % 11) as f32 - 5.0).collect();
         let mut out = vec![1.0; n * oc];
-        matmul_forward(&mut out, &inp, &w[..], n, c, oc, true);
+        matmul_forward(&mut out, &inp, &w[..], n, c, oc, true, Precision::F32);
         for i in 0..n {
             for o in 0..oc {
                 let r: f32 = (0..c).map(|j| inp[i * c + j] * w[o * c + j]).sum();

@@ -1,0 +1,64 @@
+//! What this CPU can run, one query per feature, each detected once: every kernel asks here.
+
+/// AVX-512F: difftx's f32 kernels (products, attention tiles, decoding's dot products).
+pub fn avx512f() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return is_x86_feature_detected!("avx512f");
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// AVX512_BF16 (with AVX-512F/BW): bf16 products at all (AMD Zen 4, Intel Cooper Lake on),
+/// whose dot products also pack the operands, with or without the tile unit.
+pub fn avx512_bf16() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        static OK: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *OK.get_or_init(|| {
+            is_x86_feature_detected!("avx512f")
+                && is_x86_feature_detected!("avx512bw")
+                && is_x86_feature_detected!("avx512bf16")
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// Whether the bf16 products run on AMX tiles (else on VDPBF16PS); the first call asks Linux
+/// for the tile-data state, which each process must request before its first tile
+/// instruction.
+pub fn amx() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        static OK: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *OK.get_or_init(|| avx512_bf16() && amx_in_cpuid() && request_tile_data())
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+#[cfg(target_arch = "x86_64")]
+fn amx_in_cpuid() -> bool {
+    // CPUID leaf 7: EDX bit 22 is AMX-BF16, bit 24 AMX-TILE.
+    let r = std::arch::x86_64::__cpuid_count(7, 0);
+    r.edx & (1 << 22) != 0 && r.edx & (1 << 24) != 0
+}
+
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+fn request_tile_data() -> bool {
+    const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
+    const XFEATURE_XTILEDATA: libc::c_long = 18;
+    // SAFETY: arch_prctl with these arguments only changes this process's permissions.
+    unsafe {
+        libc::syscall(
+            libc::SYS_arch_prctl,
+            ARCH_REQ_XCOMP_PERM,
+            XFEATURE_XTILEDATA,
+        ) == 0
+    }
+}
+
+#[cfg(all(target_arch = "x86_64", not(target_os = "linux")))]
+fn request_tile_data() -> bool {
+    false
+}

@@ -1,0 +1,395 @@
+//! C (m × n) (+)= A (m × k) · B (k × n) for the small, cache-resident operands inside the
+//! attention kernel (a query block against a key tile). In f32 nothing is packed: A is read
+//! through strides (so Aᵀ costs nothing), B and C by rows, in AVX-512 register tiles of MR
+//! rows × 32 columns where the CPU has it, plain loops elsewhere. Under `--bf16` both
+//! operands are rounded to bf16 and multiplied by gemm/bf16.rs, like the linear layers.
+
+use super::{Dims, Mat, SharedOut};
+
+#[cfg(target_arch = "x86_64")]
+thread_local! {
+    /// The operands of `with_packed`.
+    static PACKED: std::cell::Cell<Vec<Vec<u16>>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// The most operands `with_packed` packs at once (an attention task's keys, values and the
+/// queries and output gradients of its heads).
+pub const MAX_PACKED: usize = 16;
+
+/// Sizes this thread's `with_packed` buffers for attention operands of `keys` rows by head
+/// widths dk and dv (the keys, values, queries and output gradients of a task, either way
+/// round), so that no step allocates them later.
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn reserve(keys: usize, dk: usize, dv: usize) {
+    use super::bf16::packed_len;
+    let len = [dk, dv]
+        .map(|d| packed_len(keys, d).max(packed_len(d, keys)))
+        .into_iter()
+        .max()
+        .unwrap_or(0);
+    let mut bufs = PACKED.take();
+    bufs.resize_with(bufs.len().max(MAX_PACKED), Vec::new);
+    for b in &mut bufs {
+        crate::kernels::ensure(b, len);
+    }
+    PACKED.set(bufs);
+}
+
+/// A B operand packed once in bf16 tiles (an attention task's keys and values, against each
+/// of its query blocks and heads in turn): the one packed-B type, `bf16::PackedB`.
+#[cfg(target_arch = "x86_64")]
+pub use super::bf16::PackedB;
+
+/// Off x86-64 there are no bf16 tiles: `with_packed` never makes one.
+#[cfg(not(target_arch = "x86_64"))]
+pub struct PackedB<'a>(std::marker::PhantomData<&'a ()>);
+
+#[cfg(not(target_arch = "x86_64"))]
+impl PackedB<'_> {
+    /// Never called: no value of this type exists.
+    ///
+    /// # Safety
+    /// None needed.
+    pub(crate) unsafe fn gemm(&self, _: Dims, _: (usize, usize), _: Mat, _: SharedOut) {
+        unreachable!("PackedB exists only with AVX512_BF16")
+    }
+}
+
+/// Runs f with every operand b (k × n) of `ops` packed (`PackedB`, in order) and the tile unit
+/// configured for their products, where `bf16` and the CPU has AVX512_BF16; with `None` otherwise, and
+/// for no operands or more than MAX_PACKED (under bf16 with the tile unit still configured, for
+/// products that pack their own operands).
+pub fn with_packed<R>(
+    bf16: bool,
+    ops: &[(Mat, usize, usize)],
+    f: impl FnOnce(Option<&[PackedB]>) -> R,
+) -> R {
+    #[cfg(target_arch = "x86_64")]
+    if bf16 && super::cpu::avx512_bf16() {
+        if ops.is_empty() || ops.len() > MAX_PACKED {
+            return super::bf16::with_tiles(|| f(None));
+        }
+        for &(b, k, n) in ops {
+            assert!(k > 0 && n > 0 && b.fits(k, n), "with_packed: B too small");
+        }
+        let mut bufs = PACKED.take();
+        if bufs.len() < ops.len() {
+            bufs.resize_with(ops.len(), Vec::new);
+        }
+        let r = {
+            let mut packed = [PackedB::EMPTY; MAX_PACKED];
+            for ((slot, buf), &(b, k, n)) in packed.iter_mut().zip(bufs.iter_mut()).zip(ops) {
+                *slot = PackedB::pack(buf, b, k, n);
+            }
+            super::bf16::with_tiles(|| f(Some(&packed[..ops.len()])))
+        };
+        PACKED.set(bufs);
+        return r;
+    }
+    let _ = (bf16, ops);
+    f(None)
+}
+
+/// C (m × n) (+)= A (m × k) · B (k × n; both B and C have n contiguous columns); `bf16`: in
+/// bf16 where the CPU has AVX512_BF16 (f32 elsewhere). C comes through a `SharedOut`, for a C
+/// whose rows interleave with data that other threads own (one head of a (T, NH, d) tensor).
+///
+/// # Safety
+/// No other thread may access rows `0..m` (`out.rs` apart) of `n` columns of the output
+/// meanwhile.
+pub(crate) unsafe fn small_gemm(d: Dims, a: Mat, b: Mat, out: SharedOut, bf16: bool) {
+    let Dims { m, n, k } = d;
+    if m == 0 || n == 0 {
+        return;
+    }
+    assert_eq!(b.cs, 1, "small_gemm: B's columns must be contiguous");
+    assert!(a.fits(m, k), "small_gemm: A too small");
+    assert!(b.fits(k, n), "small_gemm: B too small");
+    #[cfg(target_arch = "x86_64")]
+    if bf16 && super::cpu::avx512_bf16() {
+        // SAFETY: the caller vouches for C's m rows of n columns, exclusively (this fn's
+        // `# Safety`); AVX512_BF16 is available (checked above).
+        unsafe { super::bf16::gemm_shared(d, a, b, out, 1) };
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if super::cpu::avx512f() {
+        // SAFETY: the pointer reaches C's m rows of n columns at out.rs, which `ptr` checks
+        // against the output's buffer.
+        let c = unsafe { out.dst.ptr(0, super::extent(m, n, out.rs, 1)) };
+        // SAFETY: AVX-512F is present; the asserts bound A and B, C is in bounds (above) and
+        // the caller's alone.
+        unsafe { avx512::small_gemm(d, a, b, (c, out.rs, out.accumulate)) };
+        return;
+    }
+    let _ = bf16;
+    for r in 0..m {
+        // SAFETY: row r < m of C, n values from r·rs, is the caller's to write alone (this
+        // fn's `# Safety`); `slice` checks its reach.
+        let row = unsafe { out.dst.slice(r * out.rs, n) };
+        if !out.accumulate {
+            row.fill(0.0);
+        }
+        for p in 0..k {
+            let av = a.data[r * a.rs + p * a.cs];
+            for (cv, &bv) in row.iter_mut().zip(&b.data[p * b.rs..p * b.rs + n]) {
+                *cv += av * bv;
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx512 {
+    use super::{Dims, Mat};
+    use std::arch::x86_64::*;
+
+    /// Register tiles: 6 rows × 64 columns (24 accumulators) while 64 columns remain, then
+    /// 8 rows × 32: the wider tile spends one broadcast of A on four FMAs instead of two.
+    pub(crate) const WIDE_ROWS: usize = 6;
+    const ROWS: usize = 8;
+
+    /// Lanes of columns j0 + 16·v .. for v < NV, masked to the first `w` columns.
+    fn masks<const NV: usize>(w: usize) -> [__mmask16; NV] {
+        std::array::from_fn(|v| crate::kernels::lane_mask(w.saturating_sub(16 * v)))
+    }
+
+    /// `super::small_gemm` on AVX-512F registers.
+    ///
+    /// # Safety
+    /// AVX-512F; A (m × k) and B (k × n, contiguous columns) in bounds; c (C, row stride,
+    /// accumulate) valid for writes of rows 0..m of n columns, which no other thread accesses
+    /// meanwhile.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn small_gemm(
+        d: Dims,
+        a: Mat,
+        b: Mat,
+        (c, c_rs, accumulate): (*mut f32, usize, bool),
+    ) {
+        let (Dims { m, n, k }, b_rs) = (d, b.rs);
+        let b = b.data;
+        let mut j0 = 0;
+        while j0 < n {
+            // SAFETY: AVX-512F, A and B in bounds and C valid for m rows of n columns are the
+            // caller's contract; each strip covers columns j0..j0 + 64 (or the n − j0 left),
+            // inside B's and C's n columns, and column j0 < n is inside both.
+            unsafe {
+                let bp = b.as_ptr().add(j0);
+                let cp = c.add(j0);
+                if n - j0 >= 64 {
+                    strip::<4>(WIDE_ROWS, m, k, a, bp, b_rs, cp, c_rs, 64, accumulate);
+                    j0 += 64;
+                } else {
+                    strip::<2>(ROWS, m, k, a, bp, b_rs, cp, c_rs, n - j0, accumulate);
+                    j0 += 32;
+                }
+            }
+        }
+    }
+
+    /// One strip of NV·16 columns (the first `w` of them valid), `rows` rows at a time.
+    ///
+    /// # Safety
+    /// As for `small_gemm`, for the strip's m rows of w columns at b and c.
+    #[target_feature(enable = "avx512f")]
+    // the inner loop's raw operands, as the register tiles read them: a struct would only be
+    // unpacked again at the top
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn strip<const NV: usize>(
+        rows: usize,
+        m: usize,
+        k: usize,
+        a: Mat,
+        b: *const f32,
+        b_rs: usize,
+        c: *mut f32,
+        c_rs: usize,
+        w: usize,
+        accumulate: bool,
+    ) {
+        // SAFETY: AVX-512F and a, b, c valid for the rows and columns named are
+        // the caller's contract; each tile reads H ≤ rows of a, w ≤ 16·NV columns of b (masked) and
+        // writes those of c.
+        unsafe {
+            let mk = masks::<NV>(w.min(16 * NV));
+            let mut r0 = 0;
+            while r0 < m {
+                let h = rows.min(m - r0);
+                let ap = a.data.as_ptr().add(r0 * a.rs);
+                let args = (
+                    k,
+                    ap,
+                    a.rs,
+                    a.cs,
+                    b,
+                    b_rs,
+                    c.add(r0 * c_rs),
+                    c_rs,
+                    mk,
+                    accumulate,
+                );
+                match h {
+                    8 => tile::<8, NV>(args),
+                    7 => tile::<7, NV>(args),
+                    6 => tile::<6, NV>(args),
+                    5 => tile::<5, NV>(args),
+                    4 => tile::<4, NV>(args),
+                    3 => tile::<3, NV>(args),
+                    2 => tile::<2, NV>(args),
+                    _ => tile::<1, NV>(args),
+                }
+                r0 += h;
+            }
+        }
+    }
+
+    /// A (H rows × k, element (r, p) at r·a_rs + p·a_cs) times B (k rows, b_rs apart, of NV·16
+    /// columns masked by mk), in registers: one FMA chain over p in order per element.
+    ///
+    /// # Safety
+    /// AVX-512F; A and the masked columns of B must be in bounds.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    pub(crate) unsafe fn products<const H: usize, const NV: usize>(
+        k: usize,
+        a: *const f32,
+        a_rs: usize,
+        a_cs: usize,
+        b: *const f32,
+        b_rs: usize,
+        mk: [__mmask16; NV],
+    ) -> [[__m512; NV]; H] {
+        // SAFETY: AVX-512F and H rows of a, k rows of NV masked registers of b in
+        // bounds are the caller's contract.
+        unsafe {
+            let mut acc = [[_mm512_setzero_ps(); NV]; H];
+            for p in 0..k {
+                let mut bv = [_mm512_setzero_ps(); NV];
+                for (v, bv) in bv.iter_mut().enumerate() {
+                    *bv = _mm512_maskz_loadu_ps(mk[v], b.add(p * b_rs + 16 * v));
+                }
+                for (r, row) in acc.iter_mut().enumerate() {
+                    let av = _mm512_set1_ps(*a.add(r * a_rs + p * a_cs));
+                    for v in 0..NV {
+                        row[v] = _mm512_fmadd_ps(av, bv[v], row[v]);
+                    }
+                }
+            }
+            acc
+        }
+    }
+
+    /// (k, A, A row stride, A column stride, B, B row stride, C, C row stride, column masks,
+    /// accumulate)
+    type TileArgs<const NV: usize> = (
+        usize,
+        *const f32,
+        usize,
+        usize,
+        *const f32,
+        usize,
+        *mut f32,
+        usize,
+        [__mmask16; NV],
+        bool,
+    );
+
+    /// H rows × NV·16 columns (masked) of C, accumulated over k in registers. Every element is
+    /// one FMA chain over p in order, whatever the tile shape.
+    ///
+    /// # Safety
+    /// AVX-512F; A's H rows, B's k rows (masked by mk) and C's H rows (masked by mk) in bounds.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    unsafe fn tile<const H: usize, const NV: usize>(
+        (k, a, a_rs, a_cs, b, b_rs, c, c_rs, mk, accumulate): TileArgs<NV>,
+    ) {
+        // SAFETY: AVX-512F and c valid for H rows at c_rs, masked to mk, are the
+        // caller's contract (`strip` passes rows inside its strip).
+        unsafe {
+            let acc = products::<H, NV>(k, a, a_rs, a_cs, b, b_rs, mk);
+            for (r, row) in acc.iter().enumerate() {
+                let cr = c.add(r * c_rs);
+                for v in 0..NV {
+                    let mut x = row[v];
+                    if accumulate {
+                        x = _mm512_add_ps(x, _mm512_maskz_loadu_ps(mk[v], cr.add(16 * v)));
+                    }
+                    _mm512_mask_storeu_ps(cr.add(16 * v), mk[v], x);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Under bf16 the reference multiplies the operands rounded to bf16, whose products are
+    /// exact in f32: only the order of the additions differs.
+    #[test]
+    fn small_gemm_matches_loops_with_strides_and_ragged_edges() {
+        let round = |x: f32| half::bf16::from_f32(x).to_f32();
+        for bf16 in [false, true] {
+            if bf16 && !crate::kernels::gemm::cpu::avx512_bf16() {
+                eprintln!("skipped bf16: this CPU has no AVX512_BF16");
+                continue;
+            }
+            let r = |x: f32| if bf16 { round(x) } else { x };
+            for (m, n, k) in [
+                (1, 1, 1),
+                (8, 32, 5),
+                (13, 70, 33),
+                (64, 64, 32),
+                (3, 17, 0),
+                (32, 130, 40),
+                (7, 64, 3),
+                (50, 64, 64),
+            ] {
+                let a: Vec<f32> = (0..m * k * 2)
+                    .map(|i| ((i * 13 % 29) as f32 - 14.0) / 7.0)
+                    .collect();
+                let b: Vec<f32> = (0..k * (n + 5))
+                    .map(|i| ((i * 7 % 31) as f32 - 15.0) / 9.0)
+                    .collect();
+                // A stored transposed with a gap: element (r, p) at p * 2m + r
+                let at = Mat {
+                    data: &a,
+                    rs: 1,
+                    cs: 2 * m,
+                };
+                let mut c = vec![1.0f32; m * (n + 2)];
+                let out = SharedOut {
+                    dst: crate::kernels::SharedMut::new(&mut c),
+                    rs: n + 2,
+                    accumulate: true,
+                };
+                let bm = Mat {
+                    data: &b,
+                    rs: n + 5,
+                    cs: 1,
+                };
+                // SAFETY: c holds m rows of n + 2, which only this call writes.
+                unsafe { small_gemm(Dims::new(m, n, k), at, bm, out, bf16) };
+                for row in 0..m {
+                    for j in 0..n + 2 {
+                        let want: f32 = if j < n {
+                            1.0 + (0..k)
+                                .map(|p| r(a[p * 2 * m + row]) * r(b[p * (n + 5) + j]))
+                                .sum::<f32>()
+                        } else {
+                            1.0
+                        };
+                        let got = c[row * (n + 2) + j];
+                        assert!(
+                            (got - want).abs() < 1e-4 * (1.0 + want.abs()),
+                            "bf16 {bf16} {m}x{n}x{k} ({row},{j}): {got} vs {want}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}

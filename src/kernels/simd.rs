@@ -1,0 +1,432 @@
+//! Vector helpers every kernel shares: AVX-512 lane masks, the 16 × 16 transpose and the
+//! 16-row dot product, prefetch; the lane-parallel reductions and dot products that
+//! vectorise without intrinsics; the fast exp and sigmoid.
+
+/// Asks for the cache lines of the `n` values from `at` into L1, ahead of a strided gather
+/// (packing, tile copies) whose short runs the hardware prefetcher does not follow. A hint:
+/// the address need not lie inside any allocation, since a prefetch never faults.
+#[inline]
+pub(crate) fn prefetch(at: *const f32, n: usize) {
+    #[cfg(target_arch = "x86_64")]
+    for line in (0..n).step_by(16) {
+        // SAFETY: PREFETCHT0 (SSE, part of x86_64) reads nothing and cannot fault.
+        unsafe {
+            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+            _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(line) as *const i8)
+        };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (at, n);
+}
+
+/// The first `n` of 16 lanes (all of them from 16 on): the mask of a ragged AVX-512 load or
+/// store.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+pub(crate) fn lane_mask(n: usize) -> std::arch::x86_64::__mmask16 {
+    if n >= 16 {
+        0xffff
+    } else {
+        ((1u32 << n) - 1) as u16
+    }
+}
+
+/// Transposes a 16 × 16 matrix of 32-bit values (f32 or bf16 pairs) held as 16 rows: pairs of rows interleaved by 32 and
+/// then 64 bits leave 4 × 4 blocks transposed inside each 128-bit lane, and two lane shuffles
+/// put the blocks in place.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+pub(crate) fn transpose16(r: &mut [std::arch::x86_64::__m512i; 16]) {
+    use std::arch::x86_64::*;
+    let mut a = [_mm512_setzero_si512(); 16];
+    for i in 0..8 {
+        a[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+        a[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+    }
+    // b[4i + c], lane L: rows 4i..4i+4 of column 4L + c.
+    let mut b = [_mm512_setzero_si512(); 16];
+    for i in 0..4 {
+        b[4 * i] = _mm512_unpacklo_epi64(a[4 * i], a[4 * i + 2]);
+        b[4 * i + 1] = _mm512_unpackhi_epi64(a[4 * i], a[4 * i + 2]);
+        b[4 * i + 2] = _mm512_unpacklo_epi64(a[4 * i + 1], a[4 * i + 3]);
+        b[4 * i + 3] = _mm512_unpackhi_epi64(a[4 * i + 1], a[4 * i + 3]);
+    }
+    for c in 0..4 {
+        let e0 = _mm512_shuffle_i32x4::<0x44>(b[c], b[4 + c]);
+        let e1 = _mm512_shuffle_i32x4::<0xee>(b[c], b[4 + c]);
+        let e2 = _mm512_shuffle_i32x4::<0x44>(b[8 + c], b[12 + c]);
+        let e3 = _mm512_shuffle_i32x4::<0xee>(b[8 + c], b[12 + c]);
+        r[c] = _mm512_shuffle_i32x4::<0x88>(e0, e2);
+        r[4 + c] = _mm512_shuffle_i32x4::<0xdd>(e0, e2);
+        r[8 + c] = _mm512_shuffle_i32x4::<0x88>(e1, e3);
+        r[12 + c] = _mm512_shuffle_i32x4::<0xdd>(e1, e3);
+    }
+}
+
+/// Lane i is Σ_p x[p]·w[i·rs + p] for the rows i < h ≤ 16 (0 past h): one accumulator
+/// register per row, then one 16 × 16 transpose turns the sixteen registers into the sixteen
+/// sums, instead of reducing each row's partial sums apart. Serves the batch-1 matrix-vector
+/// products (rows of a weight) and decoding's attention scores (a key head's cached rows).
+///
+/// # Safety
+/// AVX-512F; rows 0..h of w, each x.len() long at stride rs, are in bounds.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+pub(crate) unsafe fn dot_rows16(
+    x: &[f32],
+    w: *const f32,
+    rs: usize,
+    h: usize,
+) -> std::arch::x86_64::__m512 {
+    // SAFETY: `sums` has this fn's contract, which the caller guarantees.
+    unsafe {
+        use std::arch::x86_64::*;
+        /// With ALL the row loop has a fixed count, so the sixteen sums stay in registers.
+        ///
+        /// # Safety
+        /// As for `dot_rows16`.
+        #[inline(always)]
+        unsafe fn sums<const ALL: bool>(x: &[f32], w: *const f32, rs: usize, h: usize) -> __m512 {
+            // SAFETY: AVX-512F and rows 0..h of w, each x.len() long at stride rs, in bounds
+            // are `dot_rows16`'s contract: the masked loads read p < x.len() of x and of rows i < h.
+            unsafe {
+                let mut acc = [_mm512_setzero_si512(); 16];
+                for p in (0..x.len()).step_by(16) {
+                    let m = lane_mask(x.len() - p);
+                    let xv = _mm512_maskz_loadu_ps(m, x.as_ptr().add(p));
+                    for (i, a) in acc.iter_mut().enumerate() {
+                        if ALL || i < h {
+                            let wv = _mm512_maskz_loadu_ps(m, w.add(i * rs + p));
+                            *a = _mm512_castps_si512(_mm512_fmadd_ps(
+                                wv,
+                                xv,
+                                _mm512_castsi512_ps(*a),
+                            ));
+                        }
+                    }
+                }
+                transpose16(&mut acc);
+                // Summed in halves (a tree of four levels), not as one chain of fifteen additions.
+                let mut n = 16;
+                while n > 1 {
+                    n /= 2;
+                    for i in 0..n {
+                        acc[i] = _mm512_castps_si512(_mm512_add_ps(
+                            _mm512_castsi512_ps(acc[i]),
+                            _mm512_castsi512_ps(acc[i + n]),
+                        ));
+                    }
+                }
+                _mm512_castsi512_ps(acc[0])
+            }
+        }
+        if h == 16 {
+            sums::<true>(x, w, rs, h)
+        } else {
+            sums::<false>(x, w, rs, h)
+        }
+    }
+}
+
+/// Σ a·b with 64 independent partial sums in four vector registers, so that neither the
+/// float-ordering rules (a plain iterator sum is one serial chain) nor the FMA latency (one
+/// accumulator register is a chain too) hold it back.
+#[inline]
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    dot_with(a, b, |y: f32| y)
+}
+
+/// Σ a·b with b in bf16 (the weights a bf16 decode reads): widened exactly to f32 on the fly,
+/// summed as `dot` sums.
+#[inline]
+pub fn dot_bf16(a: &[f32], b: &[u16]) -> f32 {
+    dot_with(a, b, bf16_to_f32)
+}
+
+/// A bf16 value (its 16 bits) as the f32 it stands for: the upper half of the f32's bits.
+#[inline(always)]
+pub fn bf16_to_f32(b: u16) -> f32 {
+    f32::from_bits((b as u32) << 16)
+}
+
+/// `dot` over b's elements widened by `f`: the loop shape of the sum is the same for every
+/// element type, so it lives once.
+#[inline(always)]
+fn dot_with<T: Copy>(a: &[f32], b: &[T], f: impl Fn(T) -> f32) -> f32 {
+    debug_assert_eq!(a.len(), b.len());
+    let (mut s0, mut s1, mut s2, mut s3) = ([0f32; 16], [0f32; 16], [0f32; 16], [0f32; 16]);
+    let (a64, b64) = (a.chunks_exact(64), b.chunks_exact(64));
+    let (ar, br) = (a64.remainder(), b64.remainder());
+    for (x, y) in a64.zip(b64) {
+        let (x, y): (&[f32; 64], &[T; 64]) = (x.try_into().unwrap(), y.try_into().unwrap());
+        for i in 0..16 {
+            s0[i] = x[i].mul_add(f(y[i]), s0[i]);
+            s1[i] = x[16 + i].mul_add(f(y[16 + i]), s1[i]);
+            s2[i] = x[32 + i].mul_add(f(y[32 + i]), s2[i]);
+            s3[i] = x[48 + i].mul_add(f(y[48 + i]), s3[i]);
+        }
+    }
+    let (a16, b16) = (ar.chunks_exact(16), br.chunks_exact(16));
+    let (ar, br) = (a16.remainder(), b16.remainder());
+    for (x, y) in a16.zip(b16) {
+        for i in 0..16 {
+            s0[i] = x[i].mul_add(f(y[i]), s0[i]);
+        }
+    }
+    let mut s = 0.0;
+    for i in 0..16 {
+        s += (s0[i] + s1[i]) + (s2[i] + s3[i]);
+    }
+    for (x, &y) in ar.iter().zip(br) {
+        s += x * f(y);
+    }
+    s
+}
+
+/// exp(x) for x ≤ 0 (scores minus their row maximum, and the like), written so that loops over
+/// it vectorise: x = n·ln2 + r with |r| ≤ ln2/2, e^r by a degree-6 polynomial (relative error
+/// below 3e-7), 2^n built in the exponent bits. The rounding and the float → integer step use
+/// the magic-constant trick rather than casts, which would be scalar. Inputs below −87 return
+/// 0, as does −∞ (masked keys).
+#[inline(always)]
+pub fn exp_nonpos(x: f32) -> f32 {
+    const ROUND: f32 = 12_582_912.0; // 1.5 · 2^23: adding it rounds to an integer
+    const SHIFT: f32 = 8_388_608.0; // 2^23: an integer below it lands in the mantissa bits
+    let xc = x.max(-87.0);
+    let n = (xc * std::f32::consts::LOG2_E + ROUND) - ROUND;
+    // Cody–Waite: ln 2 in two parts, so that r stays exact for |n| up to 126.
+    let r = n.mul_add(-0.693_359_4, xc);
+    let r = n.mul_add(2.121_944_4e-4, r);
+    let mut p: f32 = 1.0 / 720.0;
+    p = p.mul_add(r, 1.0 / 120.0);
+    p = p.mul_add(r, 1.0 / 24.0);
+    p = p.mul_add(r, 1.0 / 6.0);
+    p = p.mul_add(r, 0.5);
+    p = p.mul_add(r, 1.0);
+    p = p.mul_add(r, 1.0);
+    // n + 127 is an integer in [1, 127]: its bits below 2^23, moved into the exponent, are 2^n.
+    let biased = (n + 127.0 + SHIFT).to_bits() & 0x7f_ffff;
+    let scale = f32::from_bits(biased << 23);
+    if x <= -87.0 {
+        0.0
+    } else {
+        p * scale
+    }
+}
+
+/// `exp_nonpos` on 16 lanes, step for step: the same value in every lane, bit for bit.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+pub(crate) fn exp_nonpos16(x: std::arch::x86_64::__m512) -> std::arch::x86_64::__m512 {
+    use std::arch::x86_64::*;
+    let c = _mm512_set1_ps;
+    let xc = _mm512_max_ps(x, c(-87.0));
+    let round = c(12_582_912.0);
+    let n = _mm512_sub_ps(
+        _mm512_add_ps(_mm512_mul_ps(xc, c(std::f32::consts::LOG2_E)), round),
+        round,
+    );
+    let r = _mm512_fmadd_ps(n, c(-0.693_359_4), xc);
+    let r = _mm512_fmadd_ps(n, c(2.121_944_4e-4), r);
+    let mut p = c(1.0 / 720.0);
+    for k in [1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0] {
+        p = _mm512_fmadd_ps(p, r, c(k));
+    }
+    let biased = _mm512_castps_si512(_mm512_add_ps(_mm512_add_ps(n, c(127.0)), c(8_388_608.0)));
+    let two_n = _mm512_slli_epi32::<23>(_mm512_and_si512(biased, _mm512_set1_epi32(0x7f_ffff)));
+    let above = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(x, c(-87.0));
+    _mm512_maskz_mul_ps(above, p, _mm512_castsi512_ps(two_n))
+}
+
+/// σ(x) = 1 / (1 + e^−x) through `exp_nonpos` of −|x|, so that it vectorises too.
+#[inline(always)]
+pub fn sigmoid(x: f32) -> f32 {
+    let e = exp_nonpos(-x.abs());
+    let s = 1.0 / (1.0 + e);
+    if x >= 0.0 {
+        s
+    } else {
+        e * s
+    }
+}
+
+/// Σ x with 16 partial sums (vectorises, unlike a serial float sum).
+#[inline]
+pub fn sum_lanes(x: &[f32]) -> f32 {
+    reduce_lanes(x, |v| v, SUM)
+}
+
+/// f(x) over every element reduced by `op` (identity `id`) in 16 lanes, as `sum_lanes` sums: a
+/// row's maximum or its sum of exps, where a serial fold would be one chain of dependent
+/// operations.
+#[inline(always)]
+pub fn reduce_lanes(
+    x: &[f32],
+    f: impl Fn(f32) -> f32,
+    (id, op): (f32, fn(f32, f32) -> f32),
+) -> f32 {
+    let mut acc = [id; 16];
+    let chunks = x.chunks_exact(16);
+    let rest = chunks.remainder().iter().fold(id, |r, &v| op(r, f(v)));
+    for c in chunks {
+        for i in 0..16 {
+            acc[i] = op(acc[i], f(c[i]));
+        }
+    }
+    op(fold_lanes(acc, op), rest)
+}
+
+/// Σ a·b·c in 16 lanes (RMSNorm's backward).
+#[inline]
+pub fn dot3(a: &[f32], b: &[f32], c: &[f32]) -> f32 {
+    assert!(a.len() == b.len() && b.len() == c.len());
+    let mut acc = [0f32; 16];
+    let n = a.len() / 16 * 16;
+    let rest: f32 = (n..a.len()).map(|i| a[i] * b[i] * c[i]).sum();
+    for ((x, y), z) in a[..n]
+        .chunks_exact(16)
+        .zip(b[..n].chunks_exact(16))
+        .zip(c[..n].chunks_exact(16))
+    {
+        for i in 0..16 {
+            acc[i] = (x[i] * y[i]).mul_add(z[i], acc[i]);
+        }
+    }
+    fold_lanes(acc, SUM.1) + rest
+}
+
+/// The 16 lanes folded in halves (8, 4, 2, 1 apart): four vector steps, where a lane-by-lane
+/// chain would be fifteen dependent ones.
+#[inline(always)]
+fn fold_lanes(mut acc: [f32; 16], f: impl Fn(f32, f32) -> f32) -> f32 {
+    let mut w = 8;
+    while w > 0 {
+        for i in 0..w {
+            acc[i] = f(acc[i], acc[i + w]);
+        }
+        w /= 2;
+    }
+    acc[0]
+}
+
+/// x[i] = f(i, x[i]) for every element, and the new values reduced by `op` (identity `id`)
+/// in 16 lanes, as `sum_lanes` sums: one pass that vectorises.
+#[inline(always)]
+pub fn map_lanes(
+    x: &mut [f32],
+    f: impl Fn(usize, f32) -> f32,
+    (id, op): (f32, fn(f32, f32) -> f32),
+) -> f32 {
+    let mut acc = [id; 16];
+    let base = x.len() / 16 * 16;
+    let mut chunks = x.chunks_exact_mut(16);
+    for (c, xs) in (&mut chunks).enumerate() {
+        for i in 0..16 {
+            xs[i] = f(16 * c + i, xs[i]);
+            acc[i] = op(acc[i], xs[i]);
+        }
+    }
+    let mut rest = id;
+    for (i, x) in chunks.into_remainder().iter_mut().enumerate() {
+        *x = f(base + i, *x);
+        rest = op(rest, *x);
+    }
+    op(fold_lanes(acc, op), rest)
+}
+
+/// `map_lanes`'s reductions.
+pub const SUM: (f32, fn(f32, f32) -> f32) = (0.0, |a, b| a + b);
+pub const MAX: (f32, fn(f32, f32) -> f32) = (f32::NEG_INFINITY, |a, b| if b > a { b } else { a });
+
+/// v *= s, across the pool (a whole activation: one thread alone would be memory-bound).
+pub fn scale(v: &mut [f32], s: f32) {
+    use rayon::prelude::*;
+    v.par_chunks_mut(1 << 14)
+        .for_each(|c| c.iter_mut().for_each(|x| *x *= s));
+}
+
+/// y += alpha · x
+#[inline]
+pub fn axpy(y: &mut [f32], alpha: f32, x: &[f32]) {
+    for (y, &x) in y.iter_mut().zip(x) {
+        *y = alpha.mul_add(x, *y);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fast_exp_is_accurate_on_the_softmax_range() {
+        for i in 0..=20000 {
+            let x = -(i as f32) * 0.0045; // 0 down to -90
+            let (a, e) = (exp_nonpos(x), x.exp());
+            // below −87 the result is flushed to 0: an absolute error under e^−87 ≈ 1.7e-38
+            assert!(
+                (a - e).abs() <= 3e-7 * e + 1.7e-38,
+                "exp({x}) = {a}, want {e}"
+            );
+        }
+        assert_eq!(exp_nonpos(f32::NEG_INFINITY), 0.0);
+    }
+
+    #[test]
+    fn exp_nonpos16_is_exp_nonpos_in_every_lane() {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            use std::arch::x86_64::*;
+            let mut xs: Vec<f32> = (0..4000).map(|i| -(i as f32) * 0.0271).collect();
+            xs.extend([
+                0.0,
+                -0.0,
+                -86.99,
+                -87.0,
+                -87.01,
+                -1e30,
+                f32::NEG_INFINITY,
+                -1e-30,
+            ]);
+            for chunk in xs.chunks(16) {
+                let mut x = [f32::NEG_INFINITY; 16];
+                x[..chunk.len()].copy_from_slice(chunk);
+                let mut got = [0f32; 16];
+                // SAFETY: AVX-512F was detected; both arrays hold 16 lanes.
+                unsafe {
+                    let e = exp_nonpos16(_mm512_loadu_ps(x.as_ptr()));
+                    _mm512_storeu_ps(got.as_mut_ptr(), e);
+                }
+                for (&xi, &g) in x.iter().zip(&got) {
+                    assert_eq!(g.to_bits(), exp_nonpos(xi).to_bits(), "exp({xi})");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn fast_sigmoid_matches_the_definition_on_both_sides() {
+        for i in -4000..=4000 {
+            let x = i as f32 * 0.01;
+            let want = 1.0 / (1.0 + (-(x as f64)).exp());
+            let got = sigmoid(x) as f64;
+            assert!(
+                (got - want).abs() <= 1e-6 * want,
+                "σ({x}) = {got}, want {want}"
+            );
+        }
+    }
+
+    #[test]
+    fn lane_reductions_match_plain_ones() {
+        let x: Vec<f32> = (0..37).map(|i| ((i * 17 % 11) as f32) - 5.0).collect();
+        assert_eq!(sum_lanes(&x), x.iter().sum::<f32>());
+        let mut y = x.clone();
+        let want = (0..37).map(|i| x[i] * i as f32).fold(f32::MIN, f32::max);
+        assert_eq!(map_lanes(&mut y, |i, v| v * i as f32, MAX), want);
+        assert!(y.iter().enumerate().all(|(i, &v)| v == x[i] * i as f32));
+        assert_eq!(map_lanes(&mut [], |_, v| v, MAX), f32::NEG_INFINITY);
+        assert_eq!(map_lanes(&mut x.clone(), |_, v| v, SUM), sum_lanes(&x));
+    }
+}
