@@ -364,7 +364,7 @@ fn ablation_words(plan: &LmPlan, runs: &[LmRun]) -> String {
     s
 }
 
-/// A variant against the full diff_v1, in the words of `repro::compare`: direction against
+/// A variant against the full diff_v1, in the words of `common::compare`: direction against
 /// what the paper says, and whether the gap exceeds the two seed spreads added.
 fn versus(label: &str, v: &[f64], base: &[f64], paper: PaperSays) -> String {
     let (mv, sv) = mean_std(v);
