@@ -281,27 +281,38 @@ fn claims(plan: &LmPlan, runs: &[LmRun]) -> String {
 /// The `## Ablation` section: the variants at the middle size against the full diff_v1.
 fn ablation(plan: &LmPlan, runs: &[LmRun]) -> String {
     let mut s = String::new();
-    let mid = plan.middle();
-    let variants: Vec<&LmRun> = runs.iter().filter(|r| r.variant.is_some()).collect();
-    let labels: Vec<(&str, usize)> = variant_labels(runs)
-        .into_iter()
-        .map(|l| {
-            (
-                l,
-                variants
-                    .iter()
-                    .find(|r| r.label == l)
-                    .map_or(0, |r| r.params),
-            )
-        })
-        .collect();
     let _ = writeln!(s, "\n## Ablation (paper Table 6)\n");
     let _ = writeln!(
         s,
         "{} Here: at the middle size ({}), the same training and validation as above.\n",
         notes_line("Ablation"),
-        size_label(plan, mid)
+        size_label(plan, plan.middle())
     );
+    s.push_str(&ablation_table(plan, runs));
+    let _ = writeln!(s);
+    s.push_str(&ablation_words(plan, runs));
+    s
+}
+
+/// Each variant's label, parameters and what the paper says of it, in the order they ran.
+fn variants_of(runs: &[LmRun]) -> Vec<(&str, usize, PaperSays)> {
+    variant_labels(runs)
+        .into_iter()
+        .map(|l| {
+            let r = runs.iter().find(|r| r.variant.is_some() && r.label == l);
+            (
+                l,
+                r.map_or(0, |r| r.params),
+                r.and_then(|r| r.variant).unwrap_or(PaperSays::Nothing),
+            )
+        })
+        .collect()
+}
+
+/// standard, diff_v1 and every variant at the middle size, against diff_v1.
+fn ablation_table(plan: &LmPlan, runs: &[LmRun]) -> String {
+    let mut s = String::new();
+    let mid = plan.middle();
     table_head(
         &mut s,
         &[
@@ -317,7 +328,7 @@ fn ablation(plan: &LmPlan, runs: &[LmRun]) -> String {
     let rows: Vec<(&str, usize)> = [AttentionKind::Standard, AttentionKind::DiffV1]
         .iter()
         .map(|k| (k.as_str(), plan.config(*k, mid).num_params()))
-        .chain(labels.iter().copied())
+        .chain(variants_of(runs).into_iter().map(|(l, p, _)| (l, p)))
         .collect();
     for (label, params) in rows {
         let v = vals(runs, label, mid, &|r| r.val_loss);
@@ -334,23 +345,26 @@ fn ablation(plan: &LmPlan, runs: &[LmRun]) -> String {
             fmt_ms(&vals(runs, label, mid, &|r| r.final_loss()), 3)
         );
     }
-    let _ = writeln!(s);
-    if labels.is_empty() {
+    s
+}
+
+/// Each variant against diff_v1 in the paper's terms.
+fn ablation_words(plan: &LmPlan, runs: &[LmRun]) -> String {
+    let mut s = String::new();
+    let mid = plan.middle();
+    let variants = variants_of(runs);
+    if variants.is_empty() {
         let _ = writeln!(s, "No variants were run.");
     }
-    for (label, _) in &labels {
-        let paper = variants
-            .iter()
-            .find(|r| r.label == *label)
-            .and_then(|r| r.variant)
-            .unwrap_or(PaperSays::Nothing);
+    let base = vals(runs, AttentionKind::DiffV1.as_str(), mid, &|r| r.val_loss);
+    for (label, _, paper) in variants {
         let v = vals(runs, label, mid, &|r| r.val_loss);
         let _ = writeln!(s, "{}", versus(label, &v, &base, paper));
     }
     s
 }
 
-/// A variant against the full diff_v1, in the words of `repro::compare`: direction against
+/// A variant against the full diff_v1, in the words of `common::compare`: direction against
 /// what the paper says, and whether the gap exceeds the two seed spreads added.
 fn versus(label: &str, v: &[f64], base: &[f64], paper: PaperSays) -> String {
     let (mv, sv) = mean_std(v);

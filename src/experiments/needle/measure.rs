@@ -76,7 +76,8 @@ pub fn cell_seed(seed: u64, len: usize, depth_index: usize) -> u64 {
 
 /// Retrieval accuracy for every (depth, length) pair, `per_cell` episodes each, evaluated
 /// `batch` at a time. Cells come length-major: all depths of lengths[0] first. With
-/// `logit_bits`, attention logits are absmax-quantised to that many bits (kernels/attention_lowbit.rs).
+/// `logit_bits`, attention logits are absmax-quantised to that many bits
+/// (kernels/attention_lowbit.rs).
 #[allow(clippy::too_many_arguments)]
 pub fn retrieval_grid(
     model: &Model,

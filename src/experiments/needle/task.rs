@@ -207,6 +207,39 @@ fn snap(filler: &[u8], o: usize) -> usize {
         .unwrap_or(filler.len())
 }
 
+/// Where the queried needle landed in a haystack: its sentence, its number, and the filler
+/// bytes before it.
+struct Placed {
+    needle: Range<usize>,
+    number: Range<usize>,
+    filler_before: usize,
+}
+
+/// Insertion points (filler offset, tie rank, needle) of `n` needles in `filler`, sorted: needle
+/// 0 at `depth`, the others at seeded random depths, each snapped to a word boundary. At a tie
+/// the queried needle goes first for depths up to one half and last beyond, so that 0% and
+/// 100% are the haystack's ends.
+fn insertion_points(
+    rng: &mut ChaCha8Rng,
+    filler: &[u8],
+    depth: f64,
+    n: usize,
+) -> Vec<(usize, u8, usize)> {
+    let f = filler.len();
+    let answer_rank = if depth <= 0.5 { 0 } else { 2 };
+    let mut points: Vec<(usize, u8, usize)> = vec![(
+        snap(filler, (depth * f as f64).round() as usize),
+        answer_rank,
+        0,
+    )];
+    for i in 1..n {
+        let o = rng.random_range(0..=f);
+        points.push((snap(filler, o), 1, i));
+    }
+    points.sort();
+    points
+}
+
 impl NeedleTask {
     /// A task with filler from the synthetic language of `language_seed` (200 words).
     pub fn synthetic(needles: usize, queries: usize, digits: usize, language_seed: u64) -> Self {
@@ -257,24 +290,7 @@ impl NeedleTask {
             return Err(Error::Invalid(format!("depth {depth} is outside [0, 1]")));
         }
         let n = self.needles;
-        // N distinct cities (partial Fisher–Yates) and N distinct numbers; needle 0 is queried.
-        let mut idx: Vec<usize> = (0..CITIES.len()).collect();
-        for i in 0..n {
-            let j = rng.random_range(i..idx.len());
-            idx.swap(i, j);
-        }
-        let cities: Vec<&'static str> = idx[..n].iter().map(|&i| CITIES[i]).collect();
-        let mut numbers: Vec<String> = Vec::with_capacity(n);
-        while numbers.len() < n {
-            let mut s = String::with_capacity(self.digits);
-            s.push((b'1' + rng.random_range(0..9u8)) as char);
-            for _ in 1..self.digits {
-                s.push((b'0' + rng.random_range(0..10u8)) as char);
-            }
-            if !numbers.contains(&s) {
-                numbers.push(s);
-            }
-        }
+        let (cities, numbers) = self.draw_needles(rng);
         let needles: Vec<String> = (0..n)
             .map(|i| needle_text(cities[i], &numbers[i]))
             .collect();
@@ -292,35 +308,9 @@ impl NeedleTask {
         }
         let filler = self.filler.bytes(rng, total - fixed)?;
         let f = filler.len();
-        // Insertion points in filler coordinates; at a tie the queried needle goes first for
-        // depths up to one half and last beyond, so that 0% and 100% are the haystack's ends.
-        let answer_rank = if depth <= 0.5 { 0 } else { 2 };
-        let mut points: Vec<(usize, u8, usize)> = vec![(
-            snap(&filler, (depth * f as f64).round() as usize),
-            answer_rank,
-            0,
-        )];
-        for i in 1..n {
-            let o = rng.random_range(0..=f);
-            points.push((snap(&filler, o), 1, i));
-        }
-        points.sort();
+        let points = insertion_points(rng, &filler, depth, n);
         let mut bytes: Vec<u8> = Vec::with_capacity(total);
-        let (mut at, mut needle, mut number, mut filler_before) = (0, 0..0, 0..0, 0);
-        for &(o, _, i) in &points {
-            bytes.extend_from_slice(&filler[at..o]);
-            at = o;
-            if i == 0 {
-                let start = bytes.len();
-                let text = &needles[0];
-                needle = start..start + text.len() - 1;
-                let num_at = start + text.len() - 2 - self.digits;
-                number = num_at..num_at + self.digits;
-                filler_before = o;
-            }
-            bytes.extend_from_slice(needles[i].as_bytes());
-        }
-        bytes.extend_from_slice(&filler[at..]);
+        let hay = self.haystack(&mut bytes, &filler, &points, &needles);
         let context = bytes.len();
         let mut answers = Vec::with_capacity(self.queries);
         for (q, number) in queries.iter().zip(&numbers) {
@@ -333,14 +323,72 @@ impl NeedleTask {
         Ok(Episode {
             tokens: bytes.into_iter().map(u32::from).collect(),
             context,
-            needle,
-            number,
+            needle: hay.needle,
+            number: hay.number,
             answer: answers[0].clone(),
             answers,
             city: cities[0],
-            filler_before,
+            filler_before: hay.filler_before,
             filler_len: f,
         })
+    }
+
+    /// N distinct cities (partial Fisher–Yates) and N distinct numbers of `digits` digits;
+    /// needle 0 is the queried one.
+    fn draw_needles(&self, rng: &mut ChaCha8Rng) -> (Vec<&'static str>, Vec<String>) {
+        let n = self.needles;
+        let mut idx: Vec<usize> = (0..CITIES.len()).collect();
+        for i in 0..n {
+            let j = rng.random_range(i..idx.len());
+            idx.swap(i, j);
+        }
+        let cities: Vec<&'static str> = idx[..n].iter().map(|&i| CITIES[i]).collect();
+        let mut numbers: Vec<String> = Vec::with_capacity(n);
+        while numbers.len() < n {
+            let mut s = String::with_capacity(self.digits);
+            s.push((b'1' + rng.random_range(0..9u8)) as char);
+            for _ in 1..self.digits {
+                s.push((b'0' + rng.random_range(0..10u8)) as char);
+            }
+            if !numbers.contains(&s) {
+                numbers.push(s);
+            }
+        }
+        (cities, numbers)
+    }
+
+    /// Appends the filler with the needles inserted at `points` (sorted, from
+    /// `insertion_points`) to `bytes`; says where the queried needle landed.
+    fn haystack(
+        &self,
+        bytes: &mut Vec<u8>,
+        filler: &[u8],
+        points: &[(usize, u8, usize)],
+        needles: &[String],
+    ) -> Placed {
+        let (mut at, mut placed) = (
+            0,
+            Placed {
+                needle: 0..0,
+                number: 0..0,
+                filler_before: 0,
+            },
+        );
+        for &(o, _, i) in points {
+            bytes.extend_from_slice(&filler[at..o]);
+            at = o;
+            if i == 0 {
+                let start = bytes.len();
+                let text = &needles[0];
+                placed.needle = start..start + text.len() - 1;
+                let num_at = start + text.len() - 2 - self.digits;
+                placed.number = num_at..num_at + self.digits;
+                placed.filler_before = o;
+            }
+            bytes.extend_from_slice(needles[i].as_bytes());
+        }
+        bytes.extend_from_slice(&filler[at..]);
+        placed
     }
 }
 

@@ -166,14 +166,36 @@ pub fn measure(model: &Model, plan: &ReproPlan, task: &NeedleTask) -> Result<Mea
         plan.train.batch,
         None,
     )?;
-    let len = *plan.lengths.last().expect("validated plan has lengths");
-    // Low-bit attention: the same evaluation episodes (the same seed), quantised logits.
+    let lowbit = lowbit_accuracy(model, plan, task)?;
+    let by_needles = accuracy_by_needles(model, plan, task)?;
+    let (allocation, lambda_range) = allocation_and_lambdas(model, plan, task)?;
+    let (logits, hidden, head_lambdas) = outliers(model, plan, task)?;
+    Ok(Measurements {
+        cells,
+        allocation,
+        lambda_range,
+        logits,
+        hidden,
+        lowbit,
+        by_needles,
+        head_lambdas,
+    })
+}
+
+/// The longest evaluation length, where the measurements beyond the retrieval grid run.
+fn longest(plan: &ReproPlan) -> usize {
+    *plan.lengths.last().expect("validated plan has lengths")
+}
+
+/// Low-bit attention: (bits, accuracy) at the longest length on the retrieval episodes (the
+/// same seed) with quantised logits; bits 0 is full precision.
+fn lowbit_accuracy(model: &Model, plan: &ReproPlan, task: &NeedleTask) -> Result<Vec<(u32, f64)>> {
     let mut lowbit = Vec::with_capacity(plan.lowbit_bits.len() + 1);
     for bits in std::iter::once(None).chain(plan.lowbit_bits.iter().map(|&b| Some(b))) {
         let cells = retrieval_grid(
             model,
             task,
-            &[len],
+            &[longest(plan)],
             &plan.depths,
             plan.lowbit_per_cell,
             plan.eval_seed,
@@ -182,7 +204,15 @@ pub fn measure(model: &Model, plan: &ReproPlan, task: &NeedleTask) -> Result<Mea
         )?;
         lowbit.push((bits.unwrap_or(0), accuracy_of(&cells)));
     }
-    // Accuracy against the number of needles, on episodes of their own.
+    Ok(lowbit)
+}
+
+/// (N, accuracy over all queries) at the longest length, on episodes of their own.
+fn accuracy_by_needles(
+    model: &Model,
+    plan: &ReproPlan,
+    task: &NeedleTask,
+) -> Result<Vec<(usize, f64)>> {
     let mut by_needles = Vec::with_capacity(plan.needle_counts.len());
     for &n in &plan.needle_counts {
         let t = NeedleTask {
@@ -193,7 +223,7 @@ pub fn measure(model: &Model, plan: &ReproPlan, task: &NeedleTask) -> Result<Mea
         let cells = retrieval_grid(
             model,
             &t,
-            &[len],
+            &[longest(plan)],
             &plan.depths,
             plan.lowbit_per_cell,
             plan.eval_seed ^ NEEDLES_STREAM,
@@ -204,10 +234,19 @@ pub fn measure(model: &Model, plan: &ReproPlan, task: &NeedleTask) -> Result<Mea
         let total: usize = cells.iter().map(|c| c.all_total).sum();
         by_needles.push((n, all as f64 / total.max(1) as f64));
     }
-    let c = &model.config;
+    Ok(by_needles)
+}
 
-    // Allocation: the queried needle's sentence is the answer span, the rest of the haystack
-    // is noise; rows are the positions that predict the answer digits.
+/// Allocation: the queried needle's sentence is the answer span, the rest of the haystack is
+/// noise; rows are the positions that predict the answer digits. Also the range of λ over
+/// those rows (diff kinds).
+fn allocation_and_lambdas(
+    model: &Model,
+    plan: &ReproPlan,
+    task: &NeedleTask,
+) -> Result<(Allocation, Option<(f64, f64)>)> {
+    let c = &model.config;
+    let len = longest(plan);
     let mut ws = Workspace::new(model, 1, len);
     let mut rng = ChaCha8Rng::seed_from_u64(plan.eval_seed ^ ALLOC_STREAM);
     let (mut sum, mut n) = (Allocation::default(), 0usize);
@@ -227,16 +266,17 @@ pub fn measure(model: &Model, plan: &ReproPlan, task: &NeedleTask) -> Result<Mea
             sum.answer += a.answer;
             sum.noise += a.noise;
             n += 1;
-            if c.attention.is_diff() {
-                for l in 0..c.num_hidden_layers {
-                    for h in 0..c.num_attention_heads {
-                        for i in e.answer_queries() {
-                            let r = head_row(model, &ws, l, h, 0, i)?;
-                            lam = Some(match lam {
-                                None => (r.lambda, r.lambda),
-                                Some((lo, hi)) => (lo.min(r.lambda), hi.max(r.lambda)),
-                            });
-                        }
+            if !c.attention.is_diff() {
+                continue;
+            }
+            for l in 0..c.num_hidden_layers {
+                for h in 0..c.num_attention_heads {
+                    for i in e.answer_queries() {
+                        let r = head_row(model, &ws, l, h, 0, i)?;
+                        lam = Some(match lam {
+                            None => (r.lambda, r.lambda),
+                            Some((lo, hi)) => (lo.min(r.lambda), hi.max(r.lambda)),
+                        });
                     }
                 }
             }
@@ -246,8 +286,17 @@ pub fn measure(model: &Model, plan: &ReproPlan, task: &NeedleTask) -> Result<Mea
         answer: sum.answer / n.max(1) as f64,
         noise: sum.noise / n.max(1) as f64,
     };
+    Ok((alloc, lam))
+}
 
-    // Outliers: attention logits and block outputs over a few whole episodes.
+/// Outliers: attention logits and block outputs over a few whole episodes, and diff_v2's λ
+/// per head over their tokens.
+fn outliers(
+    model: &Model,
+    plan: &ReproPlan,
+    task: &NeedleTask,
+) -> Result<(Magnitudes, Magnitudes, Vec<HeadLambda>)> {
+    let len = longest(plan);
     let k = plan.outlier_sequences.max(1);
     let mut ws = Workspace::new(model, k, len);
     ws.keep_hidden_states(model);
@@ -260,17 +309,7 @@ pub fn measure(model: &Model, plan: &ReproPlan, task: &NeedleTask) -> Result<Mea
     model.forward(&mut ws, &inputs, k, len)?;
     let logits = Magnitudes::of(&mut attention_logits(model, &ws))?;
     let hidden = Magnitudes::of(&mut hidden_states(model, &ws)?)?;
-    let head_lambdas = head_lambda_stats(model, &ws, k * len);
-    Ok(Measurements {
-        cells,
-        allocation: alloc,
-        lambda_range: lam,
-        logits,
-        hidden,
-        lowbit,
-        by_needles,
-        head_lambdas,
-    })
+    Ok((logits, hidden, head_lambda_stats(model, &ws, k * len)))
 }
 
 /// diff_v2's per-token λ = σ(lambda_proj x) of each (layer, head) over the last forward's `n`
