@@ -88,7 +88,7 @@ fn try_main(cli: Cli) -> Result<()> {
         bail!("--bf16 needs a CPU with AVX512_BF16 (AMD Zen 4 or later, Intel Cooper Lake or later); this machine has none, so leave it off");
     };
     match cli.cmd {
-        Cmd::Demo(a) => cli::demo::run(a),
+        Cmd::Demo(a) => cli::demo::run(a, precision),
         Cmd::Train(a) => cli::train::run(*a, precision),
         Cmd::Tokenizer(c) => cli::tokenizer::run(c),
         Cmd::Plot(a) => cli::plot::run(a),

@@ -33,7 +33,7 @@ pub fn run(cmd: BenchCmd, precision: Precision) -> Result<()> {
         BenchCmd::Train(a) => train(a, precision),
         BenchCmd::Bf16(a) => bf16(a),
         BenchCmd::Memory(a) => memory(a, precision),
-        BenchCmd::Attention(a) => attention(a),
+        BenchCmd::Attention(a) => attention(a, precision),
         BenchCmd::Decode(a) => decode(a, precision),
         BenchCmd::Matmul(a) => matmul(a),
     }
@@ -380,9 +380,10 @@ fn memory(a: BenchMemoryArgs, precision: Precision) -> Result<()> {
     Ok(())
 }
 
-fn attention(a: BenchAttentionArgs) -> Result<()> {
+fn attention(a: BenchAttentionArgs, precision: Precision) -> Result<()> {
     let c = a.shape.config()?;
-    let r = difftx::experiments::bench::bench_attention(&c, a.shape.batch, a.reps.max(1));
+    let r =
+        difftx::experiments::bench::bench_attention(&c, precision, a.shape.batch, a.reps.max(1));
     if a.json {
         println!("{}", serde_json::to_string(&r)?);
     } else {

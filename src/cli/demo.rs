@@ -19,7 +19,7 @@ pub struct DemoArgs {
     pub out: PathBuf,
 }
 
-pub fn run(a: DemoArgs) -> Result<()> {
+pub fn run(a: DemoArgs, precision: difftx::kernels::Precision) -> Result<()> {
     let stop = Stop::new()?;
     let data = difftx::experiments::demo::demo_dataset();
     eprintln!(
@@ -32,6 +32,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
         &a.out,
         a.steps,
         a.seed,
+        precision,
         |kind| Box::new(Progress::new(kind.as_str(), None)),
         &stop.flag,
     );

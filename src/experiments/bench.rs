@@ -362,7 +362,12 @@ pub struct AttentionBench {
 
 /// Times one layer's causal attention kernel (forward, then backward) on random inputs of the
 /// preset's head layout, median of `reps`.
-pub fn bench_attention(config: &ModelConfig, batch: usize, reps: usize) -> AttentionBench {
+pub fn bench_attention(
+    config: &ModelConfig,
+    precision: Precision,
+    batch: usize,
+    reps: usize,
+) -> AttentionBench {
     use crate::kernels::attention::{
         attention_backward, attention_delta, attention_forward, Lambda,
     };
@@ -397,7 +402,7 @@ pub fn bench_attention(config: &ModelConfig, batch: usize, reps: usize) -> Atten
     crate::kernels::on_pool(|| {
         for rep in 0..=reps {
             let t0 = Instant::now();
-            let p = Precision::F32;
+            let p = precision;
             attention_forward(&mut o, &mut lse, &q, &k, &v, batch, t, t, 0, &s, p);
             let t1 = Instant::now();
             attention_delta(&mut delta, &dmaps, &o, s.nq, s.dv);
@@ -726,7 +731,12 @@ mod tests {
             AttentionKind::DiffV1,
             AttentionKind::DiffV2,
         ] {
-            let r = bench_attention(&ModelConfig::preset(Preset::Bench, kind), 1, 1);
+            let r = bench_attention(
+                &ModelConfig::preset(Preset::Bench, kind),
+                Precision::F32,
+                1,
+                1,
+            );
             assert!(r.forward_ms > 0.0 && r.backward_ms > 0.0, "{kind}: {r:?}");
             assert!(r.backward_gflops.is_finite(), "{kind}: {r:?}");
         }

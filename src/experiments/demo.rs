@@ -5,6 +5,7 @@
 use crate::config::AttentionKind;
 use crate::data::Dataset;
 use crate::error::{Error, Result};
+use crate::kernels::Precision;
 use crate::report::plot::{plot_runs, Series};
 use crate::train::metrics::loss_series;
 use crate::train::metrics::{read_metrics, METRICS_FILE};
@@ -53,12 +54,13 @@ pub fn demo_options(kind: AttentionKind, steps: u64, seed: u64) -> TrainOptions 
     }
 }
 
-/// Trains both demo models into `out/<kind>` (replacing an earlier demo's runs there) and
-/// writes `out/loss.png`. `observer(kind)` gives the progress observer of each run.
+/// Trains both demo models into `out/<kind>` (replacing an earlier demo's runs there), their
+/// products at `precision`, and writes `out/loss.png`. `observer(kind)` gives the progress observer of each run.
 pub fn run_demo(
     out: &Path,
     steps: u64,
     seed: u64,
+    precision: Precision,
     mut observer: impl FnMut(AttentionKind) -> Box<dyn Observer>,
     stop: &AtomicBool,
 ) -> Result<(Vec<DemoRun>, PathBuf)> {
@@ -73,7 +75,8 @@ pub fn run_demo(
             // an earlier demo's run: the demo starts over
             std::fs::remove_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
         }
-        let run = demo_options(kind, steps, seed).resolve(256)?;
+        let mut run = demo_options(kind, steps, seed).resolve(256)?;
+        run.train.bf16 = precision == Precision::Bf16;
         let mut obs = observer(kind);
         let o = train(&run, &data, &dir, None, false, obs.as_mut(), stop)?;
         if o.interrupted {
@@ -123,7 +126,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let stop = AtomicBool::new(false);
         let silent = |_| Box::new(crate::train::Silent) as Box<dyn Observer>;
-        let (runs, plot) = run_demo(dir.path(), 30, 0, silent, &stop).unwrap();
+        let (runs, plot) = run_demo(dir.path(), 30, 0, Precision::F32, silent, &stop).unwrap();
         let kinds: Vec<_> = runs.iter().map(|r| r.attention).collect();
         assert_eq!(kinds, DEMO_KINDS);
         for r in &runs {
@@ -136,7 +139,7 @@ mod tests {
         }
         assert!((runs[0].params as f64 / runs[1].params as f64 - 1.0).abs() < 0.01);
         assert!(plot.is_file());
-        let (again, _) = run_demo(dir.path(), 3, 0, silent, &stop).unwrap();
+        let (again, _) = run_demo(dir.path(), 3, 0, Precision::F32, silent, &stop).unwrap();
         let ck: Vec<_> = std::fs::read_dir(again[0].dir.join("checkpoints"))
             .unwrap()
             .flatten()

@@ -157,6 +157,7 @@ fn generate_in_pool(
 /// Appends each active sequence's newest token (`last`, by prompt index), tells `on_token`, and
 /// retires finished sequences by swapping them (slot and cache) behind the active ones.
 /// Returns the new number of active slots.
+// the decode loop's state (slots, caches, tokens, output) handed to one step of it
 #[allow(clippy::too_many_arguments)]
 fn record_and_retire(
     mut active: usize,

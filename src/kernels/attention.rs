@@ -67,6 +67,7 @@ impl AttnShape {
 /// Copies rows t0..t0+len of head `h` of x (rows of `heads`×`w`) into tile[w][BK], transposed,
 /// so that the tile is the B operand of Q·Kᵀ. Columns past `len` keep whatever they held: every
 /// product reads only the first `len`.
+// a tile of one head of an interleaved tensor: position, head and width index it
 #[allow(clippy::too_many_arguments)]
 fn load_tile_t(
     tile: &mut [f32],
@@ -227,6 +228,7 @@ fn with_scratch<R>(
 ///
 /// For each block of BQ queries, key tiles of BK go by: S = Q·Kᵀ·scale, the running row max m
 /// and sum l are updated (online softmax), and O += exp(S − m)·V; O/l and m + ln l at the end.
+// q, k, v and their outputs, with the call's shape and precision (the kernel's API)
 #[allow(clippy::too_many_arguments)]
 pub fn attention_forward(
     o: &mut [f32],
@@ -543,6 +545,7 @@ const MAX_K: usize = 2;
 ///
 /// Key tiles are the outer loop (FlashAttention-2 order): a tile's dK and dV gather over every
 /// later query block in cache-resident buffers and are written back once.
+// the forward's operands plus their gradients and the saved softmax statistics
 #[allow(clippy::too_many_arguments)]
 pub fn attention_backward(
     dq: &mut [f32],

@@ -22,6 +22,7 @@ thread_local! {
 /// first `visible` of the sequence's `tkv` cached rows in k (B, Tkv, NK, DK) and
 /// v (B, Tkv, NV, DV); `attention_forward`, its caller, checked these lengths. Same results as
 /// the tile kernel, up to rounding.
+// attention_forward's decoding branch: the same operands, passed on as they came
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn attention_decode(
     o: &mut [f32],
@@ -102,6 +103,7 @@ fn query_group(s: &AttnShape) -> usize {
 /// rows from `row0` (s_t the scaled scores, m their max). Out of line, each Q compiled on its
 /// own: inlined together into their caller, the three shared one register allocation, and
 /// standard's single heads decoded 4–5% slower.
+// a chunk of one sequence's cache for Q heads: the raw operands of the inner loop
 #[allow(clippy::too_many_arguments)]
 #[inline(never)]
 fn heads_partials<const Q: usize>(

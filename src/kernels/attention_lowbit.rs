@@ -22,6 +22,7 @@ pub fn absmax_quantize(x: &mut [f64], bits: u32) {
 /// softmax attention in f64 whose logits are absmax-quantised to `bits` per (sequence, query
 /// head) — one scale for the head's whole causal logit matrix, as a per-tensor int kernel
 /// would use — before the softmax.
+// attention_forward's operands with the logits' bit width
 #[allow(clippy::too_many_arguments)]
 pub fn quantized_attention_forward(
     o: &mut [f32],

@@ -20,6 +20,7 @@ const V: usize = BK / 16;
 /// # Safety
 /// Needs AVX-512F.
 #[target_feature(enable = "avx512f")]
+// the register epilogue's raw operands and running statistics, per tile
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn scores_softmax(
     rows: usize,
@@ -31,9 +32,9 @@ pub unsafe fn scores_softmax(
     p: &mut [f32],
     mut st: Online,
 ) {
-    // SAFETY: AVX-512F is the caller's contract; the asserts
-    // above bound q (rows × dk), kt (dk × BK), p (rows × BK) and the statistics, which are
-    // all the pointers below reach.
+    // SAFETY: AVX-512F is the caller's contract; the asserts that open this block bound q
+    // (rows × dk), kt (dk × BK), p (rows × BK) and the statistics, which are all the pointers
+    // below reach.
     unsafe {
         assert!(q.fits(rows, dk) && kt.len() >= dk * BK && p.len() >= rows * BK);
         assert!(st.m.len() >= rows && st.l.len() >= rows && st.corr.len() >= rows);

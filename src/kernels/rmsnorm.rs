@@ -7,6 +7,7 @@ use rayon::prelude::*;
 /// x: (N, C) rows, w: (C), out: (N, C); rstd: (N) saved for the backward. With `kept`, x is
 /// also copied there in the same pass: a block's input, which the residual update then
 /// overwrites, saved for the backward without a serial copy of its own.
+// llm.c's layernorm signature, plus the kept input and subln's fixed gain
 #[allow(clippy::too_many_arguments)]
 pub fn rmsnorm_forward(
     out: &mut [f32],
@@ -47,6 +48,7 @@ pub fn rmsnorm_forward(
 /// Writes or accumulates dx (`Grad`) and accumulates dw. In the forward pass
 /// `out = x · r · w · gain` with r = rstd, so with d = gain · dout,
 /// dx = r·(w·d) − x·r³/C·Σ(w·d·x) and dw += d·x·r.
+// llm.c's layernorm signature, plus subln's fixed gain
 #[allow(clippy::too_many_arguments)]
 pub fn rmsnorm_backward(
     dx: Grad,

@@ -179,6 +179,7 @@ impl Scratch {
 /// of sequence b sit at positions caches[b].len.. and attend to everything cached before them.
 /// `logit_bits` (evaluation only, no cache) swaps the kernel for eval/lowbit.rs's attention
 /// with absmax-quantised logits.
+// one layer's activations, weights, position, cache and precision, as the stack hands them
 #[allow(clippy::too_many_arguments)]
 pub fn block_forward(
     x: &mut [f32],
@@ -199,6 +200,7 @@ pub fn block_forward(
     let s = &d.shape;
     // A linear layer's weight, with its bf16 copies where inference keeps them.
     let weight = |r: Span| Bf16Weights::weight_of(wb, w, r.range());
+    // 1. input_layernorm: ln1 = RMSNorm(x), the block's input kept in x_in
     rmsnorm_forward(
         &mut a.ln1[..n * c],
         &mut a.rstd1[..n],
@@ -210,6 +212,7 @@ pub fn block_forward(
         d.eps,
     );
     let ln1 = &a.ln1[..n * c];
+    // 2. q, k, v projections of ln1 (diff_v2's λ logits too): one product, one packed input
     let (q, k, v) = (
         &mut a.q[..n * d.q_width()],
         &mut a.k[..n * d.k_width()],
@@ -225,6 +228,7 @@ pub fn block_forward(
     ];
     let count = if lambda.is_some() { 4 } else { 3 };
     matmul_forward_each(&mut parts[..count], ln1, n, c, precision);
+    // 3. RoPE on q and k, then causal attention (training; cached decoding; low-bit eval)
     let o = &mut a.o[..n * d.o_width()];
     let lse = &mut a.lse[..b * s.nq * t];
     match cache {
@@ -264,6 +268,7 @@ pub fn block_forward(
             }
         }
     }
+    // 4. the maps combined: diff_v1 attn1 − λ·attn2 then subln; diff_v2 with λ = σ(z) per token
     match d.kind {
         AttentionKind::Standard => {}
         AttentionKind::DiffV1 => {
@@ -303,7 +308,7 @@ pub fn block_forward(
             );
         }
     }
-    // x_mid = x_in + o_proj(attn)
+    // 5. o_proj, added to the residual stream
     matmul_forward(
         x,
         a.attn_out(n, d),
@@ -314,6 +319,7 @@ pub fn block_forward(
         true,
         precision,
     );
+    // 6. post_attention_layernorm: ln2 = RMSNorm(x_mid)
     let ln2 = &mut a.ln2[..n * c];
     rmsnorm_forward(
         ln2,
@@ -330,6 +336,7 @@ pub fn block_forward(
         &mut a.up[..n * d.f],
         &mut a.hid[..n * d.f],
     );
+    // 7. MLP: gate and up of ln2, SwiGLU, down added to the residual stream
     matmul_forward_each(
         &mut [
             (&mut *gate, weight(p.gate_proj), d.f),
@@ -346,6 +353,7 @@ pub fn block_forward(
 
 /// dx: (B, T, D) in place: the gradient w.r.t. the block's output on entry, w.r.t. its input on
 /// return. Parameter gradients accumulate into `g` (same layout as `w`).
+// block_forward's inputs with the gradients and scratch they are mirrored into
 #[allow(clippy::too_many_arguments)]
 pub fn block_backward(
     dx: &mut [f32],
@@ -365,7 +373,7 @@ pub fn block_backward(
     let c = d.c;
     let s = &d.shape;
     let (ln1, ln2) = (&a.ln1[..n * c], &a.ln2[..n * c]);
-    // MLP: x_out = x_mid + down(hid)
+    // 7. MLP backward; in the forward pass this was x_out = x_mid + down(swiglu(gate, up))
     let dhid = &mut sc.dhid[..n * d.f];
     linear_backward(
         Grad::Set(dhid),
@@ -412,6 +420,7 @@ pub fn block_backward(
         d.f,
         precision,
     );
+    // 6. post_attention_layernorm backward; in the forward pass this was ln2 = RMSNorm(x_mid)
     let pal = p.post_attention_layernorm;
     rmsnorm_backward(
         Grad::Add(dx),
@@ -423,7 +432,7 @@ pub fn block_backward(
         &a.rstd2[..n],
         c,
     );
-    // attention: x_mid = x_in + o_proj(attn_out)
+    // 5. o_proj backward; in the forward pass this was x_mid = x_in + o_proj(attn_out)
     let dattn = &mut sc.dattn[..n * d.out];
     linear_backward(
         Grad::Set(dattn),
@@ -439,6 +448,7 @@ pub fn block_backward(
     );
     let dln = &mut sc.dln[..n * c];
     let o = &a.o[..n * d.o_width()];
+    // 4. the combination's backward (the attention's dO and, for diff pairs, λ's gradient)
     let delta = &mut sc.delta[..n * s.nq];
     // the attention backward's dO, and for a diff pair how its maps were combined: the maps
     // take their output gradients (dO₁, −λ·dO₁) from the combined output's
@@ -498,6 +508,7 @@ pub fn block_backward(
         &mut sc.dk[..n * d.k_width()],
         &mut sc.dv[..n * d.v_width()],
     );
+    // 3. attention backward, then RoPE's (a rotation's transpose) on dq and dk
     let (q, k, v) = (
         &a.q[..n * d.q_width()],
         &a.k[..n * d.k_width()],
@@ -510,6 +521,7 @@ pub fn block_backward(
     rope_backward(dq, rope, t, s.nq, &[0]);
     rope_backward(dk, rope, t, s.nk, &[0]);
     // diff_v2's λ projection made the first contribution to dln
+    // 2. q, k, v (and λ) projections backward, into dln
     let dln_q = if d.kind == AttentionKind::DiffV2 {
         Grad::Add(dln)
     } else {
@@ -540,6 +552,7 @@ pub fn block_backward(
         d.v_width(),
         precision,
     );
+    // 1. input_layernorm backward, added to dx; in the forward pass this was ln1 = RMSNorm(x)
     let il = p.input_layernorm;
     rmsnorm_backward(
         Grad::Add(dx),
@@ -555,6 +568,7 @@ pub fn block_backward(
 
 /// The backward of the linear layer whose weight (oc, c) lies at `r` of w: dinp (n, c) = (or
 /// +=) dout · W, and its gradient at `r` of g accumulates doutᵀ · inp.
+// matmul_backward's llm.c signature, with the weight's span in the flat buffers
 #[allow(clippy::too_many_arguments)]
 pub(super) fn linear_backward(
     dinp: Grad,

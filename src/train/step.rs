@@ -82,6 +82,7 @@ impl Optimizer {
 
     /// Forward, loss and backward of one (micro-)batch of inputs (B, T) and their next-token
     /// targets; the gradient of its mean loss is added to `grads`. Returns the mean loss.
+    // one micro-batch: the model, its workspace, the tokens and their (B, T)
     #[allow(clippy::too_many_arguments)]
     pub fn accumulate(
         &mut self,
@@ -133,6 +134,7 @@ impl Optimizer {
     }
 
     /// One full step on inputs (B, T) and their next-token targets, at learning rate `lr`.
+    // `accumulate`'s arguments plus the step's learning rate
     #[allow(clippy::too_many_arguments)]
     pub fn step(
         &mut self,

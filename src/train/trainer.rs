@@ -149,19 +149,18 @@ pub(crate) fn layer_lambdas(model: &Model, ws: &Workspace, n: usize, out: &mut [
     }
 }
 
-/// Evenly spaced validation windows, scored in batches of `b` with the training workspace.
-/// Deterministic and free of the sampler, so validation never changes the training run.
-#[allow(clippy::too_many_arguments)]
+/// Evenly spaced validation windows, scored in batches of `b` with the training workspace
+/// and token buffers. Deterministic and free of the sampler, so validation never changes the
+/// training run.
 fn validate(
     model: &Model,
-    ws: &mut Workspace,
+    bufs: &mut LoopBuffers,
     val: &TokenSlice,
     windows: usize,
     b: usize,
     t: usize,
-    x: &mut [u32],
-    y: &mut [u32],
 ) -> Result<f64> {
+    let LoopBuffers { ws, x, y, .. } = bufs;
     let n = windows.min((val.len() - 1) / t).max(1);
     let span = val.len() - t - 1;
     let (mut sum, mut count) = (0f64, 0usize);
@@ -558,8 +557,7 @@ pub fn train(
         layer_lambdas(&st.model, &bufs.ws, b * t, &mut bufs.lambdas);
         let tokens_per_s = tokens_per_step as f64 / t0.elapsed().as_secs_f64();
         let val_loss = if step % tc.eval_every == 0 || step == tc.steps {
-            let LoopBuffers { ws, x, y, .. } = &mut bufs;
-            let v = validate(&st.model, ws, &data.val, tc.val_batches * b, b, t, x, y)?;
+            let v = validate(&st.model, &mut bufs, &data.val, tc.val_batches * b, b, t)?;
             last_val = Some(v);
             Some(v)
         } else {

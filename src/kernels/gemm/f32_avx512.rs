@@ -106,9 +106,9 @@ fn pack_panels<const R: usize>(
 /// Needs AVX-512F; every row must hold kc values and the panel kc · R.
 #[target_feature(enable = "avx512f")]
 unsafe fn transpose_rows<const R: usize>(panel: &mut [f32], rows: &[&[f32]; R], kc: usize) {
-    // SAFETY: AVX-512F is the caller's contract; the assert above
-    // checks that every row holds kc values and the panel kc · R, so the 16-wide loads at
-    // p + 16 ≤ kc and the stores masked to the w ≤ R − c0 columns of row p + i stay in bounds.
+    // SAFETY: AVX-512F is the caller's contract; the assert that opens this block checks that
+    // every row holds kc values and the panel kc · R, so the 16-wide loads at p + 16 ≤ kc and
+    // the stores masked to the w ≤ R − c0 columns of row p + i stay in bounds.
     unsafe {
         assert!(panel.len() >= kc * R && rows.iter().all(|r| r.len() >= kc));
         let mut p = 0;
