@@ -62,6 +62,14 @@ fn s(p: &Path) -> &str {
     p.to_str().unwrap()
 }
 
+/// A temporary folder holding the demo text, and the run folder `run` to train into.
+fn demo_run() -> (tempfile::TempDir, PathBuf, PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = text_file(tmp.path(), "gpl.txt", DEMO);
+    let out = tmp.path().join("run");
+    (tmp, data, out)
+}
+
 /// A very small diff_v1 run: D 64, 2 layers, context 32, 4 windows per step.
 fn small_run<'a>(data: &'a str, out: &'a str, steps: &'a str) -> Vec<&'a str> {
     vec![
@@ -502,9 +510,7 @@ fn plot_overlays_several_runs_into_one_png() {
 
 #[test]
 fn a_resumed_run_prints_the_same_summary_and_counts_only_its_own_steps() {
-    let tmp = tempfile::tempdir().unwrap();
-    let data = text_file(tmp.path(), "gpl.txt", DEMO);
-    let out = tmp.path().join("run");
+    let (_tmp, data, out) = demo_run();
     let mut args = small_run(s(&data), s(&out), "20");
     args.extend(["--ckpt-every", "10"]);
     let first = ok(&difftx(&args));
@@ -554,9 +560,7 @@ fn a_tokenizer_smaller_than_asked_says_so() {
 
 #[test]
 fn extend_steps_trains_past_the_end_at_the_final_learning_rate() {
-    let tmp = tempfile::tempdir().unwrap();
-    let data = text_file(tmp.path(), "gpl.txt", DEMO);
-    let out = tmp.path().join("run");
+    let (tmp, data, out) = demo_run();
     ok(&difftx(&small_run(s(&data), s(&out), "10")));
     // a larger --steps on resume is refused, with the way to do it
     let mut more = small_run(s(&data), s(&out), "15");
@@ -634,9 +638,7 @@ fn extend_steps_trains_past_the_end_at_the_final_learning_rate() {
 
 #[test]
 fn a_second_trainer_on_one_run_folder_is_refused_until_the_first_dies() {
-    let tmp = tempfile::tempdir().unwrap();
-    let data = text_file(tmp.path(), "gpl.txt", DEMO);
-    let out = tmp.path().join("run");
+    let (_tmp, data, out) = demo_run();
     let mut args = small_run(s(&data), s(&out), "100000");
     args.extend(["--ckpt-every", "5"]);
     let mut first = bin()
