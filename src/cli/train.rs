@@ -36,7 +36,7 @@ pub struct TrainArgs {
     pub token_cache: Option<PathBuf>,
     /// With --resume: train N steps past the run's recorded end. The learning rate stays at
     /// --min-lr, where the cosine ended; a run planned that long from the start would have
-    /// decayed more slowly, so the result differs from it (docs/TRAINING.md).
+    /// decayed more slowly, so the result differs from it (the README says more).
     #[arg(long, value_name = "N", requires = "resume", value_parser = clap::value_parser!(u64).range(1..))]
     pub extend_steps: Option<u64>,
     /// Off a terminal (a log file, nohup, Slurm, CI), print a progress line every N steps
