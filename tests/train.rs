@@ -499,9 +499,34 @@ fn plot_overlays_several_runs_into_one_png() {
     ok(&difftx(&args));
     assert!(a.join("loss.png").is_file());
     let png = tmp.path().join("both.png");
-    ok(&difftx(&["plot", s(&a), s(&b), "--out", s(&png)]));
+    let err = ok(&difftx(&["plot", s(&a), s(&b), "--out", s(&png)]));
+    assert!(!err.contains("warning"), "{err}");
     let bytes = std::fs::read(&png).unwrap();
     assert_eq!(&bytes[1..4], b"PNG");
+    // a run with another tokenizer counts other tokens: the plot says so
+    let tok = tmp.path().join("tok.json");
+    let bpe = [
+        "tokenizer",
+        "train",
+        "--data",
+        s(&data),
+        "--vocab-size",
+        "300",
+    ];
+    ok(&difftx(&[&bpe[..], &["--out", s(&tok)]].concat()));
+    let c = tmp.path().join("c");
+    let mut args = small_run(s(&data), s(&c), "5");
+    args.extend(["--tokenizer", s(&tok)]);
+    ok(&difftx(&args));
+    let err = ok(&difftx(&["plot", s(&a), s(&c), "--out", s(&png)]));
+    assert!(
+        err.contains("warning: these runs use different tokenizers"),
+        "{err}"
+    );
+    assert!(
+        err.contains("byte-level") && err.contains("tok.json"),
+        "{err}"
+    );
     fails_with(
         &difftx(&["plot", s(&a), "/nonexistent/run", "--out", s(&png)]),
         &["/nonexistent/run/metrics.jsonl"],

@@ -20,6 +20,7 @@ pub struct PlotArgs {
 
 pub fn run(a: PlotArgs) -> Result<()> {
     let mut loaded = Vec::new();
+    let mut tokenizers = Vec::new();
     for r in &a.runs {
         let records =
             difftx::train::metrics::read_metrics(&r.join(difftx::train::metrics::METRICS_FILE))?;
@@ -38,6 +39,23 @@ pub fn run(a: PlotArgs) -> Result<()> {
             format!("{name}: {kind} ({} params)", thousands(params))
         };
         loaded.push((label, records));
+        let tokenizer = match v["run"]["tokenizer"].as_str() {
+            Some(path) => path.to_string(),
+            None => "byte-level".to_string(),
+        };
+        tokenizers.push((r.display().to_string(), tokenizer));
+    }
+    // Losses are per token: runs with other tokenizers count other tokens, so their curves do
+    // not compare on one axis.
+    if tokenizers.iter().any(|(_, t)| *t != tokenizers[0].1) {
+        let each: Vec<String> = tokenizers
+            .iter()
+            .map(|(r, t)| format!("{r}: {t}"))
+            .collect();
+        eprintln!(
+            "warning: these runs use different tokenizers ({}); their losses are per token of each, not comparable on one axis",
+            each.join(", ")
+        );
     }
     let series: Vec<_> = loaded
         .iter()
