@@ -111,6 +111,12 @@ fn eval_prints_loss_json_near_log_vocab_for_a_fresh_model() {
         assert!((v["perplexity"].as_f64().unwrap() - loss.exp()).abs() < 1e-6 * loss.exp());
         // 5 × 79 bytes give 394 predicted tokens, windows of 128.
         assert_eq!(v["tokens"].as_u64(), Some((TEXT.len() * 5 - 1) as u64));
+        // byte-level: a token is a byte, so bits per byte is the loss in bits
+        let bpb = v["bits_per_byte"].as_f64().unwrap();
+        assert!(
+            (bpb - loss / 2f64.ln()).abs() < 1e-9,
+            "{kind}: {bpb} bits/byte, {loss} nats"
+        );
     }
 }
 
@@ -450,6 +456,13 @@ fn eval_uses_the_model_directorys_tokenizer_json() {
     // A fresh model is near uniform over the 6 ids (ln 6 ≈ 1.79; over bytes it would be 5.5).
     let loss = v["loss"].as_f64().unwrap();
     assert!((loss - 6f64.ln()).abs() < 0.2, "{loss}");
+    // bits per byte: the 7 predicted words' nats over the 27 bytes after the first word
+    assert_eq!(v["bytes"].as_u64(), Some(27));
+    let bpb = v["bits_per_byte"].as_f64().unwrap();
+    assert!(
+        (bpb - loss * 7.0 / 2f64.ln() / 27.0).abs() < 1e-9,
+        "{bpb} {loss}"
+    );
     // Text the tokenizer cannot represent: "dog" becomes [UNK]. One unknown word in 30
     // sentences (0.58% of the non-space bytes) is a warning with the figure...
     std::fs::write(&data, "the cat sat on the mat ".repeat(30) + "dog").unwrap();

@@ -18,7 +18,8 @@ pub struct EvalArgs {
     /// Windows evaluated at once.
     #[arg(long, default_value_t = 8)]
     pub batch: usize,
-    /// Print one JSON object {"loss", "perplexity", "tokens"} on stdout.
+    /// Print one JSON object {"loss", "perplexity", "tokens", "bits_per_byte", "bytes"} on
+    /// stdout (bits per byte compare models with different tokenizers).
     #[arg(long)]
     pub json: bool,
 }
@@ -46,15 +47,23 @@ pub fn run(a: EvalArgs, precision: difftx::kernels::Precision) -> Result<()> {
         pb.set_position(done as u64);
     })?;
     pb.finish_and_clear();
+    // Bits per byte compare models whose tokenizers differ: every token but the first is
+    // predicted, so the predicted bytes are the text's less the first token's.
+    let first = match tok.file() {
+        None => 1,
+        Some(_) => tok.decode(&ids[..1])?.len(),
+    };
+    let bytes = text.len().saturating_sub(first).max(1);
+    let bits_per_byte = r.loss * r.tokens as f64 / std::f64::consts::LN_2 / bytes as f64;
     if a.json {
         println!(
             "{}",
-            serde_json::json!({"loss": r.loss, "perplexity": r.perplexity, "tokens": r.tokens})
+            serde_json::json!({"loss": r.loss, "perplexity": r.perplexity, "tokens": r.tokens, "bits_per_byte": bits_per_byte, "bytes": bytes})
         );
     } else {
         println!(
-            "loss {:.4} nats/token  perplexity {:.3}  ({} tokens)",
-            r.loss, r.perplexity, r.tokens
+            "loss {:.4} nats/token  perplexity {:.3}  {:.4} bits/byte  ({} tokens, {} bytes)",
+            r.loss, r.perplexity, bits_per_byte, r.tokens, bytes
         );
     }
     Ok(())
