@@ -734,6 +734,7 @@ fn a_training_run_folder_serves_as_its_newest_checkpoint() {
         String::from_utf8_lossy(&gen.stderr)
     );
     let png = tmp.path().join("map.png");
+    let dump = tmp.path().join("map.json");
     let map = difftx(&[
         "attention-map",
         "--model",
@@ -746,12 +747,37 @@ fn a_training_run_folder_serves_as_its_newest_checkpoint() {
         "0",
         "--out",
         png.to_str().unwrap(),
+        "--dump",
+        dump.to_str().unwrap(),
     ]);
     assert!(
         map.status.success(),
         "{}",
         String::from_utf8_lossy(&map.stderr)
     );
+    // the raw maps: tokens, and rows of A1 (softmax: each sums to 1), A2 and A1 − λ·A2
+    let maps: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&dump).unwrap()).unwrap();
+    assert_eq!(maps["tokens"], serde_json::json!(["a", "b", "c"]));
+    for key in ["a1", "a2", "diff"] {
+        assert_eq!(maps[key].as_array().unwrap().len(), 3, "{key}");
+    }
+    for (i, row) in maps["a1"].as_array().unwrap().iter().enumerate() {
+        let row: Vec<f64> = row
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_f64().unwrap())
+            .collect();
+        assert!(
+            (row.iter().sum::<f64>() - 1.0).abs() < 1e-9,
+            "row {i}: {row:?}"
+        );
+        assert!(
+            row[i + 1..].iter().all(|&x| x == 0.0),
+            "row {i} sees the future: {row:?}"
+        );
+    }
     let hf = tmp.path().join("hf");
     let exp = difftx(&["export", "--model", r, "--out", hf.to_str().unwrap()]);
     assert!(

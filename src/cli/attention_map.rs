@@ -24,6 +24,10 @@ pub struct AttentionMapArgs {
     /// The PNG to write.
     #[arg(long)]
     pub out: PathBuf,
+    /// Also write the raw maps as JSON: the tokens, each row's λ, and A (standard) or A1, A2
+    /// and A1 − λ·A2 (diff kinds) as T rows of T values, row i attending to keys 0..=i.
+    #[arg(long, value_name = "FILE.json")]
+    pub dump: Option<PathBuf>,
 }
 
 pub fn run(a: AttentionMapArgs, precision: difftx::kernels::Precision) -> Result<()> {
@@ -34,6 +38,21 @@ pub fn run(a: AttentionMapArgs, precision: difftx::kernels::Precision) -> Result
     let m = difftx::experiments::attention_stats::head_maps(&model, &ids, a.layer, a.head)?;
     let kind = model.config.attention;
     let t = m.t;
+    if let Some(path) = &a.dump {
+        let rows = |x: &[f64]| x.chunks(t).map(|r| r.to_vec()).collect::<Vec<_>>();
+        let tokens = ids
+            .iter()
+            .map(|&id| tok.decode(&[id]))
+            .collect::<difftx::Result<Vec<_>>>()?;
+        let json = serde_json::json!({
+            "model": a.model.display().to_string(), "attention": kind.as_str(),
+            "layer": a.layer, "head": a.head, "tokens": tokens, "ids": ids,
+            "lambda": m.lambda, "a1": rows(&m.a1),
+            "a2": m.a2.as_deref().map(rows), "diff": m.diff.as_deref().map(rows),
+        });
+        difftx::util::write_atomic(path, json.to_string().as_bytes())?;
+        eprintln!("wrote {}", path.display());
+    }
     let panels = match (m.a2, m.diff) {
         (Some(a2), Some(diff)) => {
             let lam = match kind {
