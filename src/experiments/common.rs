@@ -176,7 +176,19 @@ mod tests {
             );
             assert!(notes_line(section).contains(&format!("“{section}”")));
         }
-        assert!(!notes.contains("seeds/") && !notes.contains("../shared"));
+        // The notes stand alone: no source document is cited by file, and every relative link
+        // resolves to a file of the repository.
+        assert!(!notes.contains("seeds/"));
+        let docs = std::path::Path::new(path).parent().unwrap();
+        for link in notes.split("](").skip(1) {
+            let target = link.split(')').next().unwrap().split('#').next().unwrap();
+            if !target.is_empty() && !target.contains("://") {
+                assert!(
+                    docs.join(target).exists(),
+                    "a link to {target}, not in the repository"
+                );
+            }
+        }
     }
 
     #[test]
