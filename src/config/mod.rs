@@ -181,12 +181,19 @@ impl ModelConfig {
 
     /// Parses and validates a `config.json` text; `path` only names the file in errors.
     pub fn from_json_str(text: &str, path: &Path) -> Result<Self> {
+        let value: Value = serde_json::from_str(text).map_err(|e| Error::Config {
+            path: path.to_path_buf(),
+            msg: format!("malformed JSON ({e})"),
+        })?;
+        Self::from_json(&value, path)
+    }
+
+    /// Validates a parsed `config.json`; `path` only names the file in errors.
+    pub fn from_json(value: &Value, path: &Path) -> Result<Self> {
         let err = |msg: String| Error::Config {
             path: path.to_path_buf(),
             msg,
         };
-        let value: Value =
-            serde_json::from_str(text).map_err(|e| err(format!("malformed JSON ({e})")))?;
         let obj = value
             .as_object()
             .ok_or_else(|| err("expected a JSON object".into()))?;

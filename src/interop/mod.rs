@@ -11,9 +11,9 @@ use std::path::Path;
 /// `model.safetensors`), or a Hugging Face `llama` / `diffllama` directory, converted exactly on
 /// load (see `hf`). The directory's `config.json` decides which.
 pub fn load(dir: &Path) -> Result<Model> {
-    let (_, _, json) = read_config(dir)?;
+    let (cpath, json) = read_config(dir)?;
     match json.get("model_type").and_then(|v| v.as_str()) {
         Some("llama" | "diffllama") => hf::load(dir, &json),
-        _ => Model::load(dir),
+        _ => Model::load_native(dir, &cpath, &json),
     }
 }

@@ -131,9 +131,9 @@ pub(crate) fn fill_params(
     Ok(())
 }
 
-/// Reads `DIR/config.json`: its path, its text and its JSON. A missing directory, a missing
-/// file and malformed JSON are each one error naming the path.
-pub fn read_config(dir: &Path) -> Result<(PathBuf, String, serde_json::Value)> {
+/// Reads `DIR/config.json`: its path and its JSON. A missing directory, a missing file and
+/// malformed JSON are each one error naming the path.
+pub fn read_config(dir: &Path) -> Result<(PathBuf, serde_json::Value)> {
     if !dir.is_dir() {
         return Err(Error::io(
             dir,
@@ -146,21 +146,26 @@ pub fn read_config(dir: &Path) -> Result<(PathBuf, String, serde_json::Value)> {
         path: cpath.clone(),
         msg: format!("malformed JSON ({e})"),
     })?;
-    Ok((cpath, text, json))
+    Ok((cpath, json))
 }
 
 impl Model {
     /// Loads a native difftx model directory (`config.json` + `model.safetensors`). A Hugging
     /// Face directory is refused here; `interop::load` takes either kind.
     pub fn load(dir: &Path) -> Result<Self> {
-        let (cpath, text, json) = read_config(dir)?;
+        let (cpath, json) = read_config(dir)?;
         if let Some(t @ ("llama" | "diffllama")) = json.get("model_type").and_then(|v| v.as_str()) {
             return Err(Error::Config {
                 path: cpath,
                 msg: format!("a Hugging Face `{t}` model, not a native difftx one (load it with difftx::interop::load)"),
             });
         }
-        let config = ModelConfig::from_json_str(&text, &cpath)?;
+        Self::load_native(dir, &cpath, &json)
+    }
+
+    /// The native model of `dir` whose `config.json` (at `cpath`) was read already as `json`.
+    pub(crate) fn load_native(dir: &Path, cpath: &Path, json: &serde_json::Value) -> Result<Self> {
+        let config = ModelConfig::from_json(json, cpath)?;
         let wpath = dir.join(WEIGHTS_FILE);
         let bytes = read_safetensors(&wpath)?;
         let st = SafeTensors::deserialize(&bytes).expect("validated by read_safetensors");

@@ -555,7 +555,7 @@ impl RunConfig {
             .ok_or_else(|| err("key `preset` must be a string".into()))?
             .parse()
             .map_err(err)?;
-        let model = ModelConfig::from_json_str(&field("model")?.to_string(), path)?;
+        let model = ModelConfig::from_json(field("model")?, path)?;
         let train = serde_json::from_value(field("train")?.clone())
             .map_err(|e| err(format!("key `train`: {e}")))?;
         let data = serde_json::from_value(field("data")?.clone())
