@@ -34,17 +34,9 @@ pub struct KindRun {
     /// λ per layer after each step (diff kinds)
     pub lambdas: Vec<Vec<f32>>,
     pub seconds: f64,
-    pub cells: Vec<Cell>,
-    pub allocation: Allocation,
-    /// λ range over the allocation rows (diff kinds)
-    pub lambda_range: Option<(f64, f64)>,
-    pub logits: Magnitudes,
-    pub hidden: Magnitudes,
-    /// (bits, accuracy); bits 0 is full precision on the same episodes
-    pub lowbit: Vec<(u32, f64)>,
-    /// (N, accuracy) at the longest length
-    pub by_needles: Vec<(usize, f64)>,
-    pub head_lambdas: Vec<HeadLambda>,
+    /// what `measure` found, at the top level of the run's JSON
+    #[serde(flatten)]
+    pub measured: Measurements,
 }
 
 impl KindRun {
@@ -56,16 +48,6 @@ impl KindRun {
         seconds: f64,
         measured: Measurements,
     ) -> Self {
-        let Measurements {
-            cells,
-            allocation,
-            lambda_range,
-            logits,
-            hidden,
-            lowbit,
-            by_needles,
-            head_lambdas,
-        } = measured;
         KindRun {
             kind,
             seed,
@@ -73,14 +55,7 @@ impl KindRun {
             losses: trained.losses,
             lambdas: trained.lambdas,
             seconds,
-            cells,
-            allocation,
-            lambda_range,
-            logits,
-            hidden,
-            lowbit,
-            by_needles,
-            head_lambdas,
+            measured,
         }
     }
 
@@ -90,7 +65,7 @@ impl KindRun {
     }
 
     pub fn overall_accuracy(&self) -> f64 {
-        accuracy_of(&self.cells)
+        accuracy_of(&self.measured.cells)
     }
 }
 

@@ -31,7 +31,8 @@ fn of_kind(runs: &[KindRun], kind: AttentionKind) -> Vec<&KindRun> {
 fn cell_acc(runs: &[&KindRun], len: usize, depth: f64) -> Vec<f64> {
     runs.iter()
         .filter_map(|r| {
-            r.cells
+            r.measured
+                .cells
                 .iter()
                 .find(|c| c.len == len && c.depth == depth)
                 .map(|c| c.accuracy())
@@ -106,7 +107,13 @@ pub(crate) fn write_line_plots(plan: &ReproPlan, runs: &[KindRun], out: &Path) -
             .collect()
     };
     let len = plan.lengths.last().copied().unwrap_or(0);
-    let by_n = lines(&|r| r.by_needles.iter().map(|&(n, a)| (n as f64, a)).collect());
+    let by_n = lines(&|r| {
+        r.measured
+            .by_needles
+            .iter()
+            .map(|&(n, a)| (n as f64, a))
+            .collect()
+    });
     plot_lines(
         &by_n,
         &Axes {
@@ -123,7 +130,8 @@ pub(crate) fn write_line_plots(plan: &ReproPlan, runs: &[KindRun], out: &Path) -
     )?;
     // full precision is drawn at 32 bits
     let bits = lines(&|r| {
-        r.lowbit
+        r.measured
+            .lowbit
             .iter()
             .map(|&(b, a)| (if b == 0 { 32.0 } else { b as f64 }, a))
             .collect()
@@ -175,16 +183,16 @@ fn kind_run_json(r: &KindRun) -> serde_json::Value {
         "final_loss": r.final_loss(),
         "losses": r.losses,
         "lambda_per_step": r.lambdas,
-        "retrieval": r.cells.iter().map(|c| json!({
+        "retrieval": r.measured.cells.iter().map(|c| json!({
             "depth": c.depth, "length": c.len, "correct": c.correct, "total": c.total
         })).collect::<Vec<_>>(),
-        "allocation": r.allocation,
-        "lambda_range": r.lambda_range,
-        "attention_logits": r.logits,
-        "hidden_states": r.hidden,
-        "lowbit": r.lowbit.iter().map(|&(b, a)| json!({"bits": b, "accuracy": a})).collect::<Vec<_>>(),
-        "by_needles": r.by_needles.iter().map(|&(n, a)| json!({"needles": n, "accuracy": a})).collect::<Vec<_>>(),
-        "diff_v2_head_lambda": r.head_lambdas,
+        "allocation": r.measured.allocation,
+        "lambda_range": r.measured.lambda_range,
+        "attention_logits": r.measured.logits,
+        "hidden_states": r.measured.hidden,
+        "lowbit": r.measured.lowbit.iter().map(|&(b, a)| json!({"bits": b, "accuracy": a})).collect::<Vec<_>>(),
+        "by_needles": r.measured.by_needles.iter().map(|&(n, a)| json!({"needles": n, "accuracy": a})).collect::<Vec<_>>(),
+        "diff_v2_head_lambda": r.measured.head_lambdas,
     })
 }
 
@@ -370,7 +378,7 @@ fn lambda_table(plan: &ReproPlan, runs: &[KindRun]) -> String {
 fn head_lambda_table(runs: &[KindRun]) -> String {
     let mut s = String::new();
     let v2 = of_kind(runs, AttentionKind::DiffV2);
-    if !v2.iter().any(|r| !r.head_lambdas.is_empty()) {
+    if !v2.iter().any(|r| !r.measured.head_lambdas.is_empty()) {
         return s;
     }
     let _ = writeln!(
@@ -384,11 +392,11 @@ fn head_lambda_table(runs: &[KindRun]) -> String {
             .iter()
             .map(|x| x.to_string()),
     );
-    for (i, h) in v2[0].head_lambdas.iter().enumerate() {
+    for (i, h) in v2[0].measured.head_lambdas.iter().enumerate() {
         let stat = |f: &dyn Fn(&HeadLambda) -> f64| {
             let v: Vec<f64> = v2
                 .iter()
-                .filter_map(|r| r.head_lambdas.get(i))
+                .filter_map(|r| r.measured.head_lambdas.get(i))
                 .map(f)
                 .collect();
             mean_std(&v).0
@@ -427,7 +435,7 @@ fn retrieval_tables(plan: &ReproPlan, runs: &[KindRun]) -> String {
             let accs: Vec<f64> = rs
                 .iter()
                 .map(|r| {
-                    let cs: Vec<&Cell> = r.cells.iter().filter(|c| c.len == l).collect();
+                    let cs: Vec<&Cell> = r.measured.cells.iter().filter(|c| c.len == l).collect();
                     cs.iter().map(|c| c.correct).sum::<usize>() as f64
                         / cs.iter().map(|c| c.total).sum::<usize>().max(1) as f64
                 })
@@ -472,7 +480,8 @@ fn needles_table(plan: &ReproPlan, runs: &[KindRun]) -> String {
         let mut row = format!("| {k} |");
         for &n in &plan.needle_counts {
             let accs = per(runs, k, &|r| {
-                r.by_needles
+                r.measured
+                    .by_needles
                     .iter()
                     .find(|x| x.0 == n)
                     .map_or(f64::NAN, |x| x.1)
@@ -497,7 +506,7 @@ fn allocation_table(runs: &[KindRun]) -> String {
     for k in AttentionKind::ALL {
         let lam = of_kind(runs, k)
             .iter()
-            .filter_map(|r| r.lambda_range)
+            .filter_map(|r| r.measured.lambda_range)
             .fold(None, |acc: Option<(f64, f64)>, (lo, hi)| {
                 Some(acc.map_or((lo, hi), |(a, b)| (a.min(lo), b.max(hi))))
             })
@@ -505,8 +514,8 @@ fn allocation_table(runs: &[KindRun]) -> String {
         let _ = writeln!(
             s,
             "| {k} | {} | {} | {lam} |",
-            fmt_ms(&per(runs, k, &|r| r.allocation.answer), 3),
-            fmt_ms(&per(runs, k, &|r| r.allocation.noise), 3)
+            fmt_ms(&per(runs, k, &|r| r.measured.allocation.answer), 3),
+            fmt_ms(&per(runs, k, &|r| r.measured.allocation.noise), 3)
         );
     }
     s
@@ -526,14 +535,14 @@ fn outlier_table(runs: &[KindRun]) -> String {
         let _ = writeln!(
             s,
             "| {k} | {} | {} | {} | {} | {} | {} | {} | {} |",
-            fmt_ms(&per(runs, k, &|r| r.logits.top1), 2),
-            fmt_ms(&per(runs, k, &|r| r.logits.top10), 2),
-            fmt_ms(&per(runs, k, &|r| r.logits.median), 3),
-            fmt_ms(&per(runs, k, &|r| r.logits.top1_ratio()), 1),
-            fmt_ms(&per(runs, k, &|r| r.hidden.top1), 2),
-            fmt_ms(&per(runs, k, &|r| r.hidden.top10), 2),
-            fmt_ms(&per(runs, k, &|r| r.hidden.median), 3),
-            fmt_ms(&per(runs, k, &|r| r.hidden.top1_ratio()), 1)
+            fmt_ms(&per(runs, k, &|r| r.measured.logits.top1), 2),
+            fmt_ms(&per(runs, k, &|r| r.measured.logits.top10), 2),
+            fmt_ms(&per(runs, k, &|r| r.measured.logits.median), 3),
+            fmt_ms(&per(runs, k, &|r| r.measured.logits.top1_ratio()), 1),
+            fmt_ms(&per(runs, k, &|r| r.measured.hidden.top1), 2),
+            fmt_ms(&per(runs, k, &|r| r.measured.hidden.top10), 2),
+            fmt_ms(&per(runs, k, &|r| r.measured.hidden.median), 3),
+            fmt_ms(&per(runs, k, &|r| r.measured.hidden.top1_ratio()), 1)
         );
     }
     s
@@ -559,7 +568,8 @@ fn lowbit_table(plan: &ReproPlan, runs: &[KindRun]) -> String {
         let mut row = format!("| {k} |");
         for bits in std::iter::once(0).chain(plan.lowbit_bits.iter().copied()) {
             let accs = per(runs, k, &|r| {
-                r.lowbit
+                r.measured
+                    .lowbit
                     .iter()
                     .find(|x| x.0 == bits)
                     .map_or(f64::NAN, |x| x.1)
@@ -578,17 +588,39 @@ fn claims(plan: &ReproPlan, runs: &[KindRun]) -> String {
     let st = AttentionKind::Standard;
     for d in [AttentionKind::DiffV1, AttentionKind::DiffV2] {
         type Check<'a> = (&'a str, &'a dyn Fn(&KindRun) -> f64, bool);
-        let four_bit = |r: &KindRun| r.lowbit.iter().find(|x| x.0 == 4).map_or(f64::NAN, |x| x.1);
+        let four_bit = |r: &KindRun| {
+            r.measured
+                .lowbit
+                .iter()
+                .find(|x| x.0 == 4)
+                .map_or(f64::NAN, |x| x.1)
+        };
         let checks: [Check; 6] = [
             (
                 "retrieval accuracy",
                 &|r: &KindRun| r.overall_accuracy(),
                 true,
             ),
-            ("answer mass", &|r: &KindRun| r.allocation.answer, true),
-            ("noise mass", &|r: &KindRun| r.allocation.noise, false),
-            ("top-1 attention logit", &|r: &KindRun| r.logits.top1, false),
-            ("top-1 hidden state", &|r: &KindRun| r.hidden.top1, false),
+            (
+                "answer mass",
+                &|r: &KindRun| r.measured.allocation.answer,
+                true,
+            ),
+            (
+                "noise mass",
+                &|r: &KindRun| r.measured.allocation.noise,
+                false,
+            ),
+            (
+                "top-1 attention logit",
+                &|r: &KindRun| r.measured.logits.top1,
+                false,
+            ),
+            (
+                "top-1 hidden state",
+                &|r: &KindRun| r.measured.hidden.top1,
+                false,
+            ),
             ("4-bit retrieval accuracy", &four_bit, true),
         ];
         for (what, f, higher) in checks {

@@ -74,8 +74,8 @@ fn run_needles(plan: &ReproPlan, out: &Path, note: &mut impl FnMut(&str)) -> Res
                 seconds,
                 r.final_loss(),
                 r.overall_accuracy(),
-                r.allocation.answer,
-                r.allocation.noise
+                r.measured.allocation.answer,
+                r.measured.allocation.noise
             ));
             runs.push(r);
         }
