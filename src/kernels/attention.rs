@@ -243,6 +243,7 @@ pub fn attention_forward(
     s: &AttnShape,
     precision: Precision,
 ) {
+    // 1. Shapes
     s.check();
     assert!(
         q_offset + tq <= tkv,
@@ -255,146 +256,297 @@ pub fn attention_forward(
     assert_eq!(o.len(), b * tq * nq * dv);
     assert_eq!(lse.len(), b * nq * tq);
     assert!(k.len() >= b * tkv * nk * dk && v.len() >= b * tkv * nv * dv);
+    // 2. Decoding: one query per sequence, nothing for a tile to be reused by.
     if tq == 1 {
-        // Decoding: one query per sequence, nothing for a tile to be reused by.
         let visible = q_offset + 1;
         return super::attention_decode::attention_decode(o, lse, q, k, v, b, tkv, visible, s);
     }
-    let scale = 1.0 / (dk as f32).sqrt();
-    let bf16 = on_tiles(precision, tq);
-    let (o_ptr, lse_ptr) = (SharedMut::new(o), SharedMut::new(lse));
-    let group = nq / nk;
-    // One task per (sequence, key head): it runs every query head that reads that key head (a
-    // GQA group, or one diff sub-head) together, so each key tile is transposed once for all of
-    // them; those heads also share one value head. Tasks own their heads' rows of o and lse.
-    (0..b * nk).into_par_iter().for_each(|task| {
-        let (bi, kh) = (task / nk, task % nk);
+    // 3. One task per (sequence, key head): it runs every query head that reads that key head
+    //    (a GQA group, or one diff sub-head) together, so each key tile is transposed once for
+    //    all of them; those heads also share one value head. Tasks own their heads' rows of o
+    //    and lse.
+    let call = Forward {
+        o: SharedMut::new(o),
+        lse: SharedMut::new(lse),
+        q,
+        k,
+        v,
+        tq,
+        tkv,
+        q_offset,
+        s: *s,
+        scale: 1.0 / (dk as f32).sqrt(),
+        bf16: on_tiles(precision, tq),
+    };
+    (0..b * nk)
+        .into_par_iter()
+        .for_each(|task| call.task(task / nk, task % nk));
+}
+
+/// One forward call over many queries, shared by its tasks.
+struct Forward<'a> {
+    o: SharedMut,
+    lse: SharedMut,
+    q: &'a [f32],
+    k: &'a [f32],
+    v: &'a [f32],
+    tq: usize,
+    tkv: usize,
+    q_offset: usize,
+    s: AttnShape,
+    scale: f32,
+    bf16: bool,
+}
+
+/// One forward task: sequence `bi`, key head `kh`, the query heads that read it and their value
+/// head, and where its products take their operands.
+struct ForwardTask<'h, 'p, 'a> {
+    bi: usize,
+    kh: usize,
+    vh: usize,
+    heads: &'h [usize],
+    src: Src<'p, 'a>,
+    /// f32 on AVX-512: the scores' softmax runs in the product's registers
+    fused: bool,
+    /// A call of many queries streams each V tile again and again, from a copy; a few queries
+    /// (a short chunk against a cache) read each row once, in place.
+    copy_v: bool,
+}
+
+/// A query block's running state in the scratch: the score tile (BQ, BK), each of the task's
+/// heads' output rows (G, BQ, DV) and running max and sum (G, BQ), and the factor by which the
+/// current key tile rescales a row (BQ).
+struct BlockState<'s> {
+    s: &'s mut [f32],
+    o_acc: &'s mut [f32],
+    m: &'s mut [f32],
+    l: &'s mut [f32],
+    corr: &'s mut [f32],
+}
+
+/// Key tile t0..t0 + len as the products read it: Kᵀ (DK, BK) and V rows (unused when the
+/// operands are packed).
+struct KeyTile<'t> {
+    t0: usize,
+    len: usize,
+    kt: &'t [f32],
+    vt: Mat<'t>,
+}
+
+impl<'a> Forward<'a> {
+    /// Sequence `bi`, key head `kh`: every query head that reads it, over every query block.
+    fn task(&self, bi: usize, kh: usize) {
+        let AttnShape { nk, nv, dk, dv, .. } = self.s;
+        // 1. The query heads that read key head kh; they share one value head.
         let mut heads = [0usize; 64];
         let mut ng = 0;
-        for j in (0..nq).filter(|&j| s.k_head(j) == kh) {
+        for j in (0..self.s.nq).filter(|&j| self.s.k_head(j) == kh) {
             heads[ng] = j;
             ng += 1;
         }
         let heads = &heads[..ng];
-        let vh = s.v_head(heads[0]);
-        // Under bf16 the task's keys (as Kᵀ) and values are packed into tiles once, for all
-        // its query blocks and heads.
-        let keys = (head_rows(k, bi * tkv, nk, kh, dk).transposed(), dk, tkv);
-        let values = (head_rows(v, bi * tkv, nv, vh, dv), tkv, dv);
-        // Without them (f32, or no AVX512_BF16) the products run on f32 tiles of k and v.
-        with_packed(bf16, &[keys, values], |kv| {
-            let src = Src { packed: kv, bf16 };
-            // f32 on AVX-512: the scores' softmax runs in the product's registers
+        let vh = self.s.v_head(heads[0]);
+        // 2. Under bf16 the task's keys (as Kᵀ) and values are packed into tiles once, for all
+        //    its query blocks and heads; without them (f32, or no AVX512_BF16) the products
+        //    run on f32 tiles of k and v.
+        let keys = (
+            head_rows(self.k, bi * self.tkv, nk, kh, dk).transposed(),
+            dk,
+            self.tkv,
+        );
+        let values = (head_rows(self.v, bi * self.tkv, nv, vh, dv), self.tkv, dv);
+        with_packed(self.bf16, &[keys, values], |kv| {
             #[cfg(target_arch = "x86_64")]
             let fused = kv.is_none() && super::gemm::cpu::avx512f();
             #[cfg(not(target_arch = "x86_64"))]
             let fused = false;
-            // A call of many queries streams each V tile again and again, from a copy; a few
-            // queries (a short chunk against a cache) read each row once, in place.
-            let copy_v = kv.is_none() && tq >= 16;
-            with_scratch(dk, dv, group, tkv, |sc| {
-                // Key rows staged so far: each key tile is copied once for all query blocks.
+            let task = ForwardTask {
+                bi,
+                kh,
+                vh,
+                heads,
+                src: Src {
+                    packed: kv,
+                    bf16: self.bf16,
+                },
+                fused,
+                copy_v: kv.is_none() && self.tq >= 16,
+            };
+            // 3. Query blocks of BQ, each over the key tiles it sees. Key rows staged so far:
+            //    each key tile is copied once for all query blocks.
+            with_scratch(dk, dv, ng, self.tkv, |sc| {
+                let Scratch {
+                    kt,
+                    vt,
+                    s,
+                    o_acc,
+                    m,
+                    l,
+                    corr,
+                    ..
+                } = sc;
+                let mut blk = BlockState {
+                    s,
+                    o_acc,
+                    m,
+                    l,
+                    corr,
+                };
                 let mut staged = 0;
-                for q0 in (0..tq).step_by(BQ) {
-                    let rows = BQ.min(tq - q0);
-                    sc.m[..ng * BQ].fill(f32::NEG_INFINITY);
-                    sc.l[..ng * BQ].fill(0.0);
-                    sc.o_acc[..ng * BQ * dv].fill(0.0);
-                    let kv_end = q_offset + q0 + rows;
-                    for t0 in (0..kv_end).step_by(BK) {
-                        let len = BK.min(kv_end - t0);
-                        let (kt, vt) = (
-                            &mut sc.kt[t0 * dk..(t0 + BK) * dk],
-                            &mut sc.vt[t0 * dv..(t0 + BK) * dv],
-                        );
-                        // A tile staged in part (a later block sees more of it) is staged again.
-                        if kv.is_none() && t0 + len > staged {
-                            load_tile_t(kt, k, bi * tkv + t0, len, nk, kh, dk);
-                            if copy_v {
-                                load_tile(vt, v, bi * tkv + t0, len, nv, vh, dv);
-                            }
-                            staged = t0 + len;
-                        }
-                        let valid = |r: usize| seen(q_offset + q0 + r, t0, len);
-                        let vt = if kv.is_some() {
-                            Mat::rows(&[], 0)
-                        } else if copy_v {
-                            Mat::rows(vt, dv)
-                        } else {
-                            head_rows(v, bi * tkv + t0, nv, vh, dv)
-                        };
-                        for (gi, &j) in heads.iter().enumerate() {
-                            let q_blk = head_rows(q, bi * tq + q0, nq, j, dk);
-                            let st = Online {
-                                m: &mut sc.m[gi * BQ..(gi + 1) * BQ],
-                                l: &mut sc.l[gi * BQ..(gi + 1) * BQ],
-                                corr: &mut *sc.corr,
-                            };
-                            if fused {
-                                // SAFETY: AVX-512F is present.
-                                #[cfg(target_arch = "x86_64")]
-                                unsafe {
-                                    scores_softmax(rows, dk, q_blk, kt, scale, valid, sc.s, st)
-                                };
-                            } else {
-                                let c_s = (sc.s.as_mut_ptr(), BK, false);
-                                // SAFETY: sc.s holds rows × BK.
-                                unsafe {
-                                    src.product(
-                                        0,
-                                        (t0, 0),
-                                        (rows, len, dk),
-                                        q_blk,
-                                        Mat::rows(kt, BK),
-                                        c_s,
-                                    )
-                                };
-                                softmax_rows(&mut sc.s[..rows * BK], scale, valid, st);
-                            }
-                            let oacc = &mut sc.o_acc[gi * BQ * dv..(gi * BQ + rows) * dv];
-                            for (row, &c) in oacc.chunks_exact_mut(dv).zip(sc.corr.iter()) {
-                                if c != 1.0 {
-                                    row.iter_mut().for_each(|x| *x *= c);
-                                }
-                            }
-                            // O += P·V over the keys each chunk of rows sees
-                            for (r, keys) in causal_chunks(rows, len, valid, src) {
-                                let p = Mat {
-                                    data: &sc.s[r.start * BK..],
-                                    rs: BK,
-                                    cs: 1,
-                                };
-                                let c_o = (oacc[r.start * dv..].as_mut_ptr(), dv, true);
-                                let mnk = (r.len(), dv, keys);
-                                // SAFETY: oacc holds rows × dv.
-                                unsafe { src.product(1, (0, t0), mnk, p, vt, c_o) };
-                            }
-                        }
-                    }
-                    for (gi, &j) in heads.iter().enumerate() {
-                        for r in 0..rows {
-                            // SAFETY: rows of head j (in o and lse) belong to this task alone.
-                            let (orow, lse_r) = unsafe {
-                                (
-                                    o_ptr.slice(((bi * tq + q0 + r) * nq + j) * dv, dv),
-                                    lse_ptr.slice((bi * nq + j) * tq + q0 + r, 1),
-                                )
-                            };
-                            let (m, l) = (sc.m[gi * BQ + r], sc.l[gi * BQ + r]);
-                            let inv = 1.0 / l;
-                            for (o, &a) in orow
-                                .iter_mut()
-                                .zip(&sc.o_acc[(gi * BQ + r) * dv..(gi * BQ + r + 1) * dv])
-                            {
-                                *o = a * inv;
-                            }
-                            lse_r[0] = m + l.ln();
-                        }
-                    }
+                for q0 in (0..self.tq).step_by(BQ) {
+                    self.query_block(&task, kt, vt, &mut blk, q0, &mut staged);
                 }
             })
         });
-    });
+    }
+
+    /// Query rows q0.. of the task's heads against every key tile they see, then their o and
+    /// lse rows.
+    fn query_block(
+        &self,
+        task: &ForwardTask,
+        kt: &mut [f32],
+        vt: &mut [f32],
+        blk: &mut BlockState,
+        q0: usize,
+        staged: &mut usize,
+    ) {
+        let (ng, dv) = (task.heads.len(), self.s.dv);
+        let rows = BQ.min(self.tq - q0);
+        // 1. A fresh online softmax for each head's rows
+        blk.m[..ng * BQ].fill(f32::NEG_INFINITY);
+        blk.l[..ng * BQ].fill(0.0);
+        blk.o_acc[..ng * BQ * dv].fill(0.0);
+        // 2. Key tiles up to the block's last query: each head's scores, softmax and P·V
+        let kv_end = self.q_offset + q0 + rows;
+        for t0 in (0..kv_end).step_by(BK) {
+            let tile = self.stage_tile(task, kt, vt, t0, BK.min(kv_end - t0), staged);
+            for (gi, &j) in task.heads.iter().enumerate() {
+                self.head_tile(task, &tile, blk, gi, j, q0, rows);
+            }
+        }
+        // 3. O = O/l and lse = m + ln l
+        self.write_block(task, blk, q0, rows);
+    }
+
+    /// Key tile t0..t0 + len of the task: under f32, copied into the scratch (Kᵀ, and V when
+    /// it pays) unless an earlier query block staged it whole; a tile staged in part (a later
+    /// block sees more of it) is staged again.
+    fn stage_tile<'t>(
+        &self,
+        task: &ForwardTask,
+        kt: &'t mut [f32],
+        vt: &'t mut [f32],
+        t0: usize,
+        len: usize,
+        staged: &mut usize,
+    ) -> KeyTile<'t>
+    where
+        'a: 't,
+    {
+        let AttnShape { nk, nv, dk, dv, .. } = self.s;
+        let row0 = task.bi * self.tkv + t0;
+        let (kt, vt) = (
+            &mut kt[t0 * dk..(t0 + BK) * dk],
+            &mut vt[t0 * dv..(t0 + BK) * dv],
+        );
+        let packed = task.src.packed.is_some();
+        if !packed && t0 + len > *staged {
+            load_tile_t(kt, self.k, row0, len, nk, task.kh, dk);
+            if task.copy_v {
+                load_tile(vt, self.v, row0, len, nv, task.vh, dv);
+            }
+            *staged = t0 + len;
+        }
+        let vt = if packed {
+            Mat::rows(&[], 0)
+        } else if task.copy_v {
+            Mat::rows(vt, dv)
+        } else {
+            head_rows(self.v, row0, nv, task.vh, dv)
+        };
+        KeyTile { t0, len, kt, vt }
+    }
+
+    /// Query head j (the task's gi-th) over one key tile: its scores and online-softmax update,
+    /// the rescale of what its rows accumulated, and O += P·V.
+    // the block's place (q0, rows) and the head's (gi, j) are what the call is about
+    #[allow(clippy::too_many_arguments)]
+    fn head_tile(
+        &self,
+        task: &ForwardTask,
+        tile: &KeyTile,
+        blk: &mut BlockState,
+        gi: usize,
+        j: usize,
+        q0: usize,
+        rows: usize,
+    ) {
+        let (dv, src) = (self.s.dv, task.src);
+        let KeyTile { t0, len, kt, vt } = *tile;
+        let valid = |r: usize| seen(self.q_offset + q0 + r, t0, len);
+        let q_blk = head_rows(self.q, task.bi * self.tq + q0, self.s.nq, j, self.s.dk);
+        let st = Online {
+            m: &mut blk.m[gi * BQ..(gi + 1) * BQ],
+            l: &mut blk.l[gi * BQ..(gi + 1) * BQ],
+            corr: &mut *blk.corr,
+        };
+        // 1. S = Q·Kᵀ·scale and the online softmax: P = exp(S − m), m, l and corr updated
+        if task.fused {
+            // SAFETY: AVX-512F is present (`fused`).
+            #[cfg(target_arch = "x86_64")]
+            unsafe {
+                scores_softmax(rows, self.s.dk, q_blk, kt, self.scale, valid, blk.s, st)
+            };
+        } else {
+            let c_s = (blk.s.as_mut_ptr(), BK, false);
+            let (mnk, kt) = ((rows, len, self.s.dk), Mat::rows(kt, BK));
+            // SAFETY: blk.s holds rows × BK.
+            unsafe { src.product(0, (t0, 0), mnk, q_blk, kt, c_s) };
+            softmax_rows(&mut blk.s[..rows * BK], self.scale, valid, st);
+        }
+        // 2. What the rows accumulated before this tile, rescaled to the new max
+        let oacc = &mut blk.o_acc[gi * BQ * dv..(gi * BQ + rows) * dv];
+        for (row, &c) in oacc.chunks_exact_mut(dv).zip(blk.corr.iter()) {
+            if c != 1.0 {
+                row.iter_mut().for_each(|x| *x *= c);
+            }
+        }
+        // 3. O += P·V over the keys each chunk of rows sees
+        for (r, keys) in causal_chunks(rows, len, valid, src) {
+            let p = Mat {
+                data: &blk.s[r.start * BK..],
+                rs: BK,
+                cs: 1,
+            };
+            let c_o = (oacc[r.start * dv..].as_mut_ptr(), dv, true);
+            // SAFETY: oacc holds rows × dv.
+            unsafe { src.product(1, (0, t0), (r.len(), dv, keys), p, vt, c_o) };
+        }
+    }
+
+    /// The block's finished rows: o = O/l and lse = m + ln l, for each of the task's heads.
+    fn write_block(&self, task: &ForwardTask, blk: &BlockState, q0: usize, rows: usize) {
+        let (nq, dv, tq, bi) = (self.s.nq, self.s.dv, self.tq, task.bi);
+        for (gi, &j) in task.heads.iter().enumerate() {
+            for r in 0..rows {
+                // SAFETY: rows of head j (in o and lse) belong to this task alone.
+                let (orow, lse_r) = unsafe {
+                    (
+                        self.o.slice(((bi * tq + q0 + r) * nq + j) * dv, dv),
+                        self.lse.slice((bi * nq + j) * tq + q0 + r, 1),
+                    )
+                };
+                let (m, l) = (blk.m[gi * BQ + r], blk.l[gi * BQ + r]);
+                let inv = 1.0 / l;
+                let acc = &blk.o_acc[(gi * BQ + r) * dv..(gi * BQ + r + 1) * dv];
+                for (o, &a) in orow.iter_mut().zip(acc) {
+                    *o = a * inv;
+                }
+                lse_r[0] = m + l.ln();
+            }
+        }
+    }
 }
 
 /// How many of the `len` keys from position t0 the query at position `pos` sees (causal: the
@@ -563,6 +715,7 @@ pub fn attention_backward(
     pairs: Option<Lambda>,
     precision: Precision,
 ) {
+    // 1. Shapes
     s.check();
     let AttnShape {
         nq,
@@ -594,11 +747,6 @@ pub fn attention_backward(
             "attention: one λ per token and pair"
         );
     }
-    let scale = 1.0 / (d_k as f32).sqrt();
-    let bf16 = on_tiles(precision, t);
-    #[cfg(target_arch = "x86_64")]
-    let avx512 = super::gemm::cpu::avx512f();
-    let (dq_ptr, dk_ptr, dv_ptr) = (SharedMut::new(dq), SharedMut::new(dk), SharedMut::new(dv));
     let group = nq / nv;
     assert!(
         group <= 64,
@@ -608,174 +756,361 @@ pub fn attention_backward(
         pairs.is_none() || group % 2 == 0,
         "attention: pairs of query heads need an even {group} per value head"
     );
-    // One task per (sequence, value head g): it runs every query head that reads value head g,
-    // and those are the only heads that read g's key heads, so its dk and dv rows are its own.
-    (0..b * nv).into_par_iter().for_each(|task| {
-        let (bi, g) = (task / nv, task % nv);
-        let at = |i: usize, heads: usize, h: usize, w: usize| ((bi * t + i) * heads + h) * w;
-        // The group's query heads (pairs 2p, 2p + 1 side by side), and the key heads they
-        // read, each with its slot of Kᵀ and dK in the scratch.
+    // 2. One task per (sequence, value head g): it runs every query head that reads value
+    //    head g, and those are the only heads that read g's key heads, so its dk and dv rows
+    //    are its own.
+    let call = Backward {
+        dq: SharedMut::new(dq),
+        dk: SharedMut::new(dk),
+        dv: SharedMut::new(dv),
+        dout,
+        q,
+        k,
+        v,
+        delta,
+        lse,
+        t,
+        s: *s,
+        pairs,
+        scale: 1.0 / (d_k as f32).sqrt(),
+        bf16: on_tiles(precision, t),
+        do_heads,
+        do_head,
+        group,
+    };
+    (0..b * nv)
+        .into_par_iter()
+        .for_each(|task| call.task(task / nv, task % nv));
+}
+
+/// One backward call, shared by its tasks.
+struct Backward<'a> {
+    dq: SharedMut,
+    dk: SharedMut,
+    dv: SharedMut,
+    dout: &'a [f32],
+    q: &'a [f32],
+    k: &'a [f32],
+    v: &'a [f32],
+    delta: &'a [f32],
+    lse: &'a [f32],
+    t: usize,
+    s: AttnShape,
+    pairs: Option<Lambda<'a>>,
+    scale: f32,
+    bf16: bool,
+    /// dout's heads per row, and query heads per dout head (2 for a pair)
+    do_heads: usize,
+    do_head: usize,
+    /// query heads per value head
+    group: usize,
+}
+
+/// One backward task: sequence `bi`, value head `g`, the query heads that read it (pairs side
+/// by side) and the key heads they read, each with its slot of Kᵀ and dK in the scratch.
+struct BackwardTask<'p, 'a> {
+    bi: usize,
+    g: usize,
+    heads: [usize; 64],
+    kheads: [usize; MAX_K],
+    n_kh: usize,
+    src: Src<'p, 'a>,
+}
+
+impl BackwardTask<'_, '_> {
+    /// The scratch slot of the key head that query head j reads.
+    fn slot_of(&self, s: &AttnShape, j: usize) -> usize {
+        let slot = self.kheads[..self.n_kh]
+            .iter()
+            .position(|&kh| kh == s.k_head(j));
+        slot.expect("the task reads this key head")
+    }
+}
+
+/// Where a unit of the backward stands: key tile t0..t0 + len against query rows q0..q0 + rows.
+#[derive(Clone, Copy)]
+struct TileBlock {
+    t0: usize,
+    len: usize,
+    q0: usize,
+    rows: usize,
+}
+
+impl TileBlock {
+    /// How many of the tile's keys query row r of the block sees.
+    fn valid(&self, r: usize) -> usize {
+        seen(self.q0 + r, self.t0, self.len)
+    }
+}
+
+/// The heads that share their value products: a diff pair, or one head. Map mi of the unit is
+/// head maps[mi], with packed operands from `op(mi)` and scores and dS at s[mi], ds[mi].
+#[derive(Clone, Copy)]
+struct Unit<'h> {
+    maps: &'h [usize],
+    /// the index of maps[0] among the task's heads
+    first: usize,
+}
+
+impl Unit<'_> {
+    /// The first of map mi's packed operands (Q, dO, Kᵀ, K); operand 0 is the task's Vᵀ.
+    fn op(&self, mi: usize) -> usize {
+        1 + 4 * (self.first + mi)
+    }
+}
+
+impl Backward<'_> {
+    /// Offset of row i (of sequence bi), head h, in a (B, T, heads, w) tensor.
+    fn at(&self, bi: usize, i: usize, heads: usize, h: usize, w: usize) -> usize {
+        ((bi * self.t + i) * heads + h) * w
+    }
+
+    /// Sequence `bi`, value head `g`: the gradients of every query head that reads it, key tile
+    /// by key tile.
+    fn task(&self, bi: usize, g: usize) {
+        let AttnShape {
+            nq,
+            nk,
+            nv,
+            dk: d_k,
+            dv: d_v,
+            ..
+        } = self.s;
+        let (t, group) = (self.t, self.group);
+        // 1. The group's query heads, and the key heads they read
         let heads: [usize; 64] = std::array::from_fn(|i| g * group + i);
-        let heads = &heads[..group];
         let mut kheads = [0usize; MAX_K];
         let mut n_kh = 0;
-        for &j in heads {
-            if !kheads[..n_kh].contains(&s.k_head(j)) {
-                kheads[n_kh] = s.k_head(j);
+        for &j in &heads[..group] {
+            if !kheads[..n_kh].contains(&self.s.k_head(j)) {
+                kheads[n_kh] = self.s.k_head(j);
                 n_kh += 1;
             }
         }
-        let slot_of = |j: usize| {
-            let slot = kheads[..n_kh].iter().position(|&kh| kh == s.k_head(j));
-            slot.expect("the task reads this key head")
-        };
-        // Under bf16 every B operand is packed once for the task, instead of a tile of it per
-        // product: Vᵀ, then per head its Q, dO, Kᵀ and K (`Src::product`'s operand i).
+        // 2. Under bf16 every B operand is packed once for the task, instead of a tile of it
+        //    per product: Vᵀ, then per head its Q, dO, Kᵀ and K (`Src::product`'s operand i).
         let mut ops = [(Mat::rows(&[], 0), 0, 0); MAX_PACKED];
         let n_ops = 1 + 4 * group;
         let n_ops = if n_ops <= MAX_PACKED { n_ops } else { 0 };
         if n_ops > 0 {
-            ops[0] = (head_rows(v, bi * t, nv, g, d_v).transposed(), d_v, t);
-            for (hi, &j) in heads.iter().enumerate() {
-                let kh = s.k_head(j);
-                ops[1 + 4 * hi] = (head_rows(q, bi * t, nq, j, d_k), t, d_k);
-                ops[2 + 4 * hi] = (head_rows(dout, bi * t, do_heads, j / do_head, d_v), t, d_v);
-                ops[3 + 4 * hi] = (head_rows(k, bi * t, nk, kh, d_k).transposed(), d_k, t);
-                ops[4 + 4 * hi] = (head_rows(k, bi * t, nk, kh, d_k), t, d_k);
+            ops[0] = (head_rows(self.v, bi * t, nv, g, d_v).transposed(), d_v, t);
+            for (hi, &j) in heads[..group].iter().enumerate() {
+                let (kh, do_h) = (self.s.k_head(j), j / self.do_head);
+                ops[1 + 4 * hi] = (head_rows(self.q, bi * t, nq, j, d_k), t, d_k);
+                ops[2 + 4 * hi] = (
+                    head_rows(self.dout, bi * t, self.do_heads, do_h, d_v),
+                    t,
+                    d_v,
+                );
+                ops[3 + 4 * hi] = (head_rows(self.k, bi * t, nk, kh, d_k).transposed(), d_k, t);
+                ops[4 + 4 * hi] = (head_rows(self.k, bi * t, nk, kh, d_k), t, d_k);
             }
         }
-        // A pair is one unit (its value products shared), else each head is one.
-        let unit = if pairs.is_some() { 2 } else { 1 };
-        with_packed(bf16, &ops[..n_ops], |packed| {
-            let src = Src { packed, bf16 };
-            with_scratch(d_k, d_v, 1, MAX_K * BK, |sc| {
+        // 3. Key tiles, the outer loop
+        with_packed(self.bf16, &ops[..n_ops], |packed| {
+            let src = Src {
+                packed,
+                bf16: self.bf16,
+            };
+            let task = BackwardTask {
+                bi,
+                g,
+                heads,
+                kheads,
+                n_kh,
+                src,
+            };
+            with_scratch(d_k, d_v, 1, MAX_K * BK, |mut sc| {
                 for t0 in (0..t).step_by(BK) {
-                    let len = BK.min(t - t0);
-                    if packed.is_none() {
-                        load_tile_t(sc.vt, v, bi * t + t0, len, nv, g, d_v);
-                        for (si, &kh) in kheads[..n_kh].iter().enumerate() {
-                            let kt = &mut sc.kt[si * d_k * BK..(si + 1) * d_k * BK];
-                            load_tile_t(kt, k, bi * t + t0, len, nk, kh, d_k);
-                        }
-                    }
-                    sc.acc_v[..len * d_v].fill(0.0);
-                    sc.acc_k[..n_kh * BK * d_k].fill(0.0);
-                    // Only queries at or after the tile's first key see it.
-                    for q0 in (t0..t).step_by(BQ) {
-                        let rows = BQ.min(t - q0);
-                        let valid = |r: usize| seen(q0 + r, t0, len);
-                        for (ui, maps) in heads.chunks(unit).enumerate() {
-                            // map mi of the unit: head maps[mi], packed operands from op(mi),
-                            // scores and dS at s[mi], ds[mi]
-                            let op = |mi: usize| 1 + 4 * (ui * unit + mi);
-                            let q_blk = |j: usize| head_rows(q, bi * t + q0, nq, j, d_k);
-                            let do_blk =
-                                head_rows(dout, bi * t + q0, do_heads, maps[0] / do_head, d_v);
-                            let vt = Mat::rows(sc.vt, BK);
-                            for (r, keys) in causal_chunks(rows, len, valid, src) {
-                                let (m, n) = (r.len(), keys);
-                                for (mi, &j) in maps.iter().enumerate() {
-                                    let si = slot_of(j);
-                                    let kt = Mat::rows(&sc.kt[si * d_k * BK..], BK);
-                                    let s_at = (mi * BQ + r.start) * BK;
-                                    let c_s = (sc.s[s_at..].as_mut_ptr(), BK, false);
-                                    let q_r = q_blk(j).from(r.start, 0);
-                                    // SAFETY: C is this thread's scratch tile, rows × BK.
-                                    unsafe {
-                                        src.product(op(mi) + 2, (t0, 0), (m, n, d_k), q_r, kt, c_s)
-                                    };
-                                }
-                                // dP of the unit's first map (a pair's second is −λ times it)
-                                let c_ds = (sc.ds[r.start * BK..].as_mut_ptr(), BK, false);
-                                let do_r = do_blk.from(r.start, 0);
-                                // SAFETY: as above.
-                                unsafe { src.product(0, (t0, 0), (m, n, d_v), do_r, vt, c_ds) };
-                            }
-                            for r in 0..rows {
-                                let i = q0 + r;
-                                let valid = valid(r);
-                                let ld = |j: usize| {
-                                    (lse[(bi * nq + j) * t + i], delta[(bi * t + i) * nq + j])
-                                };
-                                let (s0, s1) = sc.s.split_at_mut(BQ * BK);
-                                let (ds0, ds1) = sc.ds.split_at_mut(BQ * BK);
-                                let row = r * BK..(r + 1) * BK;
-                                let pair = pairs.map(|l| PairRow {
-                                    p: &mut s1[row.clone()],
-                                    ds: &mut ds1[row.clone()],
-                                    lse_delta: ld(maps[1]),
-                                    lambda: l.at((bi * t + i) * do_heads + maps[0] / do_head),
-                                });
-                                let (p, ds) = (&mut s0[row.clone()], &mut ds0[row]);
-                                #[cfg(target_arch = "x86_64")]
-                                if avx512 {
-                                    // SAFETY: AVX-512F is present.
-                                    unsafe {
-                                        probs_grads_row(p, ds, valid, ld(maps[0]), scale, pair)
-                                    };
-                                    continue;
-                                }
-                                probs_grads_values(p, ds, valid, ld(maps[0]), scale, pair);
-                            }
-                            // dV (from P, a pair's P₁ − λ·P₂) and dK: each chunk of keys over
-                            // the queries that see it
-                            for (c, r0) in key_chunks(rows, len, valid, src) {
-                                let (m, kq) = (c.len(), rows - r0);
-                                let at_q = (0, q0 + r0);
-                                let p_c = map_tile(sc.s, 0).transposed().from(c.start, r0);
-                                let do_r = do_blk.from(r0, 0);
-                                let c_dv = (sc.acc_v[c.start * d_v..].as_mut_ptr(), d_v, true);
-                                // SAFETY: dV and dK gather in this thread's scratch (len rows).
-                                unsafe {
-                                    src.product(op(0) + 1, at_q, (m, d_v, kq), p_c, do_r, c_dv)
-                                };
-                                for (mi, &j) in maps.iter().enumerate() {
-                                    let ds_c = map_tile(sc.ds, mi).transposed().from(c.start, r0);
-                                    let q_r = q_blk(j).from(r0, 0);
-                                    let acc = &mut sc.acc_k[slot_of(j) * BK * d_k..];
-                                    let c_dk = (acc[c.start * d_k..].as_mut_ptr(), d_k, true);
-                                    // SAFETY: as above.
-                                    unsafe {
-                                        src.product(op(mi), at_q, (m, d_k, kq), ds_c, q_r, c_dk)
-                                    };
-                                }
-                            }
-                            // dQ: each chunk of queries over the keys it sees; every query row
-                            // meets the first key tile, which writes its dq rows
-                            for (r, keys) in causal_chunks(rows, len, valid, src) {
-                                for (mi, &j) in maps.iter().enumerate() {
-                                    let k_rows = head_rows(k, bi * t + t0, nk, s.k_head(j), d_k);
-                                    let (dq_at, span) = (
-                                        at(q0 + r.start, nq, j, d_k),
-                                        (r.len() - 1) * nq * d_k + d_k,
-                                    );
-                                    let mnk = (r.len(), d_k, keys);
-                                    let ds_r = map_tile(sc.ds, mi).from(r.start, 0);
-                                    // SAFETY: query head j's rows of dq are written by this task only.
-                                    unsafe {
-                                        let c_dq = (dq_ptr.ptr(dq_at, span), nq * d_k, t0 > 0);
-                                        src.product(op(mi) + 3, (0, t0), mnk, ds_r, k_rows, c_dq);
-                                    }
-                                }
-                            }
-                        }
-                    }
-                    for (si, &kh) in kheads[..n_kh].iter().enumerate() {
-                        let acc = &sc.acc_k[si * BK * d_k..][..len * d_k];
-                        for (c, row) in acc.chunks_exact(d_k).enumerate() {
-                            // SAFETY: key head kh belongs to this task's group.
-                            unsafe { dk_ptr.slice(at(t0 + c, nk, kh, d_k), d_k) }
-                                .copy_from_slice(row);
-                        }
-                    }
-                    for (c, row) in sc.acc_v[..len * d_v].chunks_exact(d_v).enumerate() {
-                        // SAFETY: value head g belongs to this task.
-                        unsafe { dv_ptr.slice(at(t0 + c, nv, g, d_v), d_v) }.copy_from_slice(row);
-                    }
+                    self.key_tile(&task, &mut sc, t0);
                 }
             })
         });
-    });
+    }
+
+    /// Key tile t0.. of the task: its dK and dV gathered over every query block that sees it,
+    /// then written back; dQ added to as it goes.
+    fn key_tile(&self, task: &BackwardTask, sc: &mut Scratch, t0: usize) {
+        let AttnShape {
+            nk,
+            nv,
+            dk: d_k,
+            dv: d_v,
+            ..
+        } = self.s;
+        let (t, bi, n_kh) = (self.t, task.bi, task.n_kh);
+        let len = BK.min(t - t0);
+        // 1. Vᵀ and each key head's Kᵀ staged (f32 products)
+        if task.src.packed.is_none() {
+            load_tile_t(sc.vt, self.v, bi * t + t0, len, nv, task.g, d_v);
+            for (si, &kh) in task.kheads[..n_kh].iter().enumerate() {
+                let kt = &mut sc.kt[si * d_k * BK..(si + 1) * d_k * BK];
+                load_tile_t(kt, self.k, bi * t + t0, len, nk, kh, d_k);
+            }
+        }
+        // 2. The tile's dK and dV start at zero
+        sc.acc_v[..len * d_v].fill(0.0);
+        sc.acc_k[..n_kh * BK * d_k].fill(0.0);
+        // 3. Only queries at or after the tile's first key see it; a pair is one unit (its
+        //    value products shared), else each head is one.
+        let unit = if self.pairs.is_some() { 2 } else { 1 };
+        for q0 in (t0..t).step_by(BQ) {
+            let at = TileBlock {
+                t0,
+                len,
+                q0,
+                rows: BQ.min(t - q0),
+            };
+            for (ui, maps) in task.heads[..self.group].chunks(unit).enumerate() {
+                let u = Unit {
+                    maps,
+                    first: ui * unit,
+                };
+                self.unit_block(task, sc, at, u);
+            }
+        }
+        // 4. dK and dV written back once
+        for (si, &kh) in task.kheads[..n_kh].iter().enumerate() {
+            let acc = &sc.acc_k[si * BK * d_k..][..len * d_k];
+            for (c, row) in acc.chunks_exact(d_k).enumerate() {
+                // SAFETY: key head kh belongs to this task's group.
+                unsafe { self.dk.slice(self.at(bi, t0 + c, nk, kh, d_k), d_k) }
+                    .copy_from_slice(row);
+            }
+        }
+        for (c, row) in sc.acc_v[..len * d_v].chunks_exact(d_v).enumerate() {
+            // SAFETY: value head g belongs to this task.
+            unsafe { self.dv.slice(self.at(bi, t0 + c, nv, task.g, d_v), d_v) }
+                .copy_from_slice(row);
+        }
+    }
+
+    /// One unit's query block against one key tile, the forward's steps in reverse.
+    fn unit_block(&self, task: &BackwardTask, sc: &mut Scratch, at: TileBlock, u: Unit) {
+        // 1. In the forward pass this was S = Q·Kᵀ: S again for each map, and dP = dO·Vᵀ
+        self.scores_dp(task, sc, at, u);
+        // 2. ... and P = exp(S·scale − lse): P and dS = P ∘ (dP − delta)·scale
+        self.probs_grads(task, sc, at, u);
+        // 3. ... and O = P·V: dV += Pᵀ·dO; from S = Q·Kᵀ: dK += dSᵀ·Q
+        self.dv_dk(task, sc, at, u);
+        // 4. ... and dQ += dS·K
+        self.dq(task, sc, at, u);
+    }
+
+    /// Each map's scores S = Q·Kᵀ, and dP = dO·Vᵀ of the unit's first map (a pair's second
+    /// is −λ times it), over the keys each chunk of rows sees.
+    fn scores_dp(&self, task: &BackwardTask, sc: &mut Scratch, at: TileBlock, u: Unit) {
+        let (bi, t, src) = (task.bi, self.t, task.src);
+        let (nq, d_k, d_v) = (self.s.nq, self.s.dk, self.s.dv);
+        let do_blk = self.dout_block(task, at, u);
+        for (r, keys) in causal_chunks(at.rows, at.len, |r| at.valid(r), src) {
+            let (m, n) = (r.len(), keys);
+            for (mi, &j) in u.maps.iter().enumerate() {
+                let kt = Mat::rows(&sc.kt[task.slot_of(&self.s, j) * d_k * BK..], BK);
+                let c_s = (sc.s[(mi * BQ + r.start) * BK..].as_mut_ptr(), BK, false);
+                let q_r = head_rows(self.q, bi * t + at.q0, nq, j, d_k).from(r.start, 0);
+                // SAFETY: C is this thread's scratch tile, rows × BK.
+                unsafe { src.product(u.op(mi) + 2, (at.t0, 0), (m, n, d_k), q_r, kt, c_s) };
+            }
+            let c_ds = (sc.ds[r.start * BK..].as_mut_ptr(), BK, false);
+            let do_r = do_blk.from(r.start, 0);
+            let vt = Mat::rows(sc.vt, BK);
+            // SAFETY: as above.
+            unsafe { src.product(0, (at.t0, 0), (m, n, d_v), do_r, vt, c_ds) };
+        }
+    }
+
+    /// P and dS of each score row in place; a pair's P leaves as P₁ − λ·P₂, its weights on V.
+    fn probs_grads(&self, task: &BackwardTask, sc: &mut Scratch, at: TileBlock, u: Unit) {
+        let (bi, t, nq) = (task.bi, self.t, self.s.nq);
+        #[cfg(target_arch = "x86_64")]
+        let avx512 = super::gemm::cpu::avx512f();
+        for r in 0..at.rows {
+            let i = at.q0 + r;
+            let valid = at.valid(r);
+            let ld = |j: usize| {
+                (
+                    self.lse[(bi * nq + j) * t + i],
+                    self.delta[(bi * t + i) * nq + j],
+                )
+            };
+            let (s0, s1) = sc.s.split_at_mut(BQ * BK);
+            let (ds0, ds1) = sc.ds.split_at_mut(BQ * BK);
+            let row = r * BK..(r + 1) * BK;
+            let pair = self.pairs.map(|l| PairRow {
+                p: &mut s1[row.clone()],
+                ds: &mut ds1[row.clone()],
+                lse_delta: ld(u.maps[1]),
+                lambda: l.at((bi * t + i) * self.do_heads + u.maps[0] / self.do_head),
+            });
+            let (p, ds) = (&mut s0[row.clone()], &mut ds0[row]);
+            #[cfg(target_arch = "x86_64")]
+            if avx512 {
+                // SAFETY: AVX-512F is present.
+                unsafe { probs_grads_row(p, ds, valid, ld(u.maps[0]), self.scale, pair) };
+                continue;
+            }
+            probs_grads_values(p, ds, valid, ld(u.maps[0]), self.scale, pair);
+        }
+    }
+
+    /// dV (from P, a pair's P₁ − λ·P₂) and each map's dK, each chunk of keys over the queries
+    /// that see it.
+    fn dv_dk(&self, task: &BackwardTask, sc: &mut Scratch, at: TileBlock, u: Unit) {
+        let (bi, t, src) = (task.bi, self.t, task.src);
+        let (nq, d_k, d_v) = (self.s.nq, self.s.dk, self.s.dv);
+        let do_blk = self.dout_block(task, at, u);
+        for (c, r0) in key_chunks(at.rows, at.len, |r| at.valid(r), src) {
+            let (m, kq) = (c.len(), at.rows - r0);
+            let at_q = (0, at.q0 + r0);
+            let p_c = map_tile(sc.s, 0).transposed().from(c.start, r0);
+            let do_r = do_blk.from(r0, 0);
+            let c_dv = (sc.acc_v[c.start * d_v..].as_mut_ptr(), d_v, true);
+            // SAFETY: dV and dK gather in this thread's scratch (len rows).
+            unsafe { src.product(u.op(0) + 1, at_q, (m, d_v, kq), p_c, do_r, c_dv) };
+            for (mi, &j) in u.maps.iter().enumerate() {
+                let ds_c = map_tile(sc.ds, mi).transposed().from(c.start, r0);
+                let q_r = head_rows(self.q, bi * t + at.q0, nq, j, d_k).from(r0, 0);
+                let acc = &mut sc.acc_k[task.slot_of(&self.s, j) * BK * d_k..];
+                let c_dk = (acc[c.start * d_k..].as_mut_ptr(), d_k, true);
+                // SAFETY: as above.
+                unsafe { src.product(u.op(mi), at_q, (m, d_k, kq), ds_c, q_r, c_dk) };
+            }
+        }
+    }
+
+    /// dQ += dS·K, each chunk of queries over the keys it sees; every query row meets the
+    /// first key tile, which writes (not adds to) its dq rows.
+    fn dq(&self, task: &BackwardTask, sc: &mut Scratch, at: TileBlock, u: Unit) {
+        let (bi, t, src) = (task.bi, self.t, task.src);
+        let (nq, nk, d_k) = (self.s.nq, self.s.nk, self.s.dk);
+        for (r, keys) in causal_chunks(at.rows, at.len, |r| at.valid(r), src) {
+            for (mi, &j) in u.maps.iter().enumerate() {
+                let k_rows = head_rows(self.k, bi * t + at.t0, nk, self.s.k_head(j), d_k);
+                let dq_at = self.at(bi, at.q0 + r.start, nq, j, d_k);
+                let span = (r.len() - 1) * nq * d_k + d_k;
+                let mnk = (r.len(), d_k, keys);
+                let ds_r = map_tile(sc.ds, mi).from(r.start, 0);
+                // SAFETY: query head j's rows of dq are written by this task only.
+                unsafe {
+                    let c_dq = (self.dq.ptr(dq_at, span), nq * d_k, at.t0 > 0);
+                    src.product(u.op(mi) + 3, (0, at.t0), mnk, ds_r, k_rows, c_dq);
+                }
+            }
+        }
+    }
+
+    /// The unit's rows of dout for the block: the combined output's gradient for a pair.
+    fn dout_block(&self, task: &BackwardTask, at: TileBlock, u: Unit) -> Mat<'_> {
+        let row0 = task.bi * self.t + at.q0;
+        head_rows(
+            self.dout,
+            row0,
+            self.do_heads,
+            u.maps[0] / self.do_head,
+            self.s.dv,
+        )
+    }
 }
 
 /// Map mi's (BQ, BK) tile of the backward's scratch scores or dS, by rows.
