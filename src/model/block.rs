@@ -13,7 +13,8 @@ use crate::config::{lambda_init_at, AttentionKind, ModelConfig};
 use crate::kernels::attention::{
     attention_backward, attention_delta, attention_forward, AttnShape,
 };
-use crate::kernels::gemm::{matmul_backward, matmul_forward, matmul_forward_each};
+use crate::kernels::attention_lowbit::quantized_attention_forward;
+use crate::kernels::gemm::{matmul_backward, matmul_forward, matmul_forward_each, Weight};
 use crate::kernels::rmsnorm::{rmsnorm_backward, rmsnorm_forward};
 use crate::kernels::rope::{rope_backward, rope_forward, RopeTable};
 use crate::kernels::sigmoid;
@@ -174,396 +175,478 @@ impl Scratch {
     }
 }
 
-/// x: (B, T, D) in place: the block's input on entry, its output on return. Without a cache
-/// each sequence is the whole context (training); with one cache per sequence the T new tokens
-/// of sequence b sit at positions caches[b].len.. and attend to everything cached before them.
-/// `logit_bits` (evaluation only, no cache) swaps the kernel for eval/lowbit.rs's attention
-/// with absmax-quantised logits.
-// one layer's activations, weights, position, cache and precision, as the stack hands them
-#[allow(clippy::too_many_arguments)]
+/// One block as the stack hands it to the forward and backward: the flat parameters (with
+/// their bf16 copies where inference keeps them), the block's table of spans, the sizes shared
+/// by every block, its index (λ_init depends on it), the RoPE table and the precision.
+pub struct Layer<'a> {
+    pub w: &'a [f32],
+    pub wb: Option<&'a Bf16Weights>,
+    pub p: &'a LayerParams,
+    pub d: &'a Dims,
+    pub index: usize,
+    pub rope: &'a RopeTable,
+    pub precision: Precision,
+}
+
+/// How a block's attention runs.
+pub enum Attend<'c> {
+    /// each sequence is the whole context (training, evaluation)
+    Full,
+    /// one cache per sequence: the T new tokens of sequence b sit at positions pos0[b].. and
+    /// attend to everything cached before them
+    Cached(&'c mut [KvCache], &'c [usize]),
+    /// evaluation only, no cache: logits absmax-quantised to this many bits (paper §3.7)
+    LowBit(u32),
+}
+
+/// x: (B, T, D) in place: the block's input on entry, its output on return.
 pub fn block_forward(
     x: &mut [f32],
     a: &mut LayerActs,
-    (w, wb): (&[f32], Option<&Bf16Weights>),
-    p: &LayerParams,
-    d: &Dims,
-    layer: usize,
-    rope: &RopeTable,
+    l: &Layer,
     b: usize,
     t: usize,
-    cache: Option<(&mut [KvCache], &[usize])>,
-    logit_bits: Option<u32>,
-    precision: Precision,
+    attend: Attend,
 ) {
-    let n = b * t;
-    let c = d.c;
-    let s = &d.shape;
-    // A linear layer's weight, with its bf16 copies where inference keeps them.
-    let weight = |r: Span| Bf16Weights::weight_of(wb, w, r.range());
+    let (n, c, d) = (b * t, l.d.c, l.d);
     // 1. input_layernorm: ln1 = RMSNorm(x), the block's input kept in x_in
+    let (ln1, rstd1) = (&mut a.ln1[..n * c], &mut a.rstd1[..n]);
+    let x_in = Some(&mut a.x_in[..n * c]);
     rmsnorm_forward(
-        &mut a.ln1[..n * c],
-        &mut a.rstd1[..n],
+        ln1,
+        rstd1,
         x,
-        Some(&mut a.x_in[..n * c]),
-        &w[p.input_layernorm.range()],
+        x_in,
+        l.param(l.p.input_layernorm),
         1.0,
         c,
         d.eps,
     );
-    let ln1 = &a.ln1[..n * c];
-    // 2. q, k, v projections of ln1 (diff_v2's λ logits too): one product, one packed input
-    let (q, k, v) = (
-        &mut a.q[..n * d.q_width()],
-        &mut a.k[..n * d.k_width()],
-        &mut a.v[..n * d.v_width()],
-    );
-    // diff_v2's λ projection reads ln1 too: it joins the q, k and v products.
-    let lambda = p.lambda_proj.map(&weight);
-    let mut parts = [
-        (&mut *q, weight(p.q_proj), d.q_width()),
-        (&mut *k, weight(p.k_proj), d.k_width()),
-        (&mut *v, weight(p.v_proj), d.v_width()),
-        (&mut a.lam[..], lambda.unwrap_or((&[][..]).into()), d.h),
-    ];
-    let count = if lambda.is_some() { 4 } else { 3 };
-    matmul_forward_each(&mut parts[..count], ln1, n, c, precision);
-    // 3. RoPE on q and k, then causal attention (training; cached decoding; low-bit eval)
-    let o = &mut a.o[..n * d.o_width()];
-    let lse = &mut a.lse[..b * s.nq * t];
-    match cache {
-        None => {
-            rope_forward(q, rope, t, s.nq, &[0]);
-            rope_forward(k, rope, t, s.nk, &[0]);
-            match logit_bits {
-                None => attention_forward(o, lse, q, k, v, b, t, t, 0, s, precision),
-                Some(bits) => crate::kernels::attention_lowbit::quantized_attention_forward(
-                    o, q, k, v, b, t, s, bits,
-                ),
-            }
-        }
-        Some((caches, pos0)) => {
-            rope_forward(q, rope, t, s.nq, pos0);
-            rope_forward(k, rope, t, s.nk, pos0);
-            let (kw, vw, qw, ow) = (d.k_width(), d.v_width(), d.q_width(), d.o_width());
-            for (bi, cache) in caches.iter_mut().enumerate() {
-                let at = pos0[bi];
-                cache.k[layer][at * kw..(at + t) * kw]
-                    .copy_from_slice(&k[bi * t * kw..(bi + 1) * t * kw]);
-                cache.v[layer][at * vw..(at + t) * vw]
-                    .copy_from_slice(&v[bi * t * vw..(bi + 1) * t * vw]);
-                attention_forward(
-                    &mut o[bi * t * ow..(bi + 1) * t * ow],
-                    &mut lse[bi * s.nq * t..(bi + 1) * s.nq * t],
-                    &q[bi * t * qw..(bi + 1) * t * qw],
-                    &cache.k[layer][..(at + t) * kw],
-                    &cache.v[layer][..(at + t) * vw],
-                    1,
-                    t,
-                    at + t,
-                    at,
-                    s,
-                    precision,
-                );
-            }
-        }
-    }
+    // 2. q, k, v projections of ln1 (and diff_v2's λ logits): one product, one packed input
+    l.qkv_forward(a, n);
+    // 3. RoPE on q and k, then causal attention
+    l.attention_forward(a, b, t, attend);
     // 4. the maps combined: diff_v1 attn1 − λ·attn2 then subln; diff_v2 with λ = σ(z) per token
-    match d.kind {
-        AttentionKind::Standard => {}
-        AttentionKind::DiffV1 => {
-            let lambda_init = lambda_init_at(d.lambda_init, layer);
-            let ls = p.lambdas.as_ref().expect("diff_v1 layer has lambdas");
-            let lambdas = [0, 1, 2, 3].map(|i| &w[ls[i].range()]);
-            a.lambda_parts = attn::lambda_full(lambdas, lambda_init);
-            let comb = &mut a.comb[..n * d.out];
-            attn::diff_combine_forward(comb, o, Lambda::Layer(a.lambda_parts.0), d.h, s.dv);
-            // subln: RMSNorm over each head's 2d outputs, with the fixed (1 − λ_init) scale
-            // as its gain. Ablated (d.subln false), both go: the paper ties the scale to the norm.
-            if d.subln {
-                let y = &mut a.y[..n * d.out];
-                let subln = &w[p.subln.expect("diff_v1 layer has subln").range()];
-                let sub_rstd = &mut a.sub_rstd[..n * d.h];
-                rmsnorm_forward(
-                    y,
-                    sub_rstd,
-                    comb,
-                    None,
-                    subln,
-                    1.0 - lambda_init,
-                    s.dv,
-                    d.eps,
-                );
-            }
-        }
-        AttentionKind::DiffV2 => {
-            let lam = &mut a.lam[..n * d.h];
-            lam.iter_mut().for_each(|z| *z = sigmoid(*z));
-            attn::diff_combine_forward(
-                &mut a.comb[..n * d.out],
-                o,
-                Lambda::PerToken(lam),
-                d.h,
-                s.dv,
-            );
-        }
-    }
-    // 5. o_proj, added to the residual stream
-    matmul_forward(
-        x,
-        a.attn_out(n, d),
-        weight(p.o_proj),
-        n,
-        d.out,
-        c,
-        true,
-        precision,
-    );
-    // 6. post_attention_layernorm: ln2 = RMSNorm(x_mid)
-    let ln2 = &mut a.ln2[..n * c];
-    rmsnorm_forward(
-        ln2,
-        &mut a.rstd2[..n],
-        x,
-        Some(&mut a.x_mid[..n * c]),
-        &w[p.post_attention_layernorm.range()],
-        1.0,
-        c,
-        d.eps,
-    );
-    let (gate, up, hid) = (
-        &mut a.gate[..n * d.f],
-        &mut a.up[..n * d.f],
-        &mut a.hid[..n * d.f],
-    );
-    // 7. MLP: gate and up of ln2, SwiGLU, down added to the residual stream
-    matmul_forward_each(
-        &mut [
-            (&mut *gate, weight(p.gate_proj), d.f),
-            (&mut *up, weight(p.up_proj), d.f),
-        ],
-        ln2,
-        n,
-        c,
-        precision,
-    );
-    swiglu_forward(hid, gate, up);
-    matmul_forward(x, hid, weight(p.down_proj), n, d.f, c, true, precision);
+    l.combine_forward(a, n);
+    // 5. o_proj, added to the residual stream: x_mid = x_in + o_proj(attn_out)
+    let o_proj = l.weight(l.p.o_proj);
+    matmul_forward(x, a.attn_out(n, d), o_proj, n, d.out, c, true, l.precision);
+    // 6. post_attention_layernorm: ln2 = RMSNorm(x_mid), x_mid kept
+    let (ln2, rstd2) = (&mut a.ln2[..n * c], &mut a.rstd2[..n]);
+    let x_mid = Some(&mut a.x_mid[..n * c]);
+    let pal = l.param(l.p.post_attention_layernorm);
+    rmsnorm_forward(ln2, rstd2, x, x_mid, pal, 1.0, c, d.eps);
+    // 7. MLP: x_out = x_mid + down(swiglu(gate ln2, up ln2))
+    l.mlp_forward(x, a, n);
 }
 
 /// dx: (B, T, D) in place: the gradient w.r.t. the block's output on entry, w.r.t. its input on
-/// return. Parameter gradients accumulate into `g` (same layout as `w`).
-// block_forward's inputs with the gradients and scratch they are mirrored into
-#[allow(clippy::too_many_arguments)]
+/// return. Parameter gradients accumulate into `g` (same layout as `w`); `l.wb` is not read.
 pub fn block_backward(
     dx: &mut [f32],
     g: &mut [f32],
     sc: &mut Scratch,
     a: &LayerActs,
-    w: &[f32],
-    p: &LayerParams,
-    d: &Dims,
-    layer: usize,
-    rope: &RopeTable,
+    l: &Layer,
     b: usize,
     t: usize,
-    precision: Precision,
 ) {
-    let n = b * t;
-    let c = d.c;
-    let s = &d.shape;
-    let (ln1, ln2) = (&a.ln1[..n * c], &a.ln2[..n * c]);
-    // 7. MLP backward; in the forward pass this was x_out = x_mid + down(swiglu(gate, up))
-    let dhid = &mut sc.dhid[..n * d.f];
-    linear_backward(
-        Grad::Set(dhid),
-        g,
-        w,
-        p.down_proj,
-        dx,
-        &a.hid[..n * d.f],
-        n,
-        d.f,
-        c,
-        precision,
-    );
-    let (dgate, dup) = (&mut sc.dgate[..n * d.f], &mut sc.dup[..n * d.f]);
-    swiglu_backward(
-        dgate,
-        dup,
-        &sc.dhid[..n * d.f],
-        &a.gate[..n * d.f],
-        &a.up[..n * d.f],
-    );
-    let dln = &mut sc.dln[..n * c];
-    linear_backward(
-        Grad::Set(dln),
-        g,
-        w,
-        p.gate_proj,
-        dgate,
-        ln2,
-        n,
-        c,
-        d.f,
-        precision,
-    );
-    linear_backward(
-        Grad::Add(dln),
-        g,
-        w,
-        p.up_proj,
-        dup,
-        ln2,
-        n,
-        c,
-        d.f,
-        precision,
-    );
-    // 6. post_attention_layernorm backward; in the forward pass this was ln2 = RMSNorm(x_mid)
-    let pal = p.post_attention_layernorm;
+    let (n, c, d) = (b * t, l.d.c, l.d);
+    // 7. MLP backward, into dln; in the forward pass this was x_out = x_mid + down(swiglu)
+    l.mlp_backward(dx, g, sc, a, n);
+    // 6. post_attention_layernorm backward, added to dx; this was ln2 = RMSNorm(x_mid)
+    let (pal, dln) = (l.p.post_attention_layernorm, &sc.dln[..n * c]);
+    let (x_mid, rstd2) = (&a.x_mid[..n * c], &a.rstd2[..n]);
+    let g_pal = &mut g[pal.range()];
     rmsnorm_backward(
         Grad::Add(dx),
-        &mut g[pal.range()],
+        g_pal,
         dln,
-        &a.x_mid[..n * c],
-        &w[pal.range()],
+        x_mid,
+        l.param(pal),
         1.0,
-        &a.rstd2[..n],
+        rstd2,
         c,
     );
-    // 5. o_proj backward; in the forward pass this was x_mid = x_in + o_proj(attn_out)
-    let dattn = &mut sc.dattn[..n * d.out];
-    linear_backward(
-        Grad::Set(dattn),
-        g,
-        w,
-        p.o_proj,
-        dx,
-        a.attn_out(n, d),
-        n,
-        d.out,
-        c,
-        precision,
-    );
-    let dln = &mut sc.dln[..n * c];
-    let o = &a.o[..n * d.o_width()];
-    // 4. the combination's backward (the attention's dO and, for diff pairs, λ's gradient)
-    let delta = &mut sc.delta[..n * s.nq];
-    // the attention backward's dO, and for a diff pair how its maps were combined: the maps
-    // take their output gradients (dO₁, −λ·dO₁) from the combined output's
-    let (d_o, pairs): (&[f32], _) = match d.kind {
-        AttentionKind::Standard => {
-            attention_delta(delta, dattn, o, s.nq, s.dv);
-            (dattn, None)
-        }
-        AttentionKind::DiffV1 => {
-            let dcomb: &[f32] = if d.subln {
-                let lambda_init = lambda_init_at(d.lambda_init, layer);
-                // in the forward pass this was `y = (1 − λ_init) · subln(comb)`
-                let dcomb = &mut sc.dcomb[..n * d.out];
-                let sub = p.subln.expect("diff_v1 layer has subln");
-                rmsnorm_backward(
-                    Grad::Set(dcomb),
-                    &mut g[sub.range()],
-                    dattn,
-                    &a.comb[..n * d.out],
-                    &w[sub.range()],
-                    1.0 - lambda_init,
-                    &a.sub_rstd[..n * d.h],
-                    s.dv,
-                );
-                dcomb
-            } else {
-                // without subln the o_proj input was comb itself
-                dattn
-            };
-            let (lambda, e1, e2) = a.lambda_parts;
-            let dlam = &mut sc.dlam[..n * d.h];
-            let lambda = Lambda::Layer(lambda);
-            attn::diff_combine_backward(dlam, delta, dcomb, o, lambda, d.h, s.dv);
-            let dlambda = dlam.iter().map(|&v| v as f64).sum::<f64>() as f32;
-            let ls = p.lambdas.as_ref().expect("diff_v1 layer has lambdas");
-            let lambdas = [0, 1, 2, 3].map(|i| &w[ls[i].range()]);
-            let [g0, g1, g2, g3] = split4(g, ls);
-            attn::lambda_full_backward([g0, g1, g2, g3], lambdas, e1, e2, dlambda);
-            (dcomb, Some(lambda))
-        }
-        AttentionKind::DiffV2 => {
-            let lam = &a.lam[..n * d.h];
-            let dlam = &mut sc.dlam[..n * d.h];
-            let lambda = Lambda::PerToken(lam);
-            attn::diff_combine_backward(dlam, delta, dattn, o, lambda, d.h, s.dv);
-            // in the forward pass this was `lam = σ(z)`, so dz = dlam · σ · (1 − σ)
-            dlam.iter_mut()
-                .zip(lam)
-                .for_each(|(dl, &l)| *dl *= l * (1.0 - l));
-            let lp = p.lambda_proj.expect("diff_v2 layer has lambda_proj");
-            linear_backward(Grad::Set(dln), g, w, lp, dlam, ln1, n, c, d.h, precision);
-            (dattn, Some(lambda))
-        }
-    };
-    let (dq, dk, dv) = (
-        &mut sc.dq[..n * d.q_width()],
-        &mut sc.dk[..n * d.k_width()],
-        &mut sc.dv[..n * d.v_width()],
-    );
+    // 5. o_proj backward; this was x_mid = x_in + o_proj(attn_out)
+    let dattn = Grad::Set(&mut sc.dattn[..n * d.out]);
+    l.linear_backward(dattn, g, l.p.o_proj, dx, a.attn_out(n, d), n, d.out, c);
+    // 4. the combination's backward: the attention's dO and, for diff pairs, λ's gradient
+    let combined = l.combine_backward(g, sc, a, n);
     // 3. attention backward, then RoPE's (a rotation's transpose) on dq and dk
-    let (q, k, v) = (
-        &a.q[..n * d.q_width()],
-        &a.k[..n * d.k_width()],
-        &a.v[..n * d.v_width()],
-    );
-    let (delta, lse) = (&sc.delta[..n * s.nq], &a.lse[..b * s.nq * t]);
-    attention_backward(
-        dq, dk, dv, d_o, q, k, v, delta, lse, b, t, s, pairs, precision,
-    );
-    rope_backward(dq, rope, t, s.nq, &[0]);
-    rope_backward(dk, rope, t, s.nk, &[0]);
-    // diff_v2's λ projection made the first contribution to dln
-    // 2. q, k, v (and λ) projections backward, into dln
-    let dln_q = if d.kind == AttentionKind::DiffV2 {
-        Grad::Add(dln)
-    } else {
-        Grad::Set(dln)
-    };
-    linear_backward(dln_q, g, w, p.q_proj, dq, ln1, n, c, d.q_width(), precision);
-    linear_backward(
-        Grad::Add(dln),
-        g,
-        w,
-        p.k_proj,
-        dk,
-        ln1,
-        n,
-        c,
-        d.k_width(),
-        precision,
-    );
-    linear_backward(
-        Grad::Add(dln),
-        g,
-        w,
-        p.v_proj,
-        dv,
-        ln1,
-        n,
-        c,
-        d.v_width(),
-        precision,
-    );
-    // 1. input_layernorm backward, added to dx; in the forward pass this was ln1 = RMSNorm(x)
-    let il = p.input_layernorm;
+    l.attention_backward(sc, a, b, t, combined);
+    // 2. q, k, v projections backward, into dln
+    l.qkv_backward(g, sc, a, n);
+    // 1. input_layernorm backward, added to dx; this was ln1 = RMSNorm(x)
+    let (il, dln) = (l.p.input_layernorm, &sc.dln[..n * c]);
+    let (x_in, rstd1) = (&a.x_in[..n * c], &a.rstd1[..n]);
     rmsnorm_backward(
         Grad::Add(dx),
         &mut g[il.range()],
         dln,
-        &a.x_in[..n * c],
-        &w[il.range()],
+        x_in,
+        l.param(il),
         1.0,
-        &a.rstd1[..n],
+        rstd1,
         c,
     );
+}
+
+/// Where the attention backward takes its dO from, and how a diff pair's maps were combined
+/// (`Layer::combine_backward`'s answer).
+struct Combined<'a> {
+    /// dO is the subln backward's output (sc.dcomb), else the o_proj input's gradient
+    /// (sc.dattn)
+    from_dcomb: bool,
+    pairs: Option<Lambda<'a>>,
+}
+
+impl Layer<'_> {
+    /// The parameter at `r`.
+    fn param(&self, r: Span) -> &[f32] {
+        &self.w[r.range()]
+    }
+
+    /// A linear layer's weight, with its bf16 copies where inference keeps them.
+    fn weight(&self, r: Span) -> Weight<'_> {
+        Bf16Weights::weight_of(self.wb, self.w, r.range())
+    }
+
+    /// Forward phase 2: q, k, v (and diff_v2's λ logits) from ln1, in one product.
+    fn qkv_forward(&self, a: &mut LayerActs, n: usize) {
+        let (d, p) = (self.d, self.p);
+        let lambda = p.lambda_proj.map(|r| self.weight(r));
+        let mut parts = [
+            (
+                &mut a.q[..n * d.q_width()],
+                self.weight(p.q_proj),
+                d.q_width(),
+            ),
+            (
+                &mut a.k[..n * d.k_width()],
+                self.weight(p.k_proj),
+                d.k_width(),
+            ),
+            (
+                &mut a.v[..n * d.v_width()],
+                self.weight(p.v_proj),
+                d.v_width(),
+            ),
+            (&mut a.lam[..], lambda.unwrap_or((&[][..]).into()), d.h),
+        ];
+        let count = if lambda.is_some() { 4 } else { 3 };
+        let ln1 = &a.ln1[..n * d.c];
+        matmul_forward_each(&mut parts[..count], ln1, n, d.c, self.precision);
+    }
+
+    /// Forward phase 3: RoPE on q and k, then causal attention into o and lse (training, a
+    /// cached decode, or low-bit evaluation).
+    fn attention_forward(&self, a: &mut LayerActs, b: usize, t: usize, attend: Attend) {
+        let (n, d, s) = (b * t, self.d, &self.d.shape);
+        let (q, k, v) = (
+            &mut a.q[..n * d.q_width()],
+            &mut a.k[..n * d.k_width()],
+            &a.v[..n * d.v_width()],
+        );
+        let (o, lse) = (&mut a.o[..n * d.o_width()], &mut a.lse[..b * s.nq * t]);
+        let pos0: &[usize] = match &attend {
+            Attend::Cached(_, pos0) => pos0,
+            Attend::Full | Attend::LowBit(_) => &[0],
+        };
+        rope_forward(q, self.rope, t, s.nq, pos0);
+        rope_forward(k, self.rope, t, s.nk, pos0);
+        match attend {
+            Attend::Full => attention_forward(o, lse, q, k, v, b, t, t, 0, s, self.precision),
+            Attend::LowBit(bits) => quantized_attention_forward(o, q, k, v, b, t, s, bits),
+            Attend::Cached(caches, pos0) => {
+                self.cached_attention(o, lse, (q, k, v), t, caches, pos0)
+            }
+        }
+    }
+
+    /// Each sequence's new rows of k and v appended to its cache at pos0[b], and its queries
+    /// attending to everything the cache holds.
+    fn cached_attention(
+        &self,
+        o: &mut [f32],
+        lse: &mut [f32],
+        (q, k, v): (&[f32], &[f32], &[f32]),
+        t: usize,
+        caches: &mut [KvCache],
+        pos0: &[usize],
+    ) {
+        let (d, s, layer) = (self.d, &self.d.shape, self.index);
+        let (kw, vw, qw, ow) = (d.k_width(), d.v_width(), d.q_width(), d.o_width());
+        for (bi, cache) in caches.iter_mut().enumerate() {
+            let at = pos0[bi];
+            cache.k[layer][at * kw..(at + t) * kw]
+                .copy_from_slice(&k[bi * t * kw..(bi + 1) * t * kw]);
+            cache.v[layer][at * vw..(at + t) * vw]
+                .copy_from_slice(&v[bi * t * vw..(bi + 1) * t * vw]);
+            attention_forward(
+                &mut o[bi * t * ow..(bi + 1) * t * ow],
+                &mut lse[bi * s.nq * t..(bi + 1) * s.nq * t],
+                &q[bi * t * qw..(bi + 1) * t * qw],
+                &cache.k[layer][..(at + t) * kw],
+                &cache.v[layer][..(at + t) * vw],
+                1,
+                t,
+                at + t,
+                at,
+                s,
+                self.precision,
+            );
+        }
+    }
+
+    /// Forward phase 4: the diff kinds' maps combined into comb (and diff_v1's subln into y);
+    /// nothing for standard attention.
+    fn combine_forward(&self, a: &mut LayerActs, n: usize) {
+        let (d, s) = (self.d, &self.d.shape);
+        let o = &a.o[..n * d.o_width()];
+        match d.kind {
+            AttentionKind::Standard => {}
+            AttentionKind::DiffV1 => {
+                let comb = &mut a.comb[..n * d.out];
+                let lambda_init = lambda_init_at(d.lambda_init, self.index);
+                a.lambda_parts = attn::lambda_full(self.lambdas(), lambda_init);
+                attn::diff_combine_forward(comb, o, Lambda::Layer(a.lambda_parts.0), d.h, s.dv);
+                // subln: RMSNorm over each head's 2d outputs, with the fixed (1 − λ_init) scale
+                // as its gain. Ablated (d.subln false), both go: the paper ties the scale to
+                // the norm.
+                if d.subln {
+                    let (y, sub_rstd) = (&mut a.y[..n * d.out], &mut a.sub_rstd[..n * d.h]);
+                    let subln = self.param(self.p.subln.expect("diff_v1 layer has subln"));
+                    let gain = 1.0 - lambda_init;
+                    rmsnorm_forward(y, sub_rstd, comb, None, subln, gain, s.dv, d.eps);
+                }
+            }
+            AttentionKind::DiffV2 => {
+                let lam = &mut a.lam[..n * d.h];
+                lam.iter_mut().for_each(|z| *z = sigmoid(*z));
+                let comb = &mut a.comb[..n * d.out];
+                attn::diff_combine_forward(comb, o, Lambda::PerToken(lam), d.h, s.dv);
+            }
+        }
+    }
+
+    /// Forward phase 7: gate and up of ln2, SwiGLU, down added to the residual stream.
+    fn mlp_forward(&self, x: &mut [f32], a: &mut LayerActs, n: usize) {
+        let (d, p, f) = (self.d, self.p, self.d.f);
+        let (gate, up, hid) = (
+            &mut a.gate[..n * f],
+            &mut a.up[..n * f],
+            &mut a.hid[..n * f],
+        );
+        let ln2 = &a.ln2[..n * d.c];
+        matmul_forward_each(
+            &mut [
+                (&mut *gate, self.weight(p.gate_proj), f),
+                (&mut *up, self.weight(p.up_proj), f),
+            ],
+            ln2,
+            n,
+            d.c,
+            self.precision,
+        );
+        swiglu_forward(hid, gate, up);
+        let down = self.weight(p.down_proj);
+        matmul_forward(x, hid, down, n, f, d.c, true, self.precision);
+    }
+
+    /// Backward phase 7, mirroring `mlp_forward`: dhid from dx through down, SwiGLU's
+    /// backward, then dln from dgate and dup through gate and up.
+    fn mlp_backward(&self, dx: &[f32], g: &mut [f32], sc: &mut Scratch, a: &LayerActs, n: usize) {
+        let (p, c, f) = (self.p, self.d.c, self.d.f);
+        let dhid = &mut sc.dhid[..n * f];
+        self.linear_backward(
+            Grad::Set(dhid),
+            g,
+            p.down_proj,
+            dx,
+            &a.hid[..n * f],
+            n,
+            f,
+            c,
+        );
+        let (dgate, dup) = (&mut sc.dgate[..n * f], &mut sc.dup[..n * f]);
+        swiglu_backward(
+            dgate,
+            dup,
+            &sc.dhid[..n * f],
+            &a.gate[..n * f],
+            &a.up[..n * f],
+        );
+        let (dln, ln2) = (&mut sc.dln[..n * c], &a.ln2[..n * c]);
+        self.linear_backward(Grad::Set(dln), g, p.gate_proj, dgate, ln2, n, c, f);
+        self.linear_backward(Grad::Add(dln), g, p.up_proj, dup, ln2, n, c, f);
+    }
+
+    /// Backward phase 4, mirroring `combine_forward`: the attention's delta and, for the diff
+    /// kinds, the gradient through subln, the combine and λ (diff_v2's λ projection makes the
+    /// first contribution to dln).
+    fn combine_backward<'a>(
+        &self,
+        g: &mut [f32],
+        sc: &mut Scratch,
+        a: &'a LayerActs,
+        n: usize,
+    ) -> Combined<'a> {
+        let (d, s, p) = (self.d, &self.d.shape, self.p);
+        let (o, dattn) = (&a.o[..n * d.o_width()], &sc.dattn[..n * d.out]);
+        let delta = &mut sc.delta[..n * s.nq];
+        let dlam = &mut sc.dlam[..n * d.h];
+        match d.kind {
+            AttentionKind::Standard => {
+                attention_delta(delta, dattn, o, s.nq, s.dv);
+                Combined {
+                    from_dcomb: false,
+                    pairs: None,
+                }
+            }
+            AttentionKind::DiffV1 => {
+                // in the forward pass this was `y = (1 − λ_init) · subln(comb)`
+                if d.subln {
+                    let lambda_init = lambda_init_at(d.lambda_init, self.index);
+                    let sub = p.subln.expect("diff_v1 layer has subln");
+                    let (dcomb, comb) = (&mut sc.dcomb[..n * d.out], &a.comb[..n * d.out]);
+                    let (gain, rstd) = (1.0 - lambda_init, &a.sub_rstd[..n * d.h]);
+                    let g_sub = &mut g[sub.range()];
+                    rmsnorm_backward(
+                        Grad::Set(dcomb),
+                        g_sub,
+                        dattn,
+                        comb,
+                        self.param(sub),
+                        gain,
+                        rstd,
+                        s.dv,
+                    );
+                }
+                // without subln the o_proj input was comb itself
+                let dcomb = if d.subln {
+                    &sc.dcomb[..n * d.out]
+                } else {
+                    dattn
+                };
+                let (lambda, e1, e2) = a.lambda_parts;
+                let lambda = Lambda::Layer(lambda);
+                attn::diff_combine_backward(dlam, delta, dcomb, o, lambda, d.h, s.dv);
+                let dlambda = dlam.iter().map(|&v| v as f64).sum::<f64>() as f32;
+                let ls = p.lambdas.as_ref().expect("diff_v1 layer has lambdas");
+                let [g0, g1, g2, g3] = split4(g, ls);
+                attn::lambda_full_backward([g0, g1, g2, g3], self.lambdas(), e1, e2, dlambda);
+                Combined {
+                    from_dcomb: d.subln,
+                    pairs: Some(lambda),
+                }
+            }
+            AttentionKind::DiffV2 => {
+                let lam = &a.lam[..n * d.h];
+                let lambda = Lambda::PerToken(lam);
+                attn::diff_combine_backward(dlam, delta, dattn, o, lambda, d.h, s.dv);
+                // in the forward pass this was `lam = σ(z)`, so dz = dlam · σ · (1 − σ)
+                dlam.iter_mut()
+                    .zip(lam)
+                    .for_each(|(dl, &l)| *dl *= l * (1.0 - l));
+                let lp = p.lambda_proj.expect("diff_v2 layer has lambda_proj");
+                let (dln, ln1) = (Grad::Set(&mut sc.dln[..n * d.c]), &a.ln1[..n * d.c]);
+                self.linear_backward(dln, g, lp, dlam, ln1, n, d.c, d.h);
+                Combined {
+                    from_dcomb: false,
+                    pairs: Some(lambda),
+                }
+            }
+        }
+    }
+
+    /// Backward phase 3, mirroring `attention_forward`: dq, dk, dv from dO, then RoPE's
+    /// backward on dq and dk.
+    fn attention_backward(
+        &self,
+        sc: &mut Scratch,
+        a: &LayerActs,
+        b: usize,
+        t: usize,
+        combined: Combined,
+    ) {
+        let (n, d, s) = (b * t, self.d, &self.d.shape);
+        let (dq, dk, dv) = (
+            &mut sc.dq[..n * d.q_width()],
+            &mut sc.dk[..n * d.k_width()],
+            &mut sc.dv[..n * d.v_width()],
+        );
+        let (q, k, v) = (
+            &a.q[..n * d.q_width()],
+            &a.k[..n * d.k_width()],
+            &a.v[..n * d.v_width()],
+        );
+        let d_o = match combined.from_dcomb {
+            true => &sc.dcomb[..n * d.out],
+            false => &sc.dattn[..n * d.out],
+        };
+        let (delta, lse) = (&sc.delta[..n * s.nq], &a.lse[..b * s.nq * t]);
+        let pairs = combined.pairs;
+        attention_backward(
+            dq,
+            dk,
+            dv,
+            d_o,
+            q,
+            k,
+            v,
+            delta,
+            lse,
+            b,
+            t,
+            s,
+            pairs,
+            self.precision,
+        );
+        rope_backward(dq, self.rope, t, s.nq, &[0]);
+        rope_backward(dk, self.rope, t, s.nk, &[0]);
+    }
+
+    /// Backward phase 2, mirroring `qkv_forward`: dln from dq, dk and dv (added to diff_v2's
+    /// λ contribution), and the projections' weight gradients.
+    fn qkv_backward(&self, g: &mut [f32], sc: &mut Scratch, a: &LayerActs, n: usize) {
+        let (d, p, c) = (self.d, self.p, self.d.c);
+        let (dln, ln1) = (&mut sc.dln[..n * c], &a.ln1[..n * c]);
+        let dln_q = match d.kind {
+            AttentionKind::DiffV2 => Grad::Add(&mut *dln),
+            _ => Grad::Set(&mut *dln),
+        };
+        let dq = &sc.dq[..n * d.q_width()];
+        self.linear_backward(dln_q, g, p.q_proj, dq, ln1, n, c, d.q_width());
+        let dk = &sc.dk[..n * d.k_width()];
+        self.linear_backward(Grad::Add(dln), g, p.k_proj, dk, ln1, n, c, d.k_width());
+        let dv = &sc.dv[..n * d.v_width()];
+        self.linear_backward(Grad::Add(dln), g, p.v_proj, dv, ln1, n, c, d.v_width());
+    }
+
+    /// The backward of the linear layer whose weight (oc, c) lies at `r` of w: dinp (n, c) =
+    /// (or +=) dout · W, and its gradient at `r` of g accumulates doutᵀ · inp.
+    // matmul_backward's llm.c signature, with the weight's span in the flat buffers
+    #[allow(clippy::too_many_arguments)]
+    fn linear_backward(
+        &self,
+        dinp: Grad,
+        g: &mut [f32],
+        r: Span,
+        dout: &[f32],
+        inp: &[f32],
+        n: usize,
+        c: usize,
+        oc: usize,
+    ) {
+        linear_backward(dinp, g, self.w, r, dout, inp, n, c, oc, self.precision);
+    }
+
+    /// diff_v1's four λ vectors (λq1, λk1, λq2, λk2).
+    fn lambdas(&self) -> [&[f32]; 4] {
+        let ls = self.p.lambdas.as_ref().expect("diff_v1 layer has lambdas");
+        [0, 1, 2, 3].map(|i| self.param(ls[i]))
+    }
 }
 
 /// The backward of the linear layer whose weight (oc, c) lies at `r` of w: dinp (n, c) = (or

@@ -7,8 +7,11 @@
 //! ```
 
 use super::bf16_weights::Bf16Weights;
-use super::block::{block_backward, block_forward, linear_backward, Dims, LayerActs, Scratch};
+use super::block::{
+    block_backward, block_forward, linear_backward, Attend, Dims, Layer, LayerActs, Scratch,
+};
 use super::kv_cache::KvCache;
+use crate::config::params::LayerParams;
 use crate::config::params::ParamLayout;
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
@@ -182,14 +185,34 @@ impl Model {
         Ok(())
     }
 
-    fn run(
+    /// Block `index` as the forward and backward take it.
+    fn layer<'a>(
+        &'a self,
+        index: usize,
+        p: &'a LayerParams,
+        wb: Option<&'a Bf16Weights>,
+        precision: Precision,
+    ) -> Layer<'a> {
+        Layer {
+            w: &self.params,
+            wb,
+            p,
+            d: &self.dims,
+            index,
+            rope: &self.rope,
+            precision,
+        }
+    }
+
+    /// A forward's one-line refusals: a sequence longer than the context, a call that does not
+    /// fit the workspace, a token outside the vocabulary, low-bit attention with a cache.
+    fn check_run(
         &self,
-        ws: &mut Workspace,
+        ws: &Workspace,
         tokens: &[u32],
         b: usize,
         t: usize,
-        mut caches: Option<&mut [KvCache]>,
-        all_logits: bool,
+        cached: bool,
     ) -> Result<()> {
         let c = &self.config;
         if t > c.max_position_embeddings {
@@ -212,11 +235,26 @@ impl Model {
                 c.vocab_size
             )));
         }
-        if caches.is_some() && ws.logit_bits.is_some() {
+        if cached && ws.logit_bits.is_some() {
             return Err(Error::Invalid(
                 "low-bit attention is evaluation-only and runs without a KV cache".into(),
             ));
         }
+        Ok(())
+    }
+
+    fn run(
+        &self,
+        ws: &mut Workspace,
+        tokens: &[u32],
+        b: usize,
+        t: usize,
+        mut caches: Option<&mut [KvCache]>,
+        all_logits: bool,
+    ) -> Result<()> {
+        // 1. The call fits the model and the workspace
+        self.check_run(ws, tokens, b, t, caches.is_some())?;
+        let c = &self.config;
         let (n, dm, v) = (b * t, c.hidden_size, c.vocab_size);
         let w = &self.params;
         // Only a cached forward (inference) reads the bf16 copies; they were taken from this model.
@@ -225,6 +263,7 @@ impl Model {
             .as_ref()
             .filter(|b| caches.is_some() && b.fits(w.len()));
         let (bits, precision) = (ws.logit_bits, ws.precision);
+        // 2. Embedding, at each sequence's next position (its cache's length)
         ws.cur = (b, t);
         ws.tokens[..n].copy_from_slice(tokens);
         if let Some(caches) = caches.as_deref() {
@@ -234,22 +273,14 @@ impl Model {
         }
         let x = &mut ws.x[..n * dm];
         embedding_forward(x, tokens, &w[self.layout.embed_tokens.range()], dm);
+        // 3. The blocks, each attending in full, through the caches, or with low-bit logits
         for (l, (acts, p)) in ws.layers.iter_mut().zip(&self.layout.layers).enumerate() {
-            let cache = caches.as_deref_mut().map(|cs| (cs, &ws.positions[..b]));
-            block_forward(
-                x,
-                acts,
-                (w, wb),
-                p,
-                &self.dims,
-                l,
-                &self.rope,
-                b,
-                t,
-                cache,
-                bits,
-                precision,
-            );
+            let attend = match (caches.as_deref_mut(), bits) {
+                (Some(cs), _) => Attend::Cached(cs, &ws.positions[..b]),
+                (None, Some(bits)) => Attend::LowBit(bits),
+                (None, None) => Attend::Full,
+            };
+            block_forward(x, acts, &self.layer(l, p, wb, precision), b, t, attend);
             if ws.keep_hidden {
                 ws.hidden[l][..n * dm].copy_from_slice(x);
             }
@@ -257,7 +288,7 @@ impl Model {
         if let Some(caches) = caches {
             caches.iter_mut().for_each(|c| c.len += t);
         }
-        // The final norm and lm_head run on every position, or on each sequence's last one.
+        // 4. The final norm and lm_head, on every position or on each sequence's last one
         let (rows, xin): (usize, &[f32]) = if all_logits {
             (n, x)
         } else {
@@ -381,14 +412,9 @@ impl Model {
                 grads,
                 &mut ws.scratch,
                 acts,
-                w,
-                p,
-                &self.dims,
-                l,
-                &self.rope,
+                &self.layer(l, p, None, precision),
                 b,
                 t,
-                precision,
             );
         }
         embedding_backward(
