@@ -755,3 +755,102 @@ fn training_text_a_tokenizer_cannot_represent_is_refused_and_not_cached() {
     assert!(left.is_empty(), "a refused text left {:?}", left[0].path());
     assert!(!out.exists());
 }
+
+/// Fine-tuning: `--init-from` starts from a model's weights (at learning rate 0 they stay bit
+/// for bit as they were, through a resume too), takes its config and tokenizer, and refuses
+/// flags that would give another model.
+#[test]
+fn init_from_starts_from_the_models_weights_and_refuses_another_shape() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (model, run) = (tmp.path().join("m"), tmp.path().join("r"));
+    let data = tmp.path().join("demo.txt");
+    std::fs::write(&data, DEMO).unwrap();
+    ok(&difftx(&[
+        "init",
+        "--attention",
+        "standard",
+        "--out",
+        s(&model),
+    ]));
+    let lr0 = [
+        "--lr",
+        "0",
+        "--min-lr",
+        "0",
+        "--batch",
+        "2",
+        "--eval-every",
+        "3",
+    ];
+    let mut args = vec!["train", "--init-from", s(&model), "--data", s(&data)];
+    args.extend(lr0);
+    args.extend(["--steps", "3", "--out", s(&run)]);
+    let err = ok(&difftx(&args));
+    assert!(
+        err.contains("fine-tuning") && err.contains("starting from the weights"),
+        "{err}"
+    );
+    let original = std::fs::read(model.join("model.safetensors")).unwrap();
+    let step3 = run.join("checkpoints/step-00000003/model.safetensors");
+    assert!(
+        std::fs::read(step3).unwrap() == original,
+        "weights moved at lr 0"
+    );
+    // a resumed fine-tuning run keeps its model and its start
+    ok(&difftx(&[
+        "train",
+        "--resume",
+        "--extend-steps",
+        "2",
+        "--out",
+        s(&run),
+    ]));
+    let step5 = run.join("checkpoints/step-00000005/model.safetensors");
+    assert!(
+        std::fs::read(step5).unwrap() == original,
+        "weights moved at lr 0"
+    );
+    // flags that contradict the model, each one line naming both values
+    let refused: [(&[&str], &[&str]); 4] = [
+        (
+            &["--hidden-size", "999"],
+            &["--hidden-size 999", "hidden_size is 128"],
+        ),
+        (
+            &["--attention", "diff_v1"],
+            &["--attention diff_v1", "retrofit"],
+        ),
+        (&["--preset", "small"], &["--preset small", "--init-from"]),
+        (
+            &["--tokenizer", "/nonexistent/tokenizer.json"],
+            &["/nonexistent/tokenizer.json"],
+        ),
+    ];
+    for (i, (flags, needles)) in refused.iter().enumerate() {
+        let out = tmp.path().join(format!("bad{i}"));
+        let mut args = vec!["train", "--init-from", s(&model), "--data", s(&data)];
+        args.extend(*flags);
+        args.extend(["--out", s(&out)]);
+        fails_with(&difftx(&args), needles);
+        assert!(!out.join("checkpoints").exists(), "{flags:?} wrote a run");
+    }
+    // a Hugging Face Llama directory brings its tokenizer.json along
+    let hf = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf/llama_gqa");
+    let out = tmp.path().join("hf");
+    let args = [
+        "train",
+        "--init-from",
+        s(&hf),
+        "--data",
+        s(&data),
+        "--steps",
+        "2",
+    ];
+    ok(&difftx(
+        &[&args[..], &["--batch", "2", "--out", s(&out)]].concat(),
+    ));
+    let run_json: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("run.json")).unwrap()).unwrap();
+    let tok = run_json["run"]["tokenizer"].as_str().unwrap();
+    assert!(tok.ends_with("llama_gqa/tokenizer.json"), "{tok}");
+}

@@ -110,13 +110,29 @@ pub fn run(a: TrainArgs, precision: difftx::kernels::Precision) -> Result<()> {
         eprintln!("{name}: {n}");
     }
     let m = &run.model;
+    // a preset's model says how the kinds match; a model fine-tuned says where it came from
+    let origin = match &run.init_from {
+        Some(dir) => format!(
+            "fine-tuning {}: {}{}",
+            dir.display(),
+            m.attention,
+            ablations(m)
+        ),
+        None => format!(
+            "{} {}{} — {} parameters (matched at these settings: {})",
+            run.preset.as_str(),
+            m.attention,
+            ablations(m),
+            thousands(m.num_params()),
+            matched_counts(&opts, tok.vocab_size())
+        ),
+    };
+    let params = match &run.init_from {
+        Some(_) => format!(", {} parameters", thousands(m.num_params())),
+        None => String::new(),
+    };
     eprintln!(
-        "{name}: {} {}{} — {} parameters (matched at these settings: {}); D {} L {} heads {}/{} d {} context {}, vocab {}",
-        run.preset.as_str(),
-        m.attention,
-        ablations(m),
-        thousands(m.num_params()),
-        matched_counts(&opts, tok.vocab_size()),
+        "{name}: {origin}{params}; D {} L {} heads {}/{} d {} context {}, vocab {}",
         m.hidden_size,
         m.num_hidden_layers,
         m.num_attention_heads,

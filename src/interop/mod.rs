@@ -2,6 +2,7 @@
 
 pub mod hf;
 
+use crate::config::ModelConfig;
 use crate::error::Result;
 use crate::model::checkpoint::read_config;
 use crate::model::Model;
@@ -15,5 +16,14 @@ pub fn load(dir: &Path) -> Result<Model> {
     match json.get("model_type").and_then(|v| v.as_str()) {
         Some("llama" | "diffllama") => hf::load(dir, &json),
         _ => Model::load_native(dir, &cpath, &json),
+    }
+}
+
+/// The config of a model directory of either kind, without reading its weights.
+pub fn load_config(dir: &Path) -> Result<ModelConfig> {
+    let (cpath, json) = read_config(dir)?;
+    match json.get("model_type").and_then(|v| v.as_str()) {
+        Some("llama" | "diffllama") => hf::config_from_hf(&json, &cpath),
+        _ => ModelConfig::from_json(&json, &cpath),
     }
 }

@@ -3,6 +3,7 @@
 
 pub mod checkpoint;
 pub mod in_memory;
+pub mod init_from;
 pub mod metrics;
 pub mod options;
 pub mod schedule;

@@ -36,6 +36,12 @@ pub struct TrainOptions {
     pub tokenizer: Option<PathBuf>,
 
     // ---- model ----
+    /// Start from this model's weights (fine-tuning): a native or Hugging Face model
+    /// directory, or a training run folder (its newest checkpoint). Its config and tokenizer
+    /// come with it; model flags may repeat its values but not change them, except --context,
+    /// the length of the windows trained on.
+    #[cfg_attr(feature = "cli", arg(long, value_name = "DIR"))]
+    pub init_from: Option<PathBuf>,
     /// Model size: tiny, small, bench or medium (`difftx presets` lists the parameter counts)
     /// [default: tiny].
     #[cfg_attr(feature = "cli", arg(long))]
@@ -183,6 +189,8 @@ pub struct RunConfig {
     pub train: TrainConfig,
     pub data: DataSpec,
     pub tokenizer: Option<PathBuf>,
+    /// the model directory whose weights the run started from (`--init-from`)
+    pub init_from: Option<PathBuf>,
 }
 
 /// `v` as JSON whose f32 fields read as written (0.9, not 0.8999999761581421): serialised to
@@ -333,6 +341,7 @@ impl TrainOptions {
                 val_fraction: self.val_fraction.unwrap_or(0.01),
             },
             tokenizer: self.tokenizer.clone(),
+            init_from: self.init_from.clone(),
         })
     }
 }
@@ -413,6 +422,7 @@ impl RunConfig {
             val_data: self.data.val_data.clone(),
             val_fraction: Some(self.data.val_fraction),
             tokenizer: self.tokenizer.clone(),
+            init_from: self.init_from.clone(),
             preset: Some(self.preset.as_str().into()),
             attention: Some(m.attention.as_str().into()),
             hidden_size: Some(m.hidden_size),
@@ -541,6 +551,7 @@ impl RunConfig {
             "train": shortest_json(&self.train),
             "data": self.data,
             "tokenizer": self.tokenizer,
+            "init_from": self.init_from,
         })
     }
 
@@ -562,12 +573,21 @@ impl RunConfig {
             .map_err(|e| err(format!("key `data`: {e}")))?;
         let tokenizer = serde_json::from_value(field("tokenizer")?.clone())
             .map_err(|e| err(format!("key `tokenizer`: {e}")))?;
+        // runs recorded before --init-from existed started from scratch
+        let init_from = match v.get("init_from") {
+            None | Some(Value::Null) => None,
+            Some(x) => Some(
+                serde_json::from_value(x.clone())
+                    .map_err(|e| err(format!("key `init_from`: {e}")))?,
+            ),
+        };
         Ok(RunConfig {
             preset,
             model,
             train,
             data,
             tokenizer,
+            init_from,
         })
     }
 }

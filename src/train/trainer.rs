@@ -228,11 +228,26 @@ pub fn prepare_run(
         ),
         None => (opts.clone(), opts.clone()),
     };
+    // A run that starts from a model (`--init-from`) takes its config and tokenizer from it;
+    // resumed, from what it recorded.
+    let (opts, base) = match (&recorded, &opts.init_from) {
+        (None, Some(from)) => {
+            let (o, config, _) = super::init_from::options_from_model(&opts, from)?;
+            (o, Some(config))
+        }
+        (Some(r), Some(_)) => (opts, r.init_from.as_ref().map(|_| r.model.clone())),
+        _ => (opts, None),
+    };
     let tokenizer = match &opts.tokenizer {
         Some(p) => Tokenizer::from_file(p)?,
         None => Tokenizer::Bytes,
     };
-    let run = opts.resolve(tokenizer.vocab_size())?;
+    let mut run = opts.resolve(tokenizer.vocab_size())?;
+    if let Some(mut base) = base {
+        // the model's config whole (keys difftx does not read included), at the run's context
+        base.max_position_embeddings = run.model.max_position_embeddings;
+        run.model = base;
+    }
     if let Some(r) = &recorded {
         run.check_resumes(r, out)?;
     }
@@ -378,7 +393,13 @@ fn start_or_resume(
         observer.note(n);
     }
     let Some(r) = restored else {
-        let model = Model::init(run.model.clone(), tc.seed)?;
+        let model = match &run.init_from {
+            Some(dir) => {
+                observer.note(&format!("starting from the weights of {}", dir.display()));
+                super::init_from::start_from(dir, &run.model)?
+            }
+            None => Model::init(run.model.clone(), tc.seed)?,
+        };
         let opt = Optimizer::new(&model, hp, tc.clip);
         let sampler = WindowSampler::new(tc.seed ^ 0x5eed_da7a);
         return Ok(RunState {
