@@ -51,6 +51,9 @@ enum Cmd {
     Export(cli::export::ExportArgs),
     /// Create a model directory with freshly initialised weights from a preset.
     Init(cli::init::InitArgs),
+    /// Turn a standard (Llama) model into diff_v2 (exactly: the same logits) or diff_v1 (near
+    /// it), to fine-tune with `train --init-from`.
+    Retrofit(cli::retrofit::RetrofitArgs),
     /// Benchmarks (speed and memory); compare with bench/pytorch_reference.py.
     #[command(subcommand)]
     Bench(cli::bench::BenchCmd),
@@ -98,6 +101,7 @@ fn try_main(cli: Cli) -> Result<()> {
         Cmd::AttentionMap(a) => cli::attention_map::run(a, precision),
         Cmd::Export(a) => cli::export::run(a),
         Cmd::Init(a) => cli::init::run(a),
+        Cmd::Retrofit(a) => cli::retrofit::run(a, precision),
         Cmd::Bench(c) => cli::bench::run(c, precision),
         Cmd::Presets => {
             cli::presets::run();

@@ -854,3 +854,49 @@ fn init_from_starts_from_the_models_weights_and_refuses_another_shape() {
     let tok = run_json["run"]["tokenizer"].as_str().unwrap();
     assert!(tok.ends_with("llama_gqa/tokenizer.json"), "{tok}");
 }
+
+/// `retrofit`: a standard model into diff_v2 at no loss gap, then fine-tuned with
+/// `--init-from`; a diff model is refused in one line.
+#[test]
+fn retrofit_to_diff_v2_keeps_the_loss_and_fine_tunes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (model, retro) = (tmp.path().join("m"), tmp.path().join("retro"));
+    let data = tmp.path().join("demo.txt");
+    std::fs::write(&data, DEMO).unwrap();
+    ok(&difftx(&[
+        "init",
+        "--attention",
+        "standard",
+        "--out",
+        s(&model),
+    ]));
+    let args = ["retrofit", "--model", s(&model), "--attention", "diff_v2"];
+    let err = ok(&difftx(
+        &[&args[..], &["--data", s(&data), "--out", s(&retro)]].concat(),
+    ));
+    assert!(err.contains("(gap +0.0000)"), "{err}");
+    let again = tmp.path().join("again");
+    let args = ["retrofit", "--model", s(&retro), "--attention", "diff_v1"];
+    fails_with(
+        &difftx(&[&args[..], &["--out", s(&again)]].concat()),
+        &["already diff_v2"],
+    );
+    assert!(!again.exists());
+    let run = tmp.path().join("run");
+    let args = [
+        "train",
+        "--init-from",
+        s(&retro),
+        "--data",
+        s(&data),
+        "--steps",
+        "2",
+    ];
+    let err = ok(&difftx(
+        &[&args[..], &["--batch", "2", "--out", s(&run)]].concat(),
+    ));
+    assert!(
+        err.contains("fine-tuning") && err.contains("diff_v2"),
+        "{err}"
+    );
+}

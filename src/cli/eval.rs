@@ -4,7 +4,7 @@ use super::progress::progress;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use difftx::data::Tokenizer;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 #[derive(Args)]
 pub struct EvalArgs {
@@ -27,20 +27,7 @@ pub struct EvalArgs {
 pub fn run(a: EvalArgs, precision: difftx::kernels::Precision) -> Result<()> {
     let (model, dir) = super::load_model(&a.model, precision)?;
     let tok = Tokenizer::for_model(&dir, &model.config)?;
-    let text = std::fs::read(&a.data).with_context(|| format!("{}", a.data.display()))?;
-    let text = String::from_utf8(text)
-        .map_err(|e| anyhow::anyhow!("{}: not UTF-8 text ({e})", a.data.display()))?;
-    let (ids, warning) = tok.encode_checked(&text, &a.data)?;
-    if let Some(w) = warning {
-        eprintln!("{w}");
-    }
-    if ids.len() < 2 {
-        bail!(
-            "{}: {} token(s) after tokenization; need at least 2 to score a next token",
-            a.data.display(),
-            ids.len()
-        );
-    }
+    let (text, ids) = scored_text(&a.data, &tok)?;
     let pb = progress(0, "eval");
     let r = difftx::infer::evaluate_loss(&model, &ids, a.batch, |done, total| {
         pb.set_length(total as u64);
@@ -67,4 +54,25 @@ pub fn run(a: EvalArgs, precision: difftx::kernels::Precision) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// A text file to score and its tokens under `tok`: one line for a file that cannot be read,
+/// is not UTF-8 or holds fewer than two tokens; the tokenizer's coverage warning, if any, on
+/// stderr.
+pub(crate) fn scored_text(path: &Path, tok: &Tokenizer) -> Result<(String, Vec<u32>)> {
+    let text = std::fs::read(path).with_context(|| format!("{}", path.display()))?;
+    let text = String::from_utf8(text)
+        .map_err(|e| anyhow::anyhow!("{}: not UTF-8 text ({e})", path.display()))?;
+    let (ids, warning) = tok.encode_checked(&text, path)?;
+    if let Some(w) = warning {
+        eprintln!("{w}");
+    }
+    if ids.len() < 2 {
+        bail!(
+            "{}: {} token(s) after tokenization; need at least 2 to score a next token",
+            path.display(),
+            ids.len()
+        );
+    }
+    Ok((text, ids))
 }

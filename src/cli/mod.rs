@@ -12,6 +12,7 @@ pub mod plot;
 pub mod presets;
 pub mod progress;
 pub mod repro;
+pub mod retrofit;
 pub mod tokenizer;
 pub mod train;
 
