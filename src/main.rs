@@ -27,7 +27,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Cmd {
     /// Quick demo: train a tiny diff_v1 model and its matched standard baseline on the built-in
-    /// text (about 25 s on 2 cores once built), compare their validation losses and plot both.
+    /// text (about 22 s on 2 cores once built), compare their validation losses and plot both.
     Demo(cli::demo::DemoArgs),
     /// Train a model on your text, with checkpoints that survive crashes and resume exactly.
     Train(Box<cli::train::TrainArgs>),

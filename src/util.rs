@@ -1,4 +1,5 @@
-//! Small helpers every layer may use: atomic file writes, a stable hash, digit grouping.
+//! Small helpers every layer may use: atomic file writes, a stable hash, digit grouping, the
+//! NumPy .npy format.
 //! Nothing here knows about models, data or training.
 
 use crate::error::{Error, Result};
@@ -44,9 +45,63 @@ pub fn thousands(n: usize) -> String {
     out
 }
 
+/// `data` (row-major, C order) of the given shape as a NumPy .npy file, format 1.0: the magic
+/// `\x93NUMPY`, version 1.0, the header length (u16, little-endian), a Python dict literal
+/// `{'descr': '<f4', 'fortran_order': False, 'shape': (…), }` padded with spaces and ended by
+/// a newline so the data starts at a multiple of 64 bytes, then the values as little-endian
+/// f32. `numpy.load` reads it.
+pub fn npy_f32(shape: &[usize], data: &[f32]) -> Vec<u8> {
+    debug_assert_eq!(shape.iter().product::<usize>(), data.len());
+    let dims: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
+    let tuple = match dims.len() {
+        1 => format!("({},)", dims[0]),
+        _ => format!("({})", dims.join(", ")),
+    };
+    let mut header = format!("{{'descr': '<f4', 'fortran_order': False, 'shape': {tuple}, }}");
+    // magic (6) + version (2) + length (2) + header + newline, to a multiple of 64
+    while (10 + header.len() + 1) % 64 != 0 {
+        header.push(' ');
+    }
+    header.push('\n');
+    let mut out = Vec::with_capacity(10 + header.len() + 4 * data.len());
+    out.extend_from_slice(b"\x93NUMPY\x01\x00");
+    out.extend_from_slice(&(header.len() as u16).to_le_bytes());
+    out.extend_from_slice(header.as_bytes());
+    for v in data {
+        out.extend_from_slice(&v.to_le_bytes());
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn npy_has_the_magic_a_padded_header_and_little_endian_values() {
+        let b = npy_f32(&[2, 3], &[0.0, 1.0, 2.0, 3.0, 4.0, 5.5]);
+        assert_eq!(&b[..8], b"\x93NUMPY\x01\x00");
+        let hlen = u16::from_le_bytes([b[8], b[9]]) as usize;
+        assert_eq!((10 + hlen) % 64, 0);
+        let header = std::str::from_utf8(&b[10..10 + hlen]).unwrap();
+        assert_eq!(
+            header.trim_end(),
+            "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }"
+        );
+        assert!(header.ends_with('\n'));
+        let data = &b[10 + hlen..];
+        assert_eq!(data.len(), 24);
+        assert_eq!(&data[20..24], &5.5f32.to_le_bytes());
+        assert_eq!(&data[20..24], &[0x00, 0x00, 0xb0, 0x40]);
+        // a one-dimensional shape is written as a one-element tuple
+        let one = npy_f32(&[1], &[1.0]);
+        assert!(std::str::from_utf8(&one[10..74])
+            .unwrap()
+            .contains("'shape': (1,)"));
+        // the fixture written by scripts/npy_fixture.py with numpy.save
+        let fixture = include_bytes!("../tests/fixtures/npy_2x3.npy");
+        assert_eq!(&b[..], &fixture[..]);
+    }
 
     #[test]
     fn thousands_groups_digits() {

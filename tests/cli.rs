@@ -850,3 +850,26 @@ fn generate_json_gives_one_object_per_prompt_and_a_batch_has_separators() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.starts_with("prefill: "), "{err}");
 }
+
+#[test]
+fn readme_and_help_give_the_same_timings() {
+    let readme = include_str!("../README.md").replace('\n', " ");
+    let help = |args: &[&str]| String::from_utf8_lossy(&difftx(args).stdout).replace('\n', " ");
+    let (top, repro) = (help(&["--help"]), help(&["repro", "--help"]));
+    let demo = help(&["demo", "--help"]);
+    // the demo: 22 s to train both models
+    assert!(readme.contains("22 s to train both models"), "README");
+    assert!(demo.contains("about 22 s on 2 cores"), "{demo}");
+    assert!(top.contains("about 22 s on 2 cores"), "{top}");
+    // the smoke run and the full run
+    for phrase in [
+        "smoke run, about 15 s on 2 cores",
+        "about 35 min on 2 cores",
+    ] {
+        assert!(readme.contains(phrase), "README lacks {phrase}");
+        assert!(
+            repro.contains(phrase),
+            "repro --help lacks {phrase}: {repro}"
+        );
+    }
+}

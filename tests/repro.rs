@@ -236,3 +236,96 @@ fn attention_map_draws_a_png_and_names_bad_input_in_one_line() {
         );
     }
 }
+
+/// The shape in a .npy file's header, checking the magic and the float32 dtype on the way.
+fn npy_shape(bytes: &[u8]) -> Vec<usize> {
+    assert_eq!(&bytes[..8], b"\x93NUMPY\x01\x00");
+    let n = u16::from_le_bytes([bytes[8], bytes[9]]) as usize;
+    let header = std::str::from_utf8(&bytes[10..10 + n]).unwrap();
+    assert!(header.contains("'descr': '<f4'"), "{header}");
+    let tuple = header.split("'shape': (").nth(1).unwrap();
+    let tuple = &tuple[..tuple.find(')').unwrap()];
+    let shape: Vec<usize> = tuple
+        .split(',')
+        .filter(|s| !s.trim().is_empty())
+        .map(|s| s.trim().parse().unwrap())
+        .collect();
+    let count: usize = shape.iter().product();
+    assert_eq!(bytes.len(), 10 + n + 4 * count, "{header}");
+    shape
+}
+
+#[test]
+fn attention_map_dumps_npy_and_draws_every_head_of_a_layer() {
+    let tmp = tempfile::tempdir().unwrap();
+    let prompt = "oslo 123";
+    for (kind, maps) in [("diff_v1", 3), ("standard", 1)] {
+        let model = tmp.path().join(kind);
+        let o = difftx(&[
+            "init",
+            "--attention",
+            kind,
+            "--out",
+            model.to_str().unwrap(),
+        ]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let config: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(model.join("config.json")).unwrap())
+                .unwrap();
+        let heads = config["num_attention_heads"].as_u64().unwrap() as usize;
+        let (png, npy) = (tmp.path().join("all.png"), tmp.path().join("all.npy"));
+        let m = model.to_str().unwrap();
+        let base = [
+            "attention-map",
+            "--model",
+            m,
+            "--prompt",
+            prompt,
+            "--layer",
+            "0",
+        ];
+        let mut args = base.to_vec();
+        args.extend(["--all-heads", "--out", png.to_str().unwrap()]);
+        args.extend(["--dump", npy.to_str().unwrap()]);
+        let o = difftx(&args);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        assert_eq!(&std::fs::read(&png).unwrap()[1..4], b"PNG");
+        let bytes = std::fs::read(&npy).unwrap();
+        assert_eq!(npy_shape(&bytes), vec![heads, maps, 8, 8]);
+        // row 0 of A (or A1) of head 0 is all on key 0: 1.0, then zeros
+        let hlen = 10 + u16::from_le_bytes([bytes[8], bytes[9]]) as usize;
+        let first = f32::from_le_bytes(bytes[hlen..hlen + 4].try_into().unwrap());
+        assert!((first - 1.0).abs() < 1e-6, "{first}");
+        // one head: shape (1, maps, T, T)
+        let mut args = base.to_vec();
+        args.extend(["--head", "1", "--out", png.to_str().unwrap()]);
+        args.extend(["--dump", npy.to_str().unwrap()]);
+        let o = difftx(&args);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        assert_eq!(
+            npy_shape(&std::fs::read(&npy).unwrap()),
+            vec![1, maps, 8, 8]
+        );
+    }
+    // an unknown dump format is one line naming the file
+    let m = tmp.path().join("standard");
+    let o = difftx(&[
+        "attention-map",
+        "--model",
+        m.to_str().unwrap(),
+        "--prompt",
+        prompt,
+        "--layer",
+        "0",
+        "--head",
+        "0",
+        "--out",
+        "/dev/null",
+        "--dump",
+        "maps.txt",
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(err.contains("maps.txt") && err.contains(".npy"), "{err}");
+}

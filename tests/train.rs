@@ -527,6 +527,23 @@ fn plot_overlays_several_runs_into_one_png() {
         err.contains("byte-level") && err.contains("tok.json"),
         "{err}"
     );
+    // bits per byte: byte-level runs convert, and steps and tokens both work as the x axis;
+    // a tokenizer run does not record its bytes per token and is refused in one line
+    let err = ok(&difftx(&[
+        "plot",
+        s(&a),
+        s(&b),
+        "--bits-per-byte",
+        "--x-axis",
+        "tokens",
+        "--out",
+        s(&png),
+    ]));
+    assert!(!err.contains("warning"), "{err}");
+    fails_with(
+        &difftx(&["plot", s(&a), s(&c), "--bits-per-byte", "--out", s(&png)]),
+        &["tok.json", "bytes per token", "bits per byte"],
+    );
     fails_with(
         &difftx(&["plot", s(&a), "/nonexistent/run", "--out", s(&png)]),
         &["/nonexistent/run/metrics.jsonl"],

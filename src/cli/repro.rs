@@ -8,7 +8,7 @@ use std::path::PathBuf;
 #[command(after_help = "Examples:
   difftx repro --quick --out runs/repro-quick      (smoke run, about 15 s on 2 cores)
   difftx repro --dry-run --out runs/repro          (print what the full run will do)
-  difftx repro --out runs/repro                    (full run: 3 kinds × 3 seeds, about 50 min)")]
+  difftx repro --out runs/repro                    (full run: 3 kinds × 3 seeds, about 35 min on 2 cores)")]
 pub struct ReproArgs {
     /// Smoke run: tiny models, few steps, two context lengths; CI runs it.
     #[arg(long)]

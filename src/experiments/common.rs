@@ -61,11 +61,19 @@ pub fn mean_std(v: &[f64]) -> (f64, Option<f64>) {
     (mean, Some(var.sqrt()))
 }
 
-/// "0.512 ± 0.031", or "0.512" for a single seed.
+/// "0.512 ± 0.031", or "0.512" for a single seed. Numbers of a million or more are written
+/// in scientific notation ("9.609e17 ± 1.664e18"), never as eighteen digits of false detail.
 pub fn fmt_ms(v: &[f64], digits: usize) -> String {
+    let f = |x: f64| {
+        if x.abs() >= 1e6 {
+            format!("{x:.digits$e}")
+        } else {
+            format!("{x:.digits$}")
+        }
+    };
     match mean_std(v) {
-        (m, Some(s)) => format!("{m:.digits$} ± {s:.digits$}"),
-        (m, None) => format!("{m:.digits$}"),
+        (m, Some(s)) => format!("{} ± {}", f(m), f(s)),
+        (m, None) => f(m),
     }
 }
 
@@ -154,6 +162,14 @@ pub(crate) fn forward_prompts<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn mean_and_spread_print_huge_numbers_in_scientific_notation() {
+        assert_eq!(fmt_ms(&[0.5, 0.6], 3), "0.550 ± 0.071");
+        assert_eq!(fmt_ms(&[2.0], 1), "2.0");
+        let s = fmt_ms(&[2.88e18, 0.5, 0.7], 3);
+        assert_eq!(s, "9.600e17 ± 1.663e18");
+    }
 
     #[test]
     fn every_section_the_report_points_to_is_in_the_notes() {

@@ -6,7 +6,7 @@ use crate::config::AttentionKind;
 use crate::data::Dataset;
 use crate::error::{Error, Result};
 use crate::kernels::Precision;
-use crate::report::plot::{plot_runs, Series};
+use crate::report::plot::{plot_runs, LossAxes, Series};
 use crate::train::metrics::loss_series;
 use crate::train::metrics::{read_metrics, METRICS_FILE};
 use crate::train::trainer::RUN_FILE;
@@ -109,11 +109,11 @@ pub fn run_demo(
         })
         .collect();
     let plot = out.join("loss.png");
-    plot_runs(
-        &series,
-        "difftx demo: tiny preset on the GPL v3 text (bytes)",
-        &plot,
-    )?;
+    let axes = LossAxes {
+        y_label: "loss (nats per byte)",
+        ..LossAxes::steps("difftx demo: tiny preset on the GPL v3 text (bytes)")
+    };
+    plot_runs(&series, &axes, &plot)?;
     Ok((runs, plot))
 }
 

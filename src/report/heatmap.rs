@@ -5,6 +5,7 @@ use super::plot::{register, FAMILY};
 use crate::error::{Error, Result};
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
+use plotters::style::FontTransform;
 use std::path::Path;
 
 /// One panel: a title and values[row][col] in [0, 1].
@@ -130,77 +131,202 @@ pub struct MapPanel {
     pub signed: bool,
 }
 
-/// Draws attention maps side by side, each scaled to its own largest |value| (printed under
-/// it); rows are query positions, columns key positions.
-pub fn plot_attention_maps(panels: &[MapPanel], title: &str, out: &Path) -> Result<()> {
+/// How the maps are laid out: title lines above everything, the prompt's tokens (one label
+/// per position, see [`token_label`]), panels per row and each map's side in pixels.
+pub struct MapLayout<'a> {
+    pub title: &'a [String],
+    pub tokens: &'a [String],
+    pub cols: usize,
+    pub side: i32,
+}
+
+/// A token as an axis label: spaces as ␣, newlines as ↵, tabs as →, other control bytes as
+/// \xNN, at most 10 characters (longer ones end in …).
+pub fn token_label(tok: &str) -> String {
+    let mut s = String::new();
+    for c in tok.chars() {
+        match c {
+            ' ' => s.push('␣'),
+            '\n' => s.push('↵'),
+            '\t' => s.push('→'),
+            c if c.is_control() => s.push_str(&format!("\\x{:02x}", c as u32)),
+            c => s.push(c),
+        }
+    }
+    if s.chars().count() > 10 {
+        s = s.chars().take(9).collect::<String>() + "…";
+    }
+    s
+}
+
+/// Label every `stride`-th position so that neighbouring labels are at least `min_px` apart
+/// on a map of `side` pixels and `t` positions.
+pub fn label_stride(t: usize, side: i32, min_px: i32) -> usize {
+    let cell = side as f64 / t.max(1) as f64;
+    ((min_px as f64 / cell).ceil() as usize).max(1)
+}
+
+/// The colour of a value scaled to [-1, 1]: blue for positive, red for negative (signed maps).
+fn map_color(v: f64, signed: bool) -> RGBColor {
+    if v < 0.0 && signed {
+        shade_negative(-v)
+    } else {
+        shade(v)
+    }
+}
+
+// Pixels around each map: token labels left and below, the colour bar and its numbers right.
+const MAP_LEFT: i32 = 96;
+const MAP_TOP: i32 = 34;
+const MAP_BOTTOM: i32 = 72;
+const MAP_RIGHT: i32 = 96;
+const TITLE_LINE: i32 = 28;
+
+/// Draws attention maps in a grid, each scaled to its own largest |value|, with the prompt's
+/// tokens along both axes (rows: queries, columns: keys) and a colour bar giving the scale.
+pub fn plot_attention_maps(panels: &[MapPanel], layout: &MapLayout, out: &Path) -> Result<()> {
     register()?;
     let err = |e: String| Error::Data {
         path: out.to_path_buf(),
         msg: format!("cannot draw the attention map ({e})"),
     };
-    if panels.is_empty()
-        || panels
-            .iter()
-            .any(|p| p.t == 0 || p.values.len() != p.t * p.t)
-    {
+    let t = panels.first().map_or(0, |p| p.t);
+    if t == 0 || panels.iter().any(|p| p.t != t || p.values.len() != t * t) {
         return Err(err("no T×T map to draw".into()));
     }
-    let (side, pad, top, bottom) = (420i32, 30i32, 70i32, 50i32);
-    let width = (panels.len() as i32 * (side + 2 * pad)) as u32;
+    // 1. The canvas: title lines, then rows of panels.
+    let side = layout.side;
+    let (pw, ph) = (MAP_LEFT + side + MAP_RIGHT, MAP_TOP + side + MAP_BOTTOM);
+    let cols = layout.cols.clamp(1, panels.len());
+    let rows = panels.len().div_ceil(cols) as i32;
+    let head = 12 + TITLE_LINE * layout.title.len() as i32;
+    let width = pw * cols as i32;
     let root =
-        BitMapBackend::new(out, (width, (top + side + bottom + 30) as u32)).into_drawing_area();
+        BitMapBackend::new(out, (width as u32, (head + rows * ph) as u32)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| err(e.to_string()))?;
-    let root = root
-        .titled(title, (FAMILY, 22))
-        .map_err(|e| err(e.to_string()))?;
-    let center =
-        TextStyle::from((FAMILY, 16).into_font()).pos(Pos::new(HPos::Center, VPos::Center));
-    for (pi, p) in panels.iter().enumerate() {
-        let x0 = pi as i32 * (side + 2 * pad) + pad;
-        let t = p.t;
-        let scale = p.values.iter().fold(0f64, |m, &v| m.max(v.abs()));
-        let scale = if scale > 0.0 { scale } else { 1.0 };
-        let edge = |i: usize| (i as f64 * side as f64 / t as f64).round() as i32;
-        for i in 0..t {
-            for c in 0..=i {
-                let v = p.values[i * t + c] / scale;
-                let color = if v < 0.0 && p.signed {
-                    shade_negative(-v)
-                } else {
-                    shade(v)
-                };
-                root.draw(&Rectangle::new(
-                    [
-                        (x0 + edge(c), top + edge(i)),
-                        (x0 + edge(c + 1), top + edge(i + 1)),
-                    ],
-                    color.filled(),
-                ))
+    // 2. The title, each line shrunk until it fits the width, so nothing is cut.
+    for (i, line) in layout.title.iter().enumerate() {
+        let mut size = 22.0;
+        while size > 9.0 {
+            let (w, _) = root
+                .estimate_text_size(line, &TextStyle::from((FAMILY, size).into_font()))
                 .map_err(|e| err(e.to_string()))?;
+            if (w as i32) < width - 16 {
+                break;
             }
+            size -= 1.0;
         }
-        root.draw(&Rectangle::new(
-            [(x0, top), (x0 + side, top + side)],
-            RGBColor(150, 150, 150).stroke_width(1),
-        ))
-        .map_err(|e| err(e.to_string()))?;
         root.draw(&Text::new(
-            p.title.clone(),
-            (x0 + side / 2, top - 22),
-            center.clone(),
-        ))
-        .map_err(|e| err(e.to_string()))?;
-        root.draw(&Text::new(
-            format!(
-                "rows: query, columns: key; colour scale ±{scale:.3}{}",
-                if p.signed { " (red < 0)" } else { "" }
-            ),
-            (x0 + side / 2, top + side + 20),
-            TextStyle::from((FAMILY, 13).into_font()).pos(Pos::new(HPos::Center, VPos::Center)),
+            line.clone(),
+            (width / 2, 8 + TITLE_LINE * i as i32 + TITLE_LINE / 2),
+            TextStyle::from((FAMILY, size).into_font()).pos(Pos::new(HPos::Center, VPos::Center)),
         ))
         .map_err(|e| err(e.to_string()))?;
     }
+    // 3. Each panel at its place in the grid.
+    for (pi, p) in panels.iter().enumerate() {
+        let x0 = (pi % cols) as i32 * pw + MAP_LEFT;
+        let y0 = head + (pi / cols) as i32 * ph + MAP_TOP;
+        draw_map(&root, p, layout.tokens, (x0, y0), side).map_err(err)?;
+    }
     root.present().map_err(|e| err(e.to_string()))?;
+    Ok(())
+}
+
+/// One map with its top-left corner at `at`: the cells, the panel title, the token labels and
+/// the colour bar.
+fn draw_map<DB: DrawingBackend>(
+    root: &DrawingArea<DB, plotters::coord::Shift>,
+    p: &MapPanel,
+    tokens: &[String],
+    (x0, y0): (i32, i32),
+    side: i32,
+) -> std::result::Result<(), String> {
+    let e = |e: DrawingAreaErrorKind<DB::ErrorType>| e.to_string();
+    let t = p.t;
+    let scale = p.values.iter().fold(0f64, |m, &v| m.max(v.abs()));
+    let scale = if scale > 0.0 { scale } else { 1.0 };
+    let edge = |i: usize| (i as f64 * side as f64 / t as f64).round() as i32;
+    // 1. The cells of the lower triangle (query i sees keys 0..=i).
+    for i in 0..t {
+        for c in 0..=i {
+            let color = map_color(p.values[i * t + c] / scale, p.signed);
+            root.draw(&Rectangle::new(
+                [
+                    (x0 + edge(c), y0 + edge(i)),
+                    (x0 + edge(c + 1), y0 + edge(i + 1)),
+                ],
+                color.filled(),
+            ))
+            .map_err(e)?;
+        }
+    }
+    root.draw(&Rectangle::new(
+        [(x0, y0), (x0 + side, y0 + side)],
+        RGBColor(150, 150, 150).stroke_width(1),
+    ))
+    .map_err(e)?;
+    root.draw(&Text::new(
+        p.title.clone(),
+        (x0 + side / 2, y0 - 16),
+        TextStyle::from((FAMILY, 17).into_font()).pos(Pos::new(HPos::Center, VPos::Center)),
+    ))
+    .map_err(e)?;
+    // 2. Token labels, thinned to one per 13 pixels: queries left, keys below (turned).
+    let font = (FAMILY, 12).into_font();
+    let stride = label_stride(t, side, 13);
+    for (i, tok) in tokens.iter().enumerate().take(t).step_by(stride) {
+        let mid = (edge(i) + edge(i + 1)) / 2;
+        let label = format!("{} {i}", token_label(tok));
+        root.draw(&Text::new(
+            label.clone(),
+            (x0 - 4, y0 + mid),
+            TextStyle::from(font.clone()).pos(Pos::new(HPos::Right, VPos::Center)),
+        ))
+        .map_err(e)?;
+        root.draw(&Text::new(
+            format!("{i} {}", token_label(tok)),
+            (x0 + mid, y0 + side + 4),
+            TextStyle::from(font.transform(FontTransform::Rotate90))
+                .pos(Pos::new(HPos::Left, VPos::Center)),
+        ))
+        .map_err(e)?;
+    }
+    // 3. The colour bar: +scale at the top, 0 (or −scale, signed) at the bottom.
+    let (bx, bw) = (x0 + side + 12, 14);
+    let lo = if p.signed { -1.0 } else { 0.0 };
+    for y in 0..side {
+        let v = 1.0 - (1.0 - lo) * (y as f64 + 0.5) / side as f64;
+        root.draw(&Rectangle::new(
+            [(bx, y0 + y), (bx + bw, y0 + y + 1)],
+            map_color(v, p.signed).filled(),
+        ))
+        .map_err(e)?;
+    }
+    root.draw(&Rectangle::new(
+        [(bx, y0), (bx + bw, y0 + side)],
+        RGBColor(150, 150, 150).stroke_width(1),
+    ))
+    .map_err(e)?;
+    let ticks: &[f64] = if p.signed {
+        &[1.0, 0.5, 0.0, -0.5, -1.0]
+    } else {
+        &[1.0, 0.5, 0.0]
+    };
+    for &f in ticks {
+        let y = y0 + ((1.0 - f) / (1.0 - lo) * side as f64).round() as i32;
+        root.draw(&PathElement::new(
+            vec![(bx + bw, y), (bx + bw + 4, y)],
+            BLACK,
+        ))
+        .map_err(e)?;
+        root.draw(&Text::new(
+            format!("{:.3}", f * scale),
+            (bx + bw + 6, y),
+            TextStyle::from((FAMILY, 12).into_font()).pos(Pos::new(HPos::Left, VPos::Center)),
+        ))
+        .map_err(e)?;
+    }
     Ok(())
 }
 
@@ -262,16 +388,30 @@ mod tests {
                 signed: true,
             },
         ];
-        plot_attention_maps(&panels, "maps", &p).unwrap();
+        let tokens: Vec<String> = (0..t).map(|i| format!("t{i}")).collect();
+        let layout = MapLayout {
+            title: &["maps".to_string()],
+            tokens: &tokens,
+            cols: 2,
+            side: 240,
+        };
+        plot_attention_maps(&panels, &layout, &p).unwrap();
         let bytes = std::fs::read(&p).unwrap();
         assert_eq!(&bytes[1..4], b"PNG");
         assert!(bytes.len() > 5_000, "{} bytes", bytes.len());
+        // labels: whitespace made visible, long tokens cut; thinned to fit the side
+        assert_eq!(token_label(" the\n"), "␣the↵");
+        assert_eq!(token_label("\u{1}"), "\\x01");
+        assert_eq!(token_label("abcdefghijkl"), "abcdefghi…");
+        assert_eq!(label_stride(31, 420, 13), 1);
+        assert_eq!(label_stride(103, 420, 13), 4);
+        assert_eq!(label_stride(128, 300, 13), 6);
         let bad = [MapPanel {
             title: "x".into(),
             t: 3,
             values: vec![0.0; 8],
             signed: false,
         }];
-        assert!(plot_attention_maps(&bad, "x", &p).is_err());
+        assert!(plot_attention_maps(&bad, &layout, &p).is_err());
     }
 }

@@ -2,7 +2,8 @@
 //! error bars (± one standard deviation over seeds) where the series has them. The repro
 //! report draws accuracy against shots or needles and loss against parameters with it.
 
-use super::plot::{register, COLORS, FAMILY};
+use super::axis::{tick_label, Axis};
+use super::plot::{draw_legend_below, draw_looked, legend_height, look, register, Look, FAMILY};
 use crate::error::{Error, Result};
 use plotters::prelude::*;
 use std::path::Path;
@@ -34,21 +35,27 @@ pub struct Axes<'a> {
     pub y_range: Option<(f64, f64)>,
 }
 
-/// Draws the lines into one PNG at `out`.
+/// Draws the lines into one PNG at `out`: ticks at the measured x values where they are few
+/// (see [`choose_ticks`](super::axis::choose_ticks)), the legend in a strip under the chart.
 pub fn plot_lines(lines: &[Line], axes: &Axes, out: &Path) -> Result<()> {
     register()?;
     let err = |e: String| Error::Data {
         path: out.to_path_buf(),
         msg: format!("cannot draw the plot ({e})"),
     };
-    let pts = || lines.iter().flat_map(|l| l.points.iter());
-    if pts().all(|p| !(p.x.is_finite() && p.y.is_finite())) {
+    // 1. The ranges the finite points span.
+    let finite: Vec<&Point> = lines
+        .iter()
+        .flat_map(|l| l.points.iter())
+        .filter(|p| p.x.is_finite() && p.y.is_finite())
+        .collect();
+    if finite.is_empty() {
         return Err(err("no finite points to plot".into()));
     }
     let fold = |f: &dyn Fn(&Point) -> (f64, f64)| {
-        pts()
-            .filter(|p| p.x.is_finite() && p.y.is_finite())
-            .map(f)
+        finite
+            .iter()
+            .map(|p| f(p))
             .fold((f64::MAX, f64::MIN), |(a, b), (lo, hi)| {
                 (a.min(lo), b.max(hi))
             })
@@ -65,95 +72,67 @@ pub fn plot_lines(lines: &[Line], axes: &Axes, out: &Path) -> Result<()> {
     if axes.log_x && x0 <= 0.0 {
         return Err(err(format!("x = {x0} cannot go on a logarithmic axis")));
     }
-    let root = BitMapBackend::new(out, (1000, 640)).into_drawing_area();
+    // 2. The axes, x ticks at the measured values where they are few; the legend's entries.
+    let xs: Vec<f64> = finite.iter().map(|p| p.x).collect();
+    let x_axis = if axes.log_x {
+        Axis::new(x0 / 1.15, x1 * 1.15, true, &xs)
+    } else {
+        let pad = (x1 - x0).max(1e-9) * 0.04;
+        Axis::new(x0 - pad, x1 + pad, false, &xs)
+    };
+    let entries: Vec<(String, Look, bool)> = lines
+        .iter()
+        .enumerate()
+        .map(|(i, l)| (l.label.clone(), look(i, lines.len()), true))
+        .collect();
+    let width = 1000;
+    let labels: Vec<String> = entries.iter().map(|e| e.0.clone()).collect();
+    let root =
+        BitMapBackend::new(out, (width, 600 + legend_height(&labels, width))).into_drawing_area();
     root.fill(&WHITE).map_err(|e| err(e.to_string()))?;
-    let mut builder = ChartBuilder::on(&root);
-    builder
+    let (upper, lower) = root.split_vertically(600);
+    let mut chart = ChartBuilder::on(&upper)
         .caption(axes.title, (FAMILY, 24))
         .margin(18)
         .x_label_area_size(50)
-        .y_label_area_size(70);
-    // Both axis types draw the same way; only the coordinate system differs.
-    macro_rules! draw {
-        ($chart:expr) => {{
-            let mut chart = $chart.map_err(|e| err(e.to_string()))?;
-            chart
-                .configure_mesh()
-                .x_desc(axes.x_label)
-                .y_desc(axes.y_label)
-                .x_label_formatter(&|x| short(*x))
-                .y_label_formatter(&|y| format!("{y:.2}"))
-                .label_style((FAMILY, 17))
-                .axis_desc_style((FAMILY, 19))
-                .light_line_style(RGBColor(235, 235, 235))
-                .draw()
-                .map_err(|e| err(e.to_string()))?;
-            for (i, l) in lines.iter().enumerate() {
-                let c = COLORS[i % COLORS.len()];
-                let xy: Vec<(f64, f64)> = l.points.iter().map(|p| (p.x, p.y)).collect();
-                chart
-                    .draw_series(LineSeries::new(xy.iter().copied(), c.stroke_width(3)))
-                    .map_err(|e| err(e.to_string()))?
-                    .label(l.label.clone())
-                    .legend(move |(x, y)| {
-                        PathElement::new(vec![(x, y), (x + 24, y)], c.stroke_width(3))
-                    });
-                chart
-                    .draw_series(xy.iter().map(|&p| Circle::new(p, 5, c.filled())))
-                    .map_err(|e| err(e.to_string()))?;
-                // error bars as plain vertical segments (plotters' ErrorBar needs a feature)
-                chart
-                    .draw_series(l.points.iter().filter_map(|p| {
-                        p.sd.map(|s| {
-                            PathElement::new(
-                                vec![(p.x, p.y - s), (p.x, p.y + s)],
-                                c.stroke_width(2),
-                            )
-                        })
-                    }))
-                    .map_err(|e| err(e.to_string()))?;
-            }
-            super::plot::draw_legend(&mut chart).map_err(err)?;
-        }};
+        .y_label_area_size(70)
+        .build_cartesian_2d(x_axis, Axis::new(ymin, ymax, false, &[]))
+        .map_err(|e| err(e.to_string()))?;
+    chart
+        .configure_mesh()
+        .x_desc(axes.x_label)
+        .y_desc(axes.y_label)
+        .x_label_formatter(&|x| tick_label(*x))
+        .y_label_formatter(&|y| tick_label(*y))
+        .label_style((FAMILY, 17))
+        .axis_desc_style((FAMILY, 19))
+        .bold_line_style(RGBColor(225, 225, 225))
+        .draw()
+        .map_err(|e| err(e.to_string()))?;
+    // 3. Each line with its markers and error bars (plain vertical segments: plotters'
+    // ErrorBar needs a feature), then the legend under the chart.
+    for (l, (_, lk, _)) in lines.iter().zip(&entries) {
+        let xy: Vec<(f64, f64)> = l.points.iter().map(|p| (p.x, p.y)).collect();
+        draw_looked(&mut chart, &xy, lk, true).map_err(err)?;
+        chart
+            .draw_series(l.points.iter().filter_map(|p| {
+                p.sd.map(|s| {
+                    PathElement::new(
+                        vec![(p.x, p.y - s), (p.x, p.y + s)],
+                        lk.color.stroke_width(2),
+                    )
+                })
+            }))
+            .map_err(|e| err(e.to_string()))?;
     }
-    let pad = (x1 - x0).max(1e-9) * 0.04;
-    if axes.log_x {
-        draw!(builder.build_cartesian_2d((x0 / 1.15..x1 * 1.15).log_scale(), ymin..ymax));
-    } else {
-        draw!(builder.build_cartesian_2d(x0 - pad..x1 + pad, ymin..ymax));
-    }
+    draw_legend_below(&lower, &entries).map_err(err)?;
     root.present().map_err(|e| err(e.to_string()))?;
     Ok(())
-}
-
-/// Axis numbers: 3,000,000 → "3M", 150,000 → "150k", 16 → "16", 0.5 → "0.5".
-fn short(x: f64) -> String {
-    let a = x.abs();
-    if a >= 1e6 {
-        format!("{}M", trim(x / 1e6))
-    } else if a >= 1e4 {
-        format!("{}k", trim(x / 1e3))
-    } else {
-        trim(x)
-    }
-}
-
-fn trim(x: f64) -> String {
-    let s = format!("{x:.2}");
-    s.trim_end_matches('0').trim_end_matches('.').to_string()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn axis_numbers_are_short() {
-        assert_eq!(short(3_000_000.0), "3M");
-        assert_eq!(short(150_000.0), "150k");
-        assert_eq!(short(16.0), "16");
-        assert_eq!(short(0.5), "0.5");
-    }
 
     #[test]
     fn lines_with_error_bars_draw_on_both_axis_kinds() {

@@ -2,30 +2,152 @@
 //! thick line with markers, one colour per run, so runs can be compared at a glance.
 //! Text is drawn with the DejaVu Sans font the repository ships (assets/), registered once.
 
+use super::axis::{tick_label, Axis};
 use crate::error::{Error, Result};
+use plotters::coord::ranged1d::Ranged;
 use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
 use plotters::style::FontStyle;
 use std::path::Path;
 
 const FONT: &[u8] = include_bytes!("../../assets/DejaVuSans.ttf");
 pub(crate) const FAMILY: &str = "sans-serif";
 
-/// The legend of every line chart: upper right, on a near-white box.
-pub(crate) fn draw_legend<'a, DB, CT>(
-    chart: &mut ChartContext<'a, DB, CT>,
+/// How line `i` of `n` is drawn, so lines that coincide stay visible: the first is solid and
+/// widest with the largest marker, each later one narrower, dashed, with a smaller marker of
+/// another shape, so a line drawn over an earlier one leaves the earlier one's edges and gaps
+/// showing.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Look {
+    pub color: RGBColor,
+    pub width: u32,
+    /// dash length and gap in pixels; None is a solid line
+    pub dash: Option<(u32, u32)>,
+    /// 0 circle, 1 triangle, 2 square, 3 cross
+    pub marker: usize,
+    pub marker_size: u32,
+}
+
+pub(crate) fn look(i: usize, n: usize) -> Look {
+    let rank = (n.max(1) - 1).saturating_sub(i) as u32; // 0 for the last line drawn
+    Look {
+        color: COLORS[i % COLORS.len()],
+        width: 2 + rank.min(3),
+        dash: [
+            None,
+            Some((14, 6)),
+            Some((6, 5)),
+            Some((18, 5)),
+            Some((3, 4)),
+        ][i % 5],
+        marker: i % 4,
+        marker_size: 4 + rank.min(4),
+    }
+}
+
+/// Draws one line in `look`, with its markers at the points unless `markers` is false.
+pub(crate) fn draw_looked<'a, DB, X, Y>(
+    chart: &mut ChartContext<'a, DB, Cartesian2d<X, Y>>,
+    xy: &[(f64, f64)],
+    look: &Look,
+    markers: bool,
 ) -> std::result::Result<(), String>
 where
     DB: DrawingBackend + 'a,
-    CT: plotters::coord::CoordTranslate,
+    X: Ranged<ValueType = f64>,
+    Y: Ranged<ValueType = f64>,
 {
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
-        .background_style(WHITE.mix(0.9))
-        .border_style(RGBColor(180, 180, 180))
-        .label_font((FAMILY, 17))
-        .draw()
-        .map_err(|e| e.to_string())
+    let e = |e: DrawingAreaErrorKind<DB::ErrorType>| e.to_string();
+    let style = look.color.stroke_width(look.width);
+    match look.dash {
+        None => chart
+            .draw_series(LineSeries::new(xy.iter().copied(), style))
+            .map_err(e)?,
+        Some((dash, gap)) => chart
+            .draw_series(DashedLineSeries::new(xy.iter().copied(), dash, gap, style))
+            .map_err(e)?,
+    };
+    if !markers {
+        return Ok(());
+    }
+    let (c, s) = (look.color.filled(), look.marker_size as i32);
+    match look.marker {
+        0 => chart.draw_series(xy.iter().map(|&p| Circle::new(p, s, c))),
+        1 => chart.draw_series(xy.iter().map(|&p| TriangleMarker::new(p, s + 1, c))),
+        2 => {
+            chart.draw_series(xy.iter().map(|&p| {
+                EmptyElement::at(p) + Rectangle::new([(-s + 1, -s + 1), (s - 1, s - 1)], c)
+            }))
+        }
+        _ => chart.draw_series(
+            xy.iter()
+                .map(|&p| Cross::new(p, s, look.color.stroke_width(2))),
+        ),
+    }
+    .map_err(e)?;
+    Ok(())
+}
+
+/// Legend rows for the strip under a chart: as many columns as the longest label allows.
+pub(crate) fn legend_height(labels: &[String], width: u32) -> u32 {
+    let (_, rows) = legend_grid(labels, width);
+    20 + 26 * rows as u32
+}
+
+fn legend_grid(labels: &[String], width: u32) -> (usize, usize) {
+    // DejaVu Sans at 16 px averages about 8.5 px a character; 60 px for the sample and gap
+    let longest = labels.iter().map(|l| l.chars().count()).max().unwrap_or(0);
+    let col = (longest as f64 * 8.5 + 70.0) as u32;
+    let cols = ((width.saturating_sub(40)) / col.max(1)).clamp(1, 4) as usize;
+    (cols, labels.len().div_ceil(cols))
+}
+
+/// The legend in its own strip under the chart, off the data: one sample line (with its
+/// marker) and label per entry, in columns.
+pub(crate) fn draw_legend_below<DB: DrawingBackend>(
+    area: &DrawingArea<DB, plotters::coord::Shift>,
+    entries: &[(String, Look, bool)],
+) -> std::result::Result<(), String> {
+    let labels: Vec<String> = entries.iter().map(|e| e.0.clone()).collect();
+    let (w, _) = area.dim_in_pixel();
+    let (cols, _) = legend_grid(&labels, w);
+    let col_w = (w as i32 - 40) / cols as i32;
+    let font = TextStyle::from((FAMILY, 16).into_font());
+    for (i, (label, look, markers)) in entries.iter().enumerate() {
+        let (x, y) = (30 + (i % cols) as i32 * col_w, 14 + (i / cols) as i32 * 26);
+        let style = look.color.stroke_width(look.width);
+        let segs: Vec<(i32, i32)> = match look.dash {
+            None => vec![(0, 40)],
+            Some((d, g)) => (0..40)
+                .step_by((d + g) as usize)
+                .map(|a| (a, (a + d as i32).min(40)))
+                .collect(),
+        };
+        for (a, b) in segs {
+            area.draw(&PathElement::new(vec![(x + a, y), (x + b, y)], style))
+                .map_err(|e| e.to_string())?;
+        }
+        if *markers {
+            let (c, s, p) = (look.color.filled(), look.marker_size as i32, (x + 20, y));
+            match look.marker {
+                0 => area.draw(&Circle::new(p, s, c)),
+                1 => area.draw(&TriangleMarker::new(p, s + 1, c)),
+                2 => area.draw(&Rectangle::new(
+                    [(p.0 - s + 1, p.1 - s + 1), (p.0 + s - 1, p.1 + s - 1)],
+                    c,
+                )),
+                _ => area.draw(&Cross::new(p, s, look.color.stroke_width(2))),
+            }
+            .map_err(|e| e.to_string())?;
+        }
+        area.draw(&Text::new(
+            label.clone(),
+            (x + 50, y),
+            font.pos(Pos::new(HPos::Left, VPos::Center)),
+        ))
+        .map_err(|e| e.to_string())?;
+    }
+    Ok(())
 }
 
 /// Colour-blind-safe colours (Okabe–Ito), one per run.
@@ -57,6 +179,19 @@ pub struct Series {
     pub val: Vec<(f64, f64)>,
 }
 
+impl Series {
+    /// The same curves with x and y multiplied by the factors (steps to tokens seen, nats to
+    /// bits).
+    pub fn scaled(self, x: f64, y: f64) -> Series {
+        let f = |v: Vec<(f64, f64)>| v.into_iter().map(|(a, b)| (a * x, b * y)).collect();
+        Series {
+            label: self.label,
+            train: f(self.train),
+            val: f(self.val),
+        }
+    }
+}
+
 /// Bias-corrected exponential moving average of the training loss, (step, value) points.
 fn smoothed(train: &[(f64, f64)]) -> Vec<(f64, f64)> {
     let beta = if train.len() > 200 { 0.95 } else { 0.8 };
@@ -71,15 +206,43 @@ fn smoothed(train: &[(f64, f64)]) -> Vec<(f64, f64)> {
         .collect()
 }
 
-/// Draws every series into one PNG at `out`.
-pub fn plot_runs(series: &[Series], title: &str, out: &Path) -> Result<()> {
+/// The axes of a loss plot: what x and y measure, and optionally a second x axis along the
+/// top, as its label and its value per unit of the bottom one (tokens seen per step).
+#[derive(Clone, Debug, PartialEq)]
+pub struct LossAxes<'a> {
+    pub title: &'a str,
+    pub x_label: &'a str,
+    pub y_label: &'a str,
+    pub top: Option<(&'a str, f64)>,
+}
+
+impl<'a> LossAxes<'a> {
+    /// Steps along x, nats per token up y.
+    pub fn steps(title: &'a str) -> LossAxes<'a> {
+        LossAxes {
+            title,
+            x_label: "step",
+            y_label: "loss (nats per token)",
+            top: None,
+        }
+    }
+}
+
+/// `c` blended halfway to white: the smoothed training curve under the validation line.
+fn pale(c: RGBColor) -> RGBColor {
+    let m = |v: u8| ((v as u16 + 255) / 2) as u8;
+    RGBColor(m(c.0), m(c.1), m(c.2))
+}
+
+/// Draws every series into one PNG at `out`, the legend in a strip under the chart.
+pub fn plot_runs(series: &[Series], axes: &LossAxes, out: &Path) -> Result<()> {
     register()?;
     let err = |e: String| Error::Data {
         path: out.to_path_buf(),
         msg: format!("cannot draw the plot ({e})"),
     };
+    // 1. The curves and the ranges they span.
     let trains: Vec<Vec<(f64, f64)>> = series.iter().map(|s| smoothed(&s.train)).collect();
-    let vals: Vec<Vec<(f64, f64)>> = series.iter().map(|s| s.val.clone()).collect();
     let xmax = series
         .iter()
         .flat_map(|s| s.train.last().into_iter().chain(s.val.last()))
@@ -90,7 +253,7 @@ pub fn plot_runs(series: &[Series], title: &str, out: &Path) -> Result<()> {
     let settled = |p: &&(f64, f64)| p.0 >= 0.03 * xmax;
     let ys: Vec<f64> = trains
         .iter()
-        .chain(&vals)
+        .chain(series.iter().map(|s| &s.val))
         .flat_map(|v| v.iter().filter(settled).map(|p| p.1))
         .filter(|y| y.is_finite())
         .collect();
@@ -103,59 +266,129 @@ pub fn plot_runs(series: &[Series], title: &str, out: &Path) -> Result<()> {
     let pad = ((hi - lo) * 0.08).max(0.02);
     let (ymin, ymax) = ((lo - pad).max(0.0), hi + pad);
 
-    let root = BitMapBackend::new(out, (1100, 680)).into_drawing_area();
+    // 2. The legend entries: per run, the smoothed training curve and the validation line.
+    let n = series.len();
+    let mut entries = Vec::new();
+    for (i, s) in series.iter().enumerate() {
+        let l = look(i, n);
+        let train = Look {
+            color: pale(l.color),
+            dash: None,
+            ..l
+        };
+        entries.push((format!("{} train (smoothed)", s.label), train, false));
+        if let Some(v) = s.val.last() {
+            entries.push((
+                format!("{} validation (final {:.3})", s.label, v.1),
+                l,
+                true,
+            ));
+        }
+    }
+
+    // 3. Chart above, legend strip below.
+    let width = 1100;
+    let labels: Vec<String> = entries.iter().map(|e| e.0.clone()).collect();
+    let strip = legend_height(&labels, width);
+    let root = BitMapBackend::new(out, (width, 640 + strip)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| err(e.to_string()))?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(title, (FAMILY, 26))
+    let (upper, lower) = root.split_vertically(640);
+    let x_axis = Axis::new(0.0, xmax, false, &[]);
+    let y_axis = Axis::new(ymin, ymax, false, &[]);
+    // plotters repeats the primary labels on a top label area, so the top axis is drawn by
+    // hand into a wider top margin
+    let upper = upper
+        .titled(axes.title, (FAMILY, 26))
+        .map_err(|e| err(e.to_string()))?;
+    let mut chart = ChartBuilder::on(&upper)
         .margin(18)
+        .margin_top(if axes.top.is_some() { 64 } else { 12 })
         .x_label_area_size(50)
         .y_label_area_size(70)
-        .build_cartesian_2d(0f64..xmax, ymin..ymax)
+        .build_cartesian_2d(x_axis, y_axis)
         .map_err(|e| err(e.to_string()))?;
     chart
         .configure_mesh()
-        .x_desc("step")
-        .x_label_formatter(&|x| format!("{x:.0}"))
-        .y_label_formatter(&|y| format!("{y:.2}"))
-        .y_desc("loss (nats per token)")
+        .x_desc(axes.x_label)
+        .y_desc(axes.y_label)
+        .x_label_formatter(&|x| tick_label(*x))
+        .y_label_formatter(&|y| tick_label(*y))
         .label_style((FAMILY, 17))
         .axis_desc_style((FAMILY, 19))
-        .light_line_style(RGBColor(235, 235, 235))
+        .bold_line_style(RGBColor(225, 225, 225))
         .draw()
         .map_err(|e| err(e.to_string()))?;
+    if let Some((label, per)) = axes.top {
+        draw_top_axis(&root, &chart, label, xmax, per, ymax).map_err(err)?;
+    }
+    draw_curves(&mut chart, &trains, series, &entries).map_err(err)?;
+    draw_legend_below(&lower, &entries).map_err(err)?;
+    root.present().map_err(|e| err(e.to_string()))?;
+    Ok(())
+}
+
+/// A second x axis along the top of the chart: ticks at round values of x × `per` (tokens
+/// seen), each above the step it falls on.
+fn draw_top_axis<DB: DrawingBackend>(
+    area: &DrawingArea<DB, plotters::coord::Shift>,
+    chart: &ChartContext<DB, Cartesian2d<Axis, Axis>>,
+    label: &str,
+    xmax: f64,
+    per: f64,
+    ymax: f64,
+) -> std::result::Result<(), String> {
+    let e = |e: DrawingAreaErrorKind<DB::ErrorType>| e.to_string();
+    let font = TextStyle::from((FAMILY, 17).into_font());
+    let top = chart.backend_coord(&(0.0, ymax)).1;
+    let (left, right) = (
+        chart.backend_coord(&(0.0, ymax)).0,
+        chart.backend_coord(&(xmax, ymax)).0,
+    );
+    area.draw(&PathElement::new(vec![(left, top), (right, top)], BLACK))
+        .map_err(e)?;
+    for t in Axis::new(0.0, xmax * per, false, &[]).ticks {
+        let x = chart.backend_coord(&(t / per, ymax)).0;
+        area.draw(&PathElement::new(vec![(x, top), (x, top - 5)], BLACK))
+            .map_err(e)?;
+        area.draw(&Text::new(
+            tick_label(t),
+            (x, top - 8),
+            font.pos(Pos::new(HPos::Center, VPos::Bottom)),
+        ))
+        .map_err(e)?;
+    }
+    area.draw(&Text::new(
+        label.to_string(),
+        ((left + right) / 2, top - 34),
+        TextStyle::from((FAMILY, 19).into_font()).pos(Pos::new(HPos::Center, VPos::Bottom)),
+    ))
+    .map_err(e)?;
+    Ok(())
+}
+
+/// Every run's smoothed training curve, then its validation line in the look of its entry.
+fn draw_curves<'a, DB, X, Y>(
+    chart: &mut ChartContext<'a, DB, Cartesian2d<X, Y>>,
+    trains: &[Vec<(f64, f64)>],
+    series: &[Series],
+    entries: &[(String, Look, bool)],
+) -> std::result::Result<(), String>
+where
+    DB: DrawingBackend + 'a,
+    X: Ranged<ValueType = f64>,
+    Y: Ranged<ValueType = f64>,
+{
+    let mut e = entries.iter();
     for (i, s) in series.iter().enumerate() {
-        let c = COLORS[i % COLORS.len()];
-        chart
-            .draw_series(LineSeries::new(
-                trains[i].iter().copied(),
-                c.mix(0.45).stroke_width(2),
-            ))
-            .map_err(|e| err(e.to_string()))?
-            .label(format!("{} train (smoothed)", s.label))
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 24, y)], c.mix(0.45).stroke_width(2))
-            });
-        if !vals[i].is_empty() {
-            chart
-                .draw_series(LineSeries::new(vals[i].iter().copied(), c.stroke_width(3)))
-                .map_err(|e| err(e.to_string()))?
-                .label(format!(
-                    "{} validation{}",
-                    s.label,
-                    vals[i]
-                        .last()
-                        .map_or(String::new(), |v| format!(" (final {:.3})", v.1))
-                ))
-                .legend(move |(x, y)| {
-                    PathElement::new(vec![(x, y), (x + 24, y)], c.stroke_width(3))
-                });
-            chart
-                .draw_series(vals[i].iter().map(|&p| Circle::new(p, 4, c.filled())))
-                .map_err(|e| err(e.to_string()))?;
+        if let Some((_, l, _)) = e.next() {
+            draw_looked(chart, &trains[i], l, false)?;
+        }
+        if !s.val.is_empty() {
+            if let Some((_, l, _)) = e.next() {
+                draw_looked(chart, &s.val, l, true)?;
+            }
         }
     }
-    draw_legend(&mut chart).map_err(err)?;
-    root.present().map_err(|e| err(e.to_string()))?;
     Ok(())
 }
 
@@ -183,7 +416,7 @@ mod tests {
                 val: val[..3].to_vec(),
             },
         ];
-        plot_runs(&series, "test", &p).unwrap();
+        plot_runs(&series, &LossAxes::steps("test"), &p).unwrap();
         let bytes = std::fs::read(&p).unwrap();
         assert_eq!(&bytes[1..4], b"PNG");
         // a blank white 1100×680 image compresses to a few KB; curves and text make it larger

@@ -9,7 +9,7 @@
 //! last micro-batch; absent for `standard`. Lines are written without allocating.
 
 use crate::error::{Error, Result};
-use crate::report::plot::{plot_runs, Series};
+use crate::report::plot::{plot_runs, LossAxes, Series};
 use serde::{Deserialize, Serialize};
 use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
@@ -166,7 +166,11 @@ pub fn loss_series(label: String, records: &[MetricRecord]) -> Series {
 pub fn plot_run(run: &Path, label: String, title: &str) -> Result<PathBuf> {
     let records = read_metrics(&run.join(METRICS_FILE))?;
     let path = run.join(PLOT_FILE);
-    plot_runs(&[loss_series(label, &records)], title, &path)?;
+    plot_runs(
+        &[loss_series(label, &records)],
+        &LossAxes::steps(title),
+        &path,
+    )?;
     Ok(path)
 }
 
