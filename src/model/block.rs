@@ -8,6 +8,7 @@
 use super::attention::{self as attn, Lambda};
 use super::bf16_weights::Bf16Weights;
 use super::kv_cache::KvCache;
+use super::quant_weights::QuantWeights;
 use crate::config::params::{LayerParams, Span};
 use crate::config::{lambda_init_at, AttentionKind, ModelConfig};
 use crate::kernels::attention::{
@@ -184,7 +185,7 @@ impl Scratch {
 pub fn block_forward(
     x: &mut [f32],
     a: &mut LayerActs,
-    (w, wb): (&[f32], Option<&Bf16Weights>),
+    (w, wb, wq): (&[f32], Option<&Bf16Weights>, Option<&QuantWeights>),
     p: &LayerParams,
     d: &Dims,
     layer: usize,
@@ -198,8 +199,8 @@ pub fn block_forward(
     let n = b * t;
     let c = d.c;
     let s = &d.shape;
-    // A linear layer's weight, with its bf16 copies where inference keeps them.
-    let weight = |r: Span| Bf16Weights::weight_of(wb, w, r.range());
+    // A linear layer's weight, with its blocks or bf16 copies where inference keeps them.
+    let weight = |r: Span| QuantWeights::weight_of(wq, wb, w, r.range());
     // 1. input_layernorm: ln1 = RMSNorm(x), the block's input kept in x_in
     rmsnorm_forward(
         &mut a.ln1[..n * c],

@@ -7,6 +7,7 @@ pub mod checkpoint;
 pub mod kv_cache;
 #[allow(clippy::module_inception)]
 pub mod model;
+pub mod quant_weights;
 
 pub use kv_cache::KvCache;
 pub use model::{Model, Workspace};

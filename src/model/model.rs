@@ -6,9 +6,9 @@
 //! logits = lm_head(norm(x))        # lm_head may be tied to embed_tokens
 //! ```
 
-use super::bf16_weights::Bf16Weights;
 use super::block::{block_backward, block_forward, linear_backward, Dims, LayerActs, Scratch};
 use super::kv_cache::KvCache;
+use super::quant_weights::QuantWeights;
 use crate::config::params::ParamLayout;
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
@@ -35,6 +35,9 @@ pub struct Model {
     /// only `Precision::new` on an AVX512_BF16 CPU gives): a `Workspace` made for this model
     /// runs its forwards and backwards in it. Not part of a checkpoint.
     pub precision: Precision,
+    /// The linear layers and LM head in Q8_0/Q4_0 blocks (`quantize`, inference only), which
+    /// every forward pass then multiplies by. Not part of a checkpoint.
+    pub quant: Option<std::sync::Arc<QuantWeights>>,
 }
 
 /// Everything a forward and backward pass over up to B×T tokens writes, allocated once.
@@ -66,7 +69,7 @@ pub struct Workspace {
     /// (b, t) of the last forward
     cur: (usize, usize),
     /// bf16 copies of the model's weights that cached forwards read (`keep_bf16_weights`)
-    bf16: Option<Bf16Weights>,
+    bf16: Option<super::bf16_weights::Bf16Weights>,
     /// the model's `precision` when this was made, which its buffers are sized for and every
     /// pass through it runs in
     pub precision: Precision,
@@ -110,6 +113,7 @@ impl Model {
             dims,
             rope,
             precision: Precision::F32,
+            quant: None,
         })
     }
 
@@ -142,6 +146,16 @@ impl Model {
             }
         }
         Ok(m)
+    }
+
+    /// Quantises the linear layers and the LM head to `kind` blocks for inference: every
+    /// forward pass then multiplies by them (`backward` refuses). Returns the names of the
+    /// matrices left f32, whose width is not a multiple of 32.
+    pub fn quantize(&mut self, kind: crate::kernels::quant::QuantKind) -> Vec<String> {
+        let q = QuantWeights::new(self, kind);
+        let kept = q.kept_f32.clone();
+        self.quant = Some(std::sync::Arc::new(q));
+        kept
     }
 
     pub fn num_params(&self) -> usize {
@@ -224,6 +238,8 @@ impl Model {
             .bf16
             .as_ref()
             .filter(|b| caches.is_some() && b.fits(w.len()));
+        // Every forward reads the quantised weights, where the model holds them.
+        let wq = self.quant.as_deref().filter(|q| q.fits(w.len()));
         let (bits, precision) = (ws.logit_bits, ws.precision);
         ws.cur = (b, t);
         ws.tokens[..n].copy_from_slice(tokens);
@@ -239,7 +255,7 @@ impl Model {
             block_forward(
                 x,
                 acts,
-                (w, wb),
+                (w, wb, wq),
                 p,
                 &self.dims,
                 l,
@@ -282,7 +298,7 @@ impl Model {
         matmul_forward(
             &mut ws.logits[..rows * v],
             lnf,
-            Bf16Weights::weight_of(wb, w, head.range()),
+            QuantWeights::weight_of(wq, wb, w, head.range()),
             rows,
             dm,
             v,
@@ -333,6 +349,7 @@ impl Model {
     /// (the layout of `params`; the caller zeroes it).
     pub fn backward(&self, ws: &mut Workspace, grads: &mut [f32]) {
         assert_eq!(grads.len(), self.params.len());
+        assert!(self.quant.is_none(), "backward through quantised weights");
         assert!(
             ws.logit_bits.is_none(),
             "backward after a low-bit (evaluation-only) forward pass"
@@ -459,7 +476,7 @@ impl Workspace {
     /// f32 weights. The copies do not follow later changes to `model.params`: take them again
     /// after training, or `drop_bf16_weights`.
     pub fn keep_bf16_weights(&mut self, model: &Model) {
-        self.bf16 = Some(Bf16Weights::new(model));
+        self.bf16 = Some(super::bf16_weights::Bf16Weights::new(model));
     }
 
     /// Cached forwards read the f32 weights again.
