@@ -36,7 +36,7 @@ pub struct TrainOptions {
     pub tokenizer: Option<PathBuf>,
 
     // ---- model ----
-    /// Model size: tiny, small, bench or medium (`difftx presets` lists the parameter counts)
+    /// Model size: tiny, small, bench, medium or large (`difftx presets` lists the parameter counts)
     /// [default: tiny].
     #[cfg_attr(feature = "cli", arg(long))]
     pub preset: Option<String>,
