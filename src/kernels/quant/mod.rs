@@ -16,16 +16,30 @@ mod vnni;
 pub use block::{dequantize, quantize, QuantKind, BLOCK};
 use rayon::prelude::*;
 
-/// A weight (rows, cols) as torch `Linear` holds it, each row quantised in blocks of 32.
+/// A weight (rows, cols) as torch `Linear` holds it, each row quantised in blocks of 32, held
+/// in the engines' layout: rows padded with zero blocks to whole groups of four (`GROUP`),
+/// Q8_0's quants stored as q + 128 at `q8_at`, Q4_0's as GGUF packs them. `gguf_bytes` gives
+/// the GGUF blocks back.
 #[derive(Clone, Debug)]
 pub struct QuantMatrix {
     pub kind: QuantKind,
     pub rows: usize,
     pub cols: usize,
-    /// every block's quants (GGUF layout), row after row
+    /// every block's quants, row after row
     qs: Vec<u8>,
     /// every block's scale as f16 bits, row after row
     d: Vec<u16>,
+}
+
+/// Blocks the VNNI engine multiplies at once: four, each split in halves of 16 elements.
+pub const GROUP: usize = 4;
+
+/// Where element e of block b of a row sits among Q8_0 quants (and an input's): in groups of
+/// four blocks, their first halves side by side, then their second halves. In that order one
+/// register of weights (or inputs) holds one half of each of four blocks, and Q4_0's packed
+/// bytes unpack to the same order: low nibbles the first halves, high nibbles the second.
+pub fn q8_at(b: usize, e: usize) -> usize {
+    (b / GROUP) * GROUP * BLOCK + (e / 16) * 64 + (b % GROUP) * 16 + e % 16
 }
 
 impl QuantMatrix {
@@ -35,17 +49,22 @@ impl QuantMatrix {
         if !cols.is_multiple_of(BLOCK) {
             return None;
         }
-        let nb = cols / BLOCK;
-        let qb = kind.quant_bytes();
-        let mut qs = vec![0u8; rows * nb * qb];
-        let mut d = vec![0u16; rows * nb];
-        // 1. the blocks, row chunks in parallel
-        qs.par_chunks_mut(nb * qb)
-            .zip(d.par_chunks_mut(nb))
+        let (nb, qb) = (cols / BLOCK, kind.quant_bytes());
+        let nbp = nb.div_ceil(GROUP) * GROUP;
+        let mut qs = vec![0u8; rows * nbp * qb];
+        let mut d = vec![0u16; rows * nbp];
+        // 1. each row's blocks (row chunks in parallel), placed in the engines' layout
+        qs.par_chunks_mut(nbp * qb)
+            .zip(d.par_chunks_mut(nbp))
             .zip(w.par_chunks(cols))
             .for_each(|((q, d), w)| {
-                for ((q, d), x) in q.chunks_mut(qb).zip(d).zip(w.chunks_exact(BLOCK)) {
-                    *d = block::quantize_block(kind, x.try_into().expect("a block"), q);
+                let mut blk = [0u8; BLOCK];
+                for (b, x) in w.chunks_exact(BLOCK).enumerate() {
+                    d[b] = block::quantize_block(kind, x.try_into().expect("a block"), &mut blk);
+                    match kind {
+                        QuantKind::Q8_0 => (0..BLOCK).for_each(|e| q[q8_at(b, e)] = blk[e] ^ 0x80),
+                        QuantKind::Q4_0 => q[b * qb..(b + 1) * qb].copy_from_slice(&blk[..qb]),
+                    }
                 }
             });
         Some(QuantMatrix {
@@ -62,30 +81,32 @@ impl QuantMatrix {
         self.cols / BLOCK
     }
 
+    /// Blocks per row as stored (whole groups).
+    fn padded(&self) -> usize {
+        self.blocks().div_ceil(GROUP) * GROUP
+    }
+
     /// The GGUF tensor data: every block (scale, then quants), row after row, as a GGUF file
     /// stores a (rows, cols) tensor of this kind (ggml's `ne` = [cols, rows]).
     pub fn gguf_bytes(&self) -> Vec<u8> {
-        let qb = self.kind.quant_bytes();
-        let mut out = Vec::with_capacity(self.d.len() * self.kind.block_bytes());
-        for (d, q) in self.d.iter().zip(self.qs.chunks_exact(qb)) {
-            out.extend_from_slice(&d.to_le_bytes());
-            out.extend_from_slice(q);
+        let (nb, qb) = (self.blocks(), self.kind.quant_bytes());
+        let mut out = Vec::with_capacity(self.rows * nb * self.kind.block_bytes());
+        for r in 0..self.rows {
+            let (q, d) = self.row(r);
+            for (b, d) in d[..nb].iter().enumerate() {
+                out.extend_from_slice(&d.to_le_bytes());
+                match self.kind {
+                    QuantKind::Q8_0 => out.extend((0..BLOCK).map(|e| q[q8_at(b, e)] ^ 0x80)),
+                    QuantKind::Q4_0 => out.extend_from_slice(&q[b * qb..(b + 1) * qb]),
+                }
+            }
         }
         out
     }
 
     /// The values the blocks stand for, row-major.
     pub fn dequantize(&self) -> Vec<f32> {
-        let qb = self.kind.quant_bytes();
-        let mut out = vec![0f32; self.rows * self.cols];
-        for ((o, &d), q) in out
-            .chunks_exact_mut(BLOCK)
-            .zip(&self.d)
-            .zip(self.qs.chunks_exact(qb))
-        {
-            block::dequantize_block(self.kind, d, q, o);
-        }
-        out
+        dequantize(self.kind, &self.gguf_bytes()).expect("whole blocks")
     }
 
     /// Bytes the products read: quants and scales.
@@ -93,12 +114,12 @@ impl QuantMatrix {
         self.qs.len() + 2 * self.d.len()
     }
 
-    /// Row `r`'s quants and scales.
+    /// Row `r`'s quants and scales, padded to whole groups.
     fn row(&self, r: usize) -> (&[u8], &[u16]) {
-        let (nb, qb) = (self.blocks(), self.kind.quant_bytes());
+        let (nbp, qb) = (self.padded(), self.kind.quant_bytes());
         (
-            &self.qs[r * nb * qb..(r + 1) * nb * qb],
-            &self.d[r * nb..(r + 1) * nb],
+            &self.qs[r * nbp * qb..(r + 1) * nbp * qb],
+            &self.d[r * nbp..(r + 1) * nbp],
         )
     }
 }
@@ -132,8 +153,9 @@ impl Engine {
 }
 
 /// An input (n, cols) quantised per block of 32 to int8, as Q8_0 quantises (`d = max|x|/127`,
-/// `q = round(x/d)`), but with the scale kept in f32. Each row's blocks are padded with zero
-/// blocks to a multiple of 16, so that the VNNI engine reads whole vectors.
+/// `q = round(x/d)`), but with the scale kept in f32; quants at `q8_at`. Each row's blocks
+/// are padded with zero blocks to a multiple of 16, so that the VNNI engine reads whole
+/// vectors.
 pub struct QuantAct {
     n: usize,
     /// blocks of a row, padded
@@ -185,9 +207,10 @@ fn quantize_row(x: &[f32], qs: &mut [i8], d: &mut [f32], corr: &mut [f32], offse
         let scale = amax / 127.0;
         let id = if scale == 0.0 { 0.0 } else { 1.0 / scale };
         let mut sum = 0i32;
-        for (q, &v) in qs[b * BLOCK..(b + 1) * BLOCK].iter_mut().zip(x) {
-            *q = (v * id).round() as i8;
-            sum += *q as i32;
+        for (e, &v) in x.iter().enumerate() {
+            let q = (v * id).round() as i8;
+            qs[q8_at(b, e)] = q;
+            sum += q as i32;
         }
         d[b] = scale;
         corr[b] = -offset * scale * sum as f32;
@@ -300,16 +323,16 @@ fn portable_tile(
             let (xq, xd, _) = x.row(r);
             let mut sum = 0f32;
             for b in 0..nb {
-                let xq = &xq[b * BLOCK..(b + 1) * BLOCK];
+                let x = |e: usize| xq[q8_at(b, e)] as i32;
                 let dot: i32 = match w.kind {
                     QuantKind::Q8_0 => (0..BLOCK)
-                        .map(|j| wq[b * BLOCK + j] as i8 as i32 * xq[j] as i32)
+                        .map(|e| (wq[q8_at(b, e)] ^ 0x80) as i8 as i32 * x(e))
                         .sum(),
                     QuantKind::Q4_0 => (0..BLOCK / 2)
                         .map(|j| {
                             let byte = wq[b * BLOCK / 2 + j];
-                            ((byte & 15) as i32 - 8) * xq[j] as i32
-                                + ((byte >> 4) as i32 - 8) * xq[j + BLOCK / 2] as i32
+                            ((byte & 15) as i32 - 8) * x(j)
+                                + ((byte >> 4) as i32 - 8) * x(j + BLOCK / 2)
                         })
                         .sum(),
                 };
@@ -406,7 +429,7 @@ mod tests {
         for r in 0..n {
             let (q, d, _) = a.row(r);
             for j in 0..c {
-                out[r * c + j] = q[j] as f32 * d[j / BLOCK];
+                out[r * c + j] = q[q8_at(j / BLOCK, j % BLOCK)] as f32 * d[j / BLOCK];
             }
         }
         out

@@ -1,17 +1,18 @@
 //! The AVX512-VNNI engine. `vpdpbusd` multiplies unsigned bytes by signed bytes and sums each
-//! four into an int32 lane. The weights are made unsigned by an offset (Q8_0: q + 128, its
-//! top bit flipped; Q4_0: its nibbles, q + 8), which the input's per-block correction
+//! four into an int32 lane. The weights are made unsigned by an offset (Q8_0: q + 128, as
+//! stored; Q4_0: its nibbles, q + 8), which the input's per-block correction
 //! (`QuantAct::corr`, −offset · d_x · Σq_x) takes back out:
 //!
 //! ```text
 //! Σ_b d_w·d_x·Σ_j q_w·q_x = Σ_b d_w·d_x·Σ_j (q_w + off)·q_x  +  Σ_b d_w·corr_b
 //! ```
 //!
-//! One 512-bit register holds two blocks: int32 lanes 0–7 sum the first, 8–15 the second,
-//! and each lane is scaled by its block's d_w·d_x before adding into f32 accumulators. A tile
-//! of MR input rows × 4 weight rows shares every load.
+//! Four blocks a step (`GROUP`, laid out by `q8_at`): one register holds the first halves of
+//! four blocks, another their second halves (Q4_0: one load's low and high nibbles), so two
+//! `vpdpbusd` leave block k's sum in 128-bit lane k. Each lane is scaled by its block's
+//! d_w·d_x into f32 accumulators. A tile of MR input rows × 4 weight rows shares every load.
 
-use super::{QuantAct, QuantKind, QuantMatrix, BLOCK};
+use super::{QuantAct, QuantKind, QuantMatrix, BLOCK, GROUP};
 use std::arch::x86_64::*;
 use std::ops::Range;
 
@@ -69,12 +70,13 @@ unsafe fn dots<const MR: usize>(
     let wrow = wr.map(|o| w.row(o));
     let xrow = xr.map(|r| x.row(r));
     let mut acc = [[_mm512_setzero_ps(); NR]; MR];
-    let pair = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
-    for c16 in (0..nb).step_by(16) {
-        let count = 16.min(nb - c16);
+    let lanes = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+    let padded = nb.div_ceil(GROUP) * GROUP;
+    for c16 in (0..padded).step_by(16) {
+        let count = 16.min(padded - c16);
         // 1. sixteen blocks' scales, and the offset's correction
-        // SAFETY: the masked load reads the `count` scales left in the row; the input's
-        // scales and corrections are padded to whole groups of sixteen.
+        // SAFETY: the masked load reads the `count` scales left in the (padded) row; the
+        // input's scales and corrections are padded to whole groups of sixteen.
         let (dw, dx) = unsafe {
             let m = crate::kernels::lane_mask(count);
             (
@@ -91,21 +93,27 @@ unsafe fn dots<const MR: usize>(
                 acc[j][i] = _mm512_fmadd_ps(dw[i], corr, acc[j][i]);
             }
         }
-        // 2. two blocks a step
-        for p in 0..count.div_ceil(2) {
-            let b = c16 + 2 * p;
-            let two = b + 1 < nb;
-            // lanes 0–7 take block 2p's scale, 8–15 block 2p + 1's
-            let idx = _mm512_add_epi32(pair, _mm512_set1_epi32(2 * p as i32));
-            // SAFETY: block b (and b + 1 when `two`) is inside each weight row.
-            let wv = wrow.map(|(q, _)| unsafe { weights(kind, q, b, two) });
+        // 2. four blocks a step
+        for g in 0..count / GROUP {
+            let b = c16 + GROUP * g;
+            // lanes 4k..4k + 4 take block b + k's scales
+            let idx = _mm512_add_epi32(lanes, _mm512_set1_epi32((GROUP * g) as i32));
+            // SAFETY: the group lies inside each (padded) weight row.
+            let wv = wrow.map(|(q, _)| unsafe { weights(kind, q, b) });
             let dwl = dw.map(|d| _mm512_permutexvar_ps(idx, d));
             for j in 0..MR {
-                // SAFETY: the input rows are padded to whole pairs of blocks.
-                let xv = unsafe { _mm512_loadu_si512(xrow[j].0.as_ptr().add(b * BLOCK).cast()) };
+                // SAFETY: the input rows are padded to whole groups of sixteen blocks.
+                let (xa, xb) = unsafe {
+                    let p = xrow[j].0.as_ptr().add(b * BLOCK);
+                    (
+                        _mm512_loadu_si512(p.cast()),
+                        _mm512_loadu_si512(p.add(64).cast()),
+                    )
+                };
                 let dxl = _mm512_permutexvar_ps(idx, dx[j]);
                 for i in 0..NR {
-                    let dp = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[i], xv);
+                    let dp = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[i].0, xa);
+                    let dp = _mm512_dpbusd_epi32(dp, wv[i].1, xb);
                     let s = _mm512_mul_ps(dwl[i], dxl);
                     acc[j][i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dp), s, acc[j][i]);
                 }
@@ -115,34 +123,32 @@ unsafe fn dots<const MR: usize>(
     acc.map(|a| a.map(|v| _mm512_reduce_add_ps(v)))
 }
 
-/// Blocks b and (with `two`) b + 1 of a weight row as 64 unsigned bytes in element order
-/// (q + offset), zero past the row's last block.
+/// The group of four blocks from block b of a weight row, as unsigned bytes (q + offset): their
+/// first halves, then their second halves.
 ///
 /// # Safety
-/// AVX-512F/BW; the blocks lie inside `q`.
+/// AVX-512F/BW; the group lies inside `q`.
 #[target_feature(enable = "avx512f,avx512bw")]
-unsafe fn weights(kind: QuantKind, q: &[u8], b: usize, two: bool) -> __m512i {
-    let bytes = kind.quant_bytes() * if two { 2 } else { 1 };
-    debug_assert!((b * kind.quant_bytes() + bytes) <= q.len());
-    // SAFETY: the caller's contract: `bytes` bytes from block b are in the row.
+unsafe fn weights(kind: QuantKind, q: &[u8], b: usize) -> (__m512i, __m512i) {
+    debug_assert!((b + GROUP) * kind.quant_bytes() <= q.len());
+    // SAFETY: the caller's contract: the group's bytes are in the row.
     let p = unsafe { q.as_ptr().add(b * kind.quant_bytes()) };
     match kind {
-        QuantKind::Q8_0 => {
-            let m: __mmask64 = if two { !0 } else { (1 << 32) - 1 };
-            // SAFETY: the mask covers the blocks in the row alone.
-            let v = unsafe { _mm512_maskz_loadu_epi8(m, p.cast()) };
-            _mm512_maskz_xor_epi32(if two { 0xffff } else { 0xff }, v, _mm512_set1_epi8(-128))
-        }
+        // SAFETY: as above: 128 bytes from the group's start.
+        QuantKind::Q8_0 => unsafe {
+            (
+                _mm512_loadu_si512(p.cast()),
+                _mm512_loadu_si512(p.add(64).cast()),
+            )
+        },
         QuantKind::Q4_0 => {
-            let m: __mmask32 = if two { !0 } else { 0xffff };
-            // SAFETY: as above.
-            let y = unsafe { _mm256_maskz_loadu_epi8(m, p.cast()) };
-            let nib = _mm256_set1_epi8(15);
-            let lo = _mm256_and_si256(y, nib);
-            let hi = _mm256_and_si256(_mm256_srli_epi16(y, 4), nib);
-            // [lo b, lo b+1, hi b, hi b+1] in 128-bit lanes, to [lo b, hi b, lo b+1, hi b+1]
-            let z = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-            _mm512_shuffle_i64x2(z, z, 0b11_01_10_00)
+            // SAFETY: as above: 64 bytes.
+            let z = unsafe { _mm512_loadu_si512(p.cast()) };
+            let nib = _mm512_set1_epi8(15);
+            (
+                _mm512_and_si512(z, nib),
+                _mm512_and_si512(_mm512_srli_epi16(z, 4), nib),
+            )
         }
     }
 }
