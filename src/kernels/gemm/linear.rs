@@ -92,13 +92,9 @@ pub fn matmul_forward_each(
     precision: Precision,
 ) {
     // quantised weights of one kind: the input quantised once, every part in one region
-    let kinds: Vec<_> = parts.iter().map(|p| p.1.quant.map(|q| q.kind)).collect();
-    if let Some(kind) = kinds
-        .first()
-        .copied()
-        .flatten()
-        .filter(|k| kinds.iter().all(|x| *x == Some(*k)))
-    {
+    let kind_of = |p: &(&mut [f32], Weight, usize)| p.1.quant.map(|q| q.kind);
+    let kind = parts.first().and_then(kind_of);
+    if let Some(kind) = kind.filter(|_| parts.iter().all(|p| kind_of(p) == kind)) {
         let x = QuantAct::new(inp, n, c, kind);
         let mut qparts: Vec<(&mut [f32], &QuantMatrix)> = parts
             .iter_mut()
