@@ -5,10 +5,10 @@
 #   bench/quant_decode.sh [ROUNDS]
 #
 # Each run is `difftx bench decode --preset $PRESET --attention standard --prompt-len $PROMPT
-# --new-tokens 128 --vocab-size $VOCAB --reps $REPS --json`. The machine is shared and noisy:
+# --new-tokens $NEW --vocab-size $VOCAB --reps $REPS --json`. The machine is shared and noisy:
 # the figures quoted are medians over rounds, and the ratios medians of each round's own ratios
 # (to f32 and to bf16). PRESET=medium, PROMPT=1 (decode at depth 0; 512 for depth 512 and
-# prefill 512), VOCAB=256, REPS=3, FORMATS="f32 bf16 q8_0 q4_0".
+# prefill 512), NEW=128 (tokens decoded), VOCAB=256, REPS=3, FORMATS="f32 bf16 q8_0 q4_0".
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-5}
@@ -30,7 +30,7 @@ for r in $(seq "$rounds"); do
     # shellcheck disable=SC2046
     target/release/difftx $( [ "$f" = bf16 ] && echo --bf16 ) bench decode \
       --preset "${PRESET:-medium}" --attention standard --prompt-len "${PROMPT:-1}" \
-      --new-tokens 128 --vocab-size "${VOCAB:-256}" --reps "${REPS:-3}" --json \
+      --new-tokens "${NEW:-128}" --vocab-size "${VOCAB:-256}" --reps "${REPS:-3}" --json \
       $( [ "$f" != bf16 ] && flags "$f" ) \
       | jq -c --arg f "$f" --arg r "$r" '{round: $r, format: $f, decode: .decode_tokens_per_s, prefill: .prefill_tokens_per_s}' >>"$out"
   done
