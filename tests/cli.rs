@@ -873,3 +873,19 @@ fn readme_and_help_give_the_same_timings() {
         );
     }
 }
+
+/// An unknown `--quant` name is one line naming it, before any model is read.
+#[test]
+fn an_unknown_quant_name_is_one_line() {
+    for args in [
+        &[
+            "eval", "--model", "nowhere", "--data", "nothing", "--quant", "q5_1",
+        ][..],
+        &[
+            "generate", "--model", "nowhere", "--prompt", "a", "--quant", "q5_1",
+        ],
+        &["bench", "decode", "--preset", "tiny", "--quant", "q5_1"],
+    ] {
+        fails_with(&difftx(args), &["--quant", "`q5_1`", "q8_0 or q4_0"]);
+    }
+}

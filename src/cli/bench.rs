@@ -142,6 +142,12 @@ pub struct BenchDecodeArgs {
     /// Attention kind of the fresh model (without --model): standard, diff_v1 or diff_v2.
     #[arg(long, default_value = "diff_v1")]
     pub attention: AttentionKind,
+    /// Vocabulary of the fresh model (without --model) [default: the preset's 256 bytes];
+    /// 32000 measures decoding at a real tokenizer's LM head.
+    #[arg(long)]
+    pub vocab_size: Option<usize>,
+    #[arg(long, help = super::QUANT_HELP)]
+    pub quant: Option<String>,
     /// Prompt tokens (prefill) [default: 128, or half the context if that is less].
     #[arg(long)]
     pub prompt_len: Option<usize>,
@@ -396,14 +402,26 @@ fn attention(a: BenchAttentionArgs, precision: Precision) -> Result<()> {
 }
 
 fn decode(a: BenchDecodeArgs, precision: Precision) -> Result<()> {
-    let model = match &a.model {
+    let quant = super::quant_kind(a.quant.as_deref())?;
+    let mut model = match &a.model {
+        Some(_) if a.vocab_size.is_some() => {
+            bail!("--vocab-size sizes a fresh model; a --model keeps its own vocabulary")
+        }
         Some(dir) => super::load_model(dir, precision)?.0,
         None => {
-            let mut m = Model::init(ModelConfig::preset(a.preset, a.attention), 0)?;
+            let mut config = ModelConfig::preset(a.preset, a.attention);
+            if let Some(v) = a.vocab_size {
+                if v == 0 {
+                    bail!("--vocab-size must be at least 1");
+                }
+                config.vocab_size = v;
+            }
+            let mut m = Model::init(config, 0)?;
             m.precision = precision;
             m
         }
     };
+    super::quantize(&mut model, quant);
     let ctx = model.config.max_position_embeddings;
     let prompt_len = a.prompt_len.unwrap_or(128.min(ctx / 2).max(1));
     let new_tokens = a

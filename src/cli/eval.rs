@@ -12,6 +12,8 @@ pub struct EvalArgs {
     /// folder, which stands for its newest complete checkpoint.
     #[arg(long)]
     pub model: PathBuf,
+    #[arg(long, help = super::QUANT_HELP)]
+    pub quant: Option<String>,
     /// UTF-8 text file to score, tokenized with the model's tokenizer.
     #[arg(long)]
     pub data: PathBuf,
@@ -25,7 +27,9 @@ pub struct EvalArgs {
 }
 
 pub fn run(a: EvalArgs, precision: difftx::kernels::Precision) -> Result<()> {
-    let (model, dir) = super::load_model(&a.model, precision)?;
+    let quant = super::quant_kind(a.quant.as_deref())?;
+    let (mut model, dir) = super::load_model(&a.model, precision)?;
+    super::quantize(&mut model, quant);
     let tok = Tokenizer::for_model(&dir, &model.config)?;
     let (text, ids) = scored_text(&a.data, &tok)?;
     let pb = progress(0, "eval");

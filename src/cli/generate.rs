@@ -11,6 +11,8 @@ pub struct GenerateArgs {
     /// folder, which stands for its newest complete checkpoint.
     #[arg(long)]
     pub model: PathBuf,
+    #[arg(long, help = super::QUANT_HELP)]
+    pub quant: Option<String>,
     /// Prompt text; repeat the flag (or mix with --prompt-file) to generate a batch, whose
     /// continuations print each under a line `=== prompt I of N ===` (or see --json).
     #[arg(long)]
@@ -54,7 +56,9 @@ pub fn run(a: GenerateArgs, precision: difftx::kernels::Precision) -> Result<()>
         top_p: a.top_p,
     };
     sampling.validate()?;
-    let (model, dir) = super::load_model(&a.model, precision)?;
+    let quant = super::quant_kind(a.quant.as_deref())?;
+    let (mut model, dir) = super::load_model(&a.model, precision)?;
+    super::quantize(&mut model, quant);
     let tok = Tokenizer::for_model(&dir, &model.config)?;
     let mut texts = a.prompt.clone();
     for f in &a.prompt_file {

@@ -16,10 +16,35 @@ pub mod retrofit;
 pub mod tokenizer;
 pub mod train;
 
-use anyhow::Result;
+use anyhow::{anyhow, Result};
+use difftx::kernels::quant::QuantKind;
 use difftx::kernels::Precision;
 use difftx::{Model, ModelConfig};
 use std::path::{Path, PathBuf};
+
+/// The help of `--quant`, on every command that takes it.
+pub const QUANT_HELP: &str = "Quantise the linear layers and the LM head at load: q8_0 or q4_0 \
+(GGUF's blocks of 32 weights with one f16 scale; each product's input is quantised to int8 per \
+block of 32 on the fly, with integer dot products). Norms, λ, RoPE and the softmax stay f32.";
+
+/// `--quant`'s value, or an error naming it.
+pub fn quant_kind(name: Option<&str>) -> Result<Option<QuantKind>> {
+    name.map(|n| n.parse().map_err(|e: String| anyhow!("--quant: {e}")))
+        .transpose()
+}
+
+/// Quantises `model` to `kind` (with `Some`), saying on stderr which matrices stay f32.
+pub fn quantize(model: &mut Model, kind: Option<QuantKind>) {
+    let Some(kind) = kind else { return };
+    let kept = model.quantize(kind);
+    if !kept.is_empty() {
+        eprintln!(
+            "--quant {kind}: {} matrices stay f32, their width not a multiple of 32: {}",
+            kept.len(),
+            kept.join(", ")
+        );
+    }
+}
 
 /// The model directory a `--model` names: a model directory, or a training run folder (its
 /// newest complete checkpoint, said on stderr).

@@ -112,10 +112,19 @@ pub enum Preset {
     Small,
     Bench,
     Medium,
+    /// about GPT-2 small's size (D 768, 12 layers, context 2048): 85M parameters at the byte
+    /// vocabulary, 134M at a 32,000-token one
+    Large,
 }
 
 impl Preset {
-    pub const ALL: [Preset; 4] = [Self::Tiny, Self::Small, Self::Bench, Self::Medium];
+    pub const ALL: [Preset; 5] = [
+        Self::Tiny,
+        Self::Small,
+        Self::Bench,
+        Self::Medium,
+        Self::Large,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -123,6 +132,7 @@ impl Preset {
             Self::Small => "small",
             Self::Bench => "bench",
             Self::Medium => "medium",
+            Self::Large => "large",
         }
     }
 }
@@ -133,7 +143,9 @@ impl FromStr for Preset {
         Self::ALL
             .into_iter()
             .find(|p| p.as_str() == s)
-            .ok_or_else(|| format!("unknown preset `{s}` (expected tiny, small, bench or medium)"))
+            .ok_or_else(|| {
+                format!("unknown preset `{s}` (expected tiny, small, bench, medium or large)")
+            })
     }
 }
 
@@ -153,6 +165,7 @@ impl ModelConfig {
             Preset::Small => (256, 6, 32, 512, 4),
             Preset::Bench => (256, 4, 32, 256, 4),
             Preset::Medium => (512, 8, 64, 1024, 4),
+            Preset::Large => (768, 12, 64, 2048, 6),
         };
         let (heads, kv_heads) = match attention {
             AttentionKind::Standard => (2 * h, 2 * h),

@@ -271,7 +271,7 @@ pub struct DecodeBench {
     pub decode_tokens_per_s: f64,
     /// parameter bytes plus the KV cache at the end of decoding: what each step must read
     pub weight_bytes: u64,
-    /// "bf16" when decoding read bf16 weights (`--bf16`)
+    /// "bf16" when decoding read bf16 weights (`--bf16`), "q8_0" or "q4_0" with `--quant`
     pub precision: &'static str,
     pub kv_cache_bytes: u64,
 }
@@ -336,13 +336,19 @@ pub fn bench_decode(
         prefill_tokens_per_s: prompt_len as f64 / p,
         decode_s_median: d,
         decode_tokens_per_s: new_tokens as f64 / d,
-        // with --bf16 the matrix products of decoding read 2 bytes a weight
-        weight_bytes: if model.precision.is_bf16() {
-            (4 * model.num_params() - 2 * matmul_params(c)) as u64
-        } else {
-            4 * model.num_params() as u64
+        // with --bf16 the matrix products of decoding read 2 bytes a weight, with --quant
+        // their blocks
+        weight_bytes: match &model.quant {
+            Some(q) => (4 * (model.num_params() - q.params()) + q.bytes()) as u64,
+            None if model.precision.is_bf16() => {
+                (4 * model.num_params() - 2 * matmul_params(c)) as u64
+            }
+            None => 4 * model.num_params() as u64,
         },
-        precision: precision(model.precision),
+        precision: match &model.quant {
+            Some(q) => q.kind.as_str(),
+            None => precision(model.precision),
+        },
         kv_cache_bytes: 4 * (kv_per_token * (prompt_len + new_tokens)) as u64,
     })
 }

@@ -21,6 +21,7 @@ pub mod embedding;
 pub mod gemm;
 mod pool;
 pub mod precision;
+pub mod quant;
 pub mod rmsnorm;
 pub mod rope;
 mod scratch;

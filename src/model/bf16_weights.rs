@@ -61,6 +61,7 @@ impl Bf16Weights {
             f32: &params[r.clone()],
             bf16: (!self.rows.is_empty()).then(|| &self.rows[r]),
             tiles,
+            quant: None,
         }
     }
 

@@ -8,6 +8,7 @@
 use super::attention::{self as attn, Lambda};
 use super::bf16_weights::Bf16Weights;
 use super::kv_cache::KvCache;
+use super::quant_weights::QuantWeights;
 use crate::config::params::{LayerParams, Span};
 use crate::config::{lambda_init_at, AttentionKind, ModelConfig};
 use crate::kernels::attention::{
@@ -176,11 +177,13 @@ impl Scratch {
 }
 
 /// One block as the stack hands it to the forward and backward: the flat parameters (with
-/// their bf16 copies where inference keeps them), the block's table of spans, the sizes shared
+/// their quantised blocks or bf16 copies where inference keeps them), the block's table of spans, the sizes shared
 /// by every block, its index (λ_init depends on it), the RoPE table and the precision.
 pub struct Layer<'a> {
     pub w: &'a [f32],
     pub wb: Option<&'a Bf16Weights>,
+    /// the linear layers in Q8_0/Q4_0 blocks, where the model holds them (inference)
+    pub wq: Option<&'a QuantWeights>,
     pub p: &'a LayerParams,
     pub d: &'a Dims,
     pub index: usize,
@@ -307,9 +310,9 @@ impl Layer<'_> {
         &self.w[r.range()]
     }
 
-    /// A linear layer's weight, with its bf16 copies where inference keeps them.
+    /// A linear layer's weight, with its blocks or bf16 copies where inference keeps them.
     fn weight(&self, r: Span) -> Weight<'_> {
-        Bf16Weights::weight_of(self.wb, self.w, r.range())
+        QuantWeights::weight_of(self.wq, self.wb, self.w, r.range())
     }
 
     /// Forward phase 2: q, k, v (and diff_v2's λ logits) from ln1, in one product.

@@ -7,6 +7,7 @@ pub mod checkpoint;
 pub mod kv_cache;
 #[allow(clippy::module_inception)]
 pub mod model;
+pub mod quant_weights;
 pub mod retrofit;
 
 pub use kv_cache::KvCache;

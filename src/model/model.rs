@@ -11,6 +11,7 @@ use super::block::{
     block_backward, block_forward, linear_backward, Attend, Dims, Layer, LayerActs, Scratch,
 };
 use super::kv_cache::KvCache;
+use super::quant_weights::QuantWeights;
 use crate::config::params::LayerParams;
 use crate::config::params::ParamLayout;
 use crate::config::ModelConfig;
@@ -38,6 +39,9 @@ pub struct Model {
     /// only `Precision::new` on an AVX512_BF16 CPU gives): a `Workspace` made for this model
     /// runs its forwards and backwards in it. Not part of a checkpoint.
     pub precision: Precision,
+    /// The linear layers and LM head in Q8_0/Q4_0 blocks (`quantize`, inference only), which
+    /// every forward pass then multiplies by. Not part of a checkpoint.
+    pub quant: Option<std::sync::Arc<QuantWeights>>,
 }
 
 /// Everything a forward and backward pass over up to B×T tokens writes, allocated once.
@@ -69,7 +73,7 @@ pub struct Workspace {
     /// (b, t) of the last forward
     cur: (usize, usize),
     /// bf16 copies of the model's weights that cached forwards read (`keep_bf16_weights`)
-    bf16: Option<Bf16Weights>,
+    bf16: Option<super::bf16_weights::Bf16Weights>,
     /// the model's `precision` when this was made, which its buffers are sized for and every
     /// pass through it runs in
     pub precision: Precision,
@@ -113,6 +117,7 @@ impl Model {
             dims,
             rope,
             precision: Precision::F32,
+            quant: None,
         })
     }
 
@@ -145,6 +150,16 @@ impl Model {
             }
         }
         Ok(m)
+    }
+
+    /// Quantises the linear layers and the LM head to `kind` blocks for inference: every
+    /// forward pass then multiplies by them (`backward` refuses). Returns the names of the
+    /// matrices left f32, whose width is not a multiple of 32.
+    pub fn quantize(&mut self, kind: crate::kernels::quant::QuantKind) -> Vec<String> {
+        let q = QuantWeights::new(self, kind);
+        let kept = q.kept_f32.clone();
+        self.quant = Some(std::sync::Arc::new(q));
+        kept
     }
 
     pub fn num_params(&self) -> usize {
@@ -190,12 +205,13 @@ impl Model {
         &'a self,
         index: usize,
         p: &'a LayerParams,
-        wb: Option<&'a Bf16Weights>,
+        (wb, wq): (Option<&'a Bf16Weights>, Option<&'a QuantWeights>),
         precision: Precision,
     ) -> Layer<'a> {
         Layer {
             w: &self.params,
             wb,
+            wq,
             p,
             d: &self.dims,
             index,
@@ -262,6 +278,8 @@ impl Model {
             .bf16
             .as_ref()
             .filter(|b| caches.is_some() && b.fits(w.len()));
+        // Every forward reads the quantised weights, where the model holds them.
+        let wq = self.quant.as_deref().filter(|q| q.fits(w.len()));
         let (bits, precision) = (ws.logit_bits, ws.precision);
         // 2. Embedding, at each sequence's next position (its cache's length)
         ws.cur = (b, t);
@@ -280,7 +298,14 @@ impl Model {
                 (None, Some(bits)) => Attend::LowBit(bits),
                 (None, None) => Attend::Full,
             };
-            block_forward(x, acts, &self.layer(l, p, wb, precision), b, t, attend);
+            block_forward(
+                x,
+                acts,
+                &self.layer(l, p, (wb, wq), precision),
+                b,
+                t,
+                attend,
+            );
             if ws.keep_hidden {
                 ws.hidden[l][..n * dm].copy_from_slice(x);
             }
@@ -313,7 +338,7 @@ impl Model {
         matmul_forward(
             &mut ws.logits[..rows * v],
             lnf,
-            Bf16Weights::weight_of(wb, w, head.range()),
+            QuantWeights::weight_of(wq, wb, w, head.range()),
             rows,
             dm,
             v,
@@ -364,6 +389,7 @@ impl Model {
     /// (the layout of `params`; the caller zeroes it).
     pub fn backward(&self, ws: &mut Workspace, grads: &mut [f32]) {
         assert_eq!(grads.len(), self.params.len());
+        assert!(self.quant.is_none(), "backward through quantised weights");
         assert!(
             ws.logit_bits.is_none(),
             "backward after a low-bit (evaluation-only) forward pass"
@@ -412,7 +438,7 @@ impl Model {
                 grads,
                 &mut ws.scratch,
                 acts,
-                &self.layer(l, p, None, precision),
+                &self.layer(l, p, (None, None), precision),
                 b,
                 t,
             );
@@ -485,7 +511,7 @@ impl Workspace {
     /// f32 weights. The copies do not follow later changes to `model.params`: take them again
     /// after training, or `drop_bf16_weights`.
     pub fn keep_bf16_weights(&mut self, model: &Model) {
-        self.bf16 = Some(Bf16Weights::new(model));
+        self.bf16 = Some(super::bf16_weights::Bf16Weights::new(model));
     }
 
     /// Cached forwards read the f32 weights again.

@@ -42,7 +42,7 @@ pub struct TrainOptions {
     /// the length of the windows trained on.
     #[cfg_attr(feature = "cli", arg(long, value_name = "DIR"))]
     pub init_from: Option<PathBuf>,
-    /// Model size: tiny, small, bench or medium (`difftx presets` lists the parameter counts)
+    /// Model size: tiny, small, bench, medium or large (`difftx presets` lists the parameter counts)
     /// [default: tiny].
     #[cfg_attr(feature = "cli", arg(long))]
     pub preset: Option<String>,

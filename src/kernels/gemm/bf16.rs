@@ -706,6 +706,7 @@ mod tests {
                 f32: &w,
                 bf16: None,
                 tiles: Some(&packed),
+                quant: None,
             };
             crate::kernels::gemm::matmul_forward(
                 &mut y,

@@ -3,6 +3,7 @@
 //! with no packing.
 
 use super::{gemm, threads_for, Dims, Mat, Out, Precision, PARALLEL_THRESHOLD};
+use crate::kernels::quant::{QuantAct, QuantMatrix};
 use crate::kernels::Grad;
 use rayon::prelude::*;
 use std::ops::Range;
@@ -10,12 +11,15 @@ use std::ops::Range;
 /// A linear layer's weight (OC, C) as in torch `Linear`, and optionally the bf16 copies that
 /// inference reads with `--bf16` (see `Workspace::keep_bf16_weights`): its rows, which
 /// decoding's matrix-vector products read (half the bytes from memory), and its bf16 tiles
-/// (`bf16::pack_weight`), which longer forwards multiply without packing it again.
+/// (`bf16::pack_weight`), which longer forwards multiply without packing it again; or its
+/// Q8_0/Q4_0 blocks (`--quant`), which every product then reads instead
+/// (`kernels::quant`).
 #[derive(Clone, Copy)]
 pub struct Weight<'a> {
     pub f32: &'a [f32],
     pub bf16: Option<&'a [u16]>,
     pub tiles: Option<&'a [u16]>,
+    pub quant: Option<&'a QuantMatrix>,
 }
 
 impl<'a> From<&'a [f32]> for Weight<'a> {
@@ -24,6 +28,7 @@ impl<'a> From<&'a [f32]> for Weight<'a> {
             f32,
             bf16: None,
             tiles: None,
+            quant: None,
         }
     }
 }
@@ -42,6 +47,11 @@ pub fn matmul_forward<'a>(
     precision: Precision,
 ) {
     let w = w.into();
+    if let Some(q) = w.quant {
+        assert!(q.rows == oc && q.cols == c && inp.len() >= n * c);
+        let x = QuantAct::new(inp, n, c, q.kind);
+        return crate::kernels::quant::matmul(out, &x, q, accumulate);
+    }
     if n <= GEMV_ROWS {
         return gemv(&[Gemv::new(out, inp, w, n, c, oc, accumulate)]);
     }
@@ -81,6 +91,22 @@ pub fn matmul_forward_each(
     c: usize,
     precision: Precision,
 ) {
+    // quantised weights of one kind: the input quantised once, every part in one region
+    let kind_of = |p: &(&mut [f32], Weight, usize)| p.1.quant.map(|q| q.kind);
+    let kind = parts.first().and_then(kind_of);
+    if let Some(kind) = kind.filter(|_| parts.iter().all(|p| kind_of(p) == kind)) {
+        let x = QuantAct::new(inp, n, c, kind);
+        let mut qparts: Vec<(&mut [f32], &QuantMatrix)> = parts
+            .iter_mut()
+            .map(|(out, w, oc)| {
+                let q = w.quant.expect("every part is quantised");
+                assert!(q.rows == *oc && q.cols == c);
+                (&mut **out, q)
+            })
+            .collect();
+        let engine = crate::kernels::quant::Engine::detect();
+        return crate::kernels::quant::matmul_on(engine, &mut qparts, &x, false);
+    }
     if n <= GEMV_ROWS {
         let jobs: Vec<Gemv> = parts
             .iter_mut()

@@ -1,0 +1,469 @@
+//! Quantised linear layers (`--quant q8_0|q4_0`): weights in the GGUF blocks of block.rs, the
+//! input quantised per block of 32 to int8 on the fly (`QuantAct`, as llama.cpp quantises its
+//! activations to q8_0), and each output the f32 sum over blocks of an int32 block dot product
+//! times both blocks' scales.
+//!
+//! Two engines run the products: `Engine::Vnni` (vnni.rs, AVX512-VNNI's `vpdpbusd`) where the
+//! CPU has it, `Engine::Portable` (plain integer loops) elsewhere; tests run both
+//! (`matmul_on`). A product of up to `GEMV_ROWS` input rows (decoding) reads every weight once,
+//! for those rows together; longer ones (prefill) run as a blocked GEMM over tiles of input and
+//! weight rows. Both split the weight rows (and the GEMM the input rows) over the rayon pool.
+
+pub mod block;
+#[cfg(target_arch = "x86_64")]
+mod vnni;
+
+pub use block::{dequantize, quantize, QuantKind, BLOCK};
+use rayon::prelude::*;
+
+/// A weight (rows, cols) as torch `Linear` holds it, each row quantised in blocks of 32, held
+/// in the engines' layout: rows padded with zero blocks to whole groups of four (`GROUP`),
+/// Q8_0's quants stored as q + 128 at `q8_at`, Q4_0's as GGUF packs them. `gguf_bytes` gives
+/// the GGUF blocks back.
+#[derive(Clone, Debug)]
+pub struct QuantMatrix {
+    pub kind: QuantKind,
+    pub rows: usize,
+    pub cols: usize,
+    /// every block's quants, row after row
+    qs: Vec<u8>,
+    /// every block's scale as f16 bits, row after row
+    d: Vec<u16>,
+}
+
+/// Blocks the VNNI engine multiplies at once: four, each split in halves of 16 elements.
+pub const GROUP: usize = 4;
+
+/// Where element e of block b of a row sits among Q8_0 quants (and an input's): in groups of
+/// four blocks, their first halves side by side, then their second halves. In that order one
+/// register of weights (or inputs) holds one half of each of four blocks, and Q4_0's packed
+/// bytes unpack to the same order: low nibbles the first halves, high nibbles the second.
+pub fn q8_at(b: usize, e: usize) -> usize {
+    (b / GROUP) * GROUP * BLOCK + (e / 16) * 64 + (b % GROUP) * 16 + e % 16
+}
+
+impl QuantMatrix {
+    /// `w` (rows × cols, row-major) quantised; `None` when `cols` is not a multiple of 32.
+    pub fn new(kind: QuantKind, w: &[f32], rows: usize, cols: usize) -> Option<QuantMatrix> {
+        assert_eq!(w.len(), rows * cols, "QuantMatrix::new: wrong size");
+        if !cols.is_multiple_of(BLOCK) {
+            return None;
+        }
+        let (nb, qb) = (cols / BLOCK, kind.quant_bytes());
+        let nbp = nb.div_ceil(GROUP) * GROUP;
+        let mut qs = vec![0u8; rows * nbp * qb];
+        let mut d = vec![0u16; rows * nbp];
+        // 1. each row's blocks (row chunks in parallel), placed in the engines' layout
+        qs.par_chunks_mut(nbp * qb)
+            .zip(d.par_chunks_mut(nbp))
+            .zip(w.par_chunks(cols))
+            .for_each(|((q, d), w)| {
+                let mut blk = [0u8; BLOCK];
+                for (b, x) in w.chunks_exact(BLOCK).enumerate() {
+                    d[b] = block::quantize_block(kind, x.try_into().expect("a block"), &mut blk);
+                    match kind {
+                        QuantKind::Q8_0 => (0..BLOCK).for_each(|e| q[q8_at(b, e)] = blk[e] ^ 0x80),
+                        QuantKind::Q4_0 => q[b * qb..(b + 1) * qb].copy_from_slice(&blk[..qb]),
+                    }
+                }
+            });
+        Some(QuantMatrix {
+            kind,
+            rows,
+            cols,
+            qs,
+            d,
+        })
+    }
+
+    /// Blocks per row.
+    pub fn blocks(&self) -> usize {
+        self.cols / BLOCK
+    }
+
+    /// Blocks per row as stored (whole groups).
+    fn padded(&self) -> usize {
+        self.blocks().div_ceil(GROUP) * GROUP
+    }
+
+    /// The GGUF tensor data: every block (scale, then quants), row after row, as a GGUF file
+    /// stores a (rows, cols) tensor of this kind (ggml's `ne` = [cols, rows]).
+    pub fn gguf_bytes(&self) -> Vec<u8> {
+        let (nb, qb) = (self.blocks(), self.kind.quant_bytes());
+        let mut out = Vec::with_capacity(self.rows * nb * self.kind.block_bytes());
+        for r in 0..self.rows {
+            let (q, d) = self.row(r);
+            for (b, d) in d[..nb].iter().enumerate() {
+                out.extend_from_slice(&d.to_le_bytes());
+                match self.kind {
+                    QuantKind::Q8_0 => out.extend((0..BLOCK).map(|e| q[q8_at(b, e)] ^ 0x80)),
+                    QuantKind::Q4_0 => out.extend_from_slice(&q[b * qb..(b + 1) * qb]),
+                }
+            }
+        }
+        out
+    }
+
+    /// The values the blocks stand for, row-major.
+    pub fn dequantize(&self) -> Vec<f32> {
+        dequantize(self.kind, &self.gguf_bytes()).expect("whole blocks")
+    }
+
+    /// Bytes the products read: quants and scales.
+    pub fn bytes(&self) -> usize {
+        self.qs.len() + 2 * self.d.len()
+    }
+
+    /// Row `r`'s quants and scales, padded to whole groups.
+    fn row(&self, r: usize) -> (&[u8], &[u16]) {
+        let (nbp, qb) = (self.padded(), self.kind.quant_bytes());
+        (
+            &self.qs[r * nbp * qb..(r + 1) * nbp * qb],
+            &self.d[r * nbp..(r + 1) * nbp],
+        )
+    }
+}
+
+/// Which code runs the integer dot products.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Engine {
+    /// AVX-512 with VNNI (`vpdpbusd`: unsigned × signed bytes into int32)
+    Vnni,
+    /// plain loops, on any CPU
+    Portable,
+}
+
+impl Engine {
+    /// `Vnni` where the CPU has AVX512-VNNI (with AVX-512F/BW), else `Portable`.
+    pub fn detect() -> Engine {
+        #[cfg(target_arch = "x86_64")]
+        {
+            static OK: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+            let ok = *OK.get_or_init(|| {
+                is_x86_feature_detected!("avx512f")
+                    && is_x86_feature_detected!("avx512bw")
+                    && is_x86_feature_detected!("avx512vnni")
+            });
+            if ok {
+                return Engine::Vnni;
+            }
+        }
+        Engine::Portable
+    }
+}
+
+/// An input (n, cols) quantised per block of 32 to int8, as Q8_0 quantises (`d = max|x|/127`,
+/// `q = round(x/d)`), but with the scale kept in f32; quants at `q8_at`. Each row's blocks
+/// are padded with zero blocks to a multiple of 16, so that the VNNI engine reads whole
+/// vectors.
+pub struct QuantAct {
+    n: usize,
+    /// blocks of a row, padded
+    stride: usize,
+    qs: Vec<i8>,
+    d: Vec<f32>,
+    /// −offset · d · Σq per block, for the engine's unsigned weights (`vnni::offset`)
+    corr: Vec<f32>,
+}
+
+impl QuantAct {
+    /// `x` (n, cols) quantised for products with `kind` weights.
+    pub fn new(x: &[f32], n: usize, cols: usize, kind: QuantKind) -> QuantAct {
+        assert!(cols.is_multiple_of(BLOCK) && x.len() >= n * cols);
+        let stride = (cols / BLOCK).div_ceil(16) * 16;
+        let mut a = QuantAct {
+            n,
+            stride,
+            qs: vec![0; n * stride * BLOCK],
+            d: vec![0.0; n * stride],
+            corr: vec![0.0; n * stride],
+        };
+        let offset = offset(kind) as f32;
+        let qd = a.qs.chunks_mut(stride * BLOCK).zip(a.d.chunks_mut(stride));
+        let rows = qd.zip(a.corr.chunks_mut(stride).zip(x.chunks(cols)));
+        if n > 1 && n * cols >= 1 << 14 {
+            rows.par_bridge()
+                .for_each(|((q, d), (c, x))| quantize_row(&x[..cols], q, d, c, offset));
+        } else {
+            rows.for_each(|((q, d), (c, x))| quantize_row(&x[..cols], q, d, c, offset));
+        }
+        a
+    }
+
+    fn row(&self, r: usize) -> (&[i8], &[f32], &[f32]) {
+        let s = self.stride;
+        (
+            &self.qs[r * s * BLOCK..(r + 1) * s * BLOCK],
+            &self.d[r * s..(r + 1) * s],
+            &self.corr[r * s..(r + 1) * s],
+        )
+    }
+}
+
+/// One input row's blocks: quants, scales and the VNNI engine's corrections.
+fn quantize_row(x: &[f32], qs: &mut [i8], d: &mut [f32], corr: &mut [f32], offset: f32) {
+    for (b, x) in x.chunks_exact(BLOCK).enumerate() {
+        let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let scale = amax / 127.0;
+        let id = if scale == 0.0 { 0.0 } else { 1.0 / scale };
+        let mut sum = 0i32;
+        for (e, &v) in x.iter().enumerate() {
+            let q = (v * id).round() as i8;
+            qs[q8_at(b, e)] = q;
+            sum += q as i32;
+        }
+        d[b] = scale;
+        corr[b] = -offset * scale * sum as f32;
+    }
+}
+
+/// What the VNNI engine adds to each weight quant to make it unsigned: Q8_0's i8 with its top
+/// bit flipped is q + 128; Q4_0's nibbles are q + 8 already.
+fn offset(kind: QuantKind) -> i32 {
+    match kind {
+        QuantKind::Q8_0 => 128,
+        QuantKind::Q4_0 => 8,
+    }
+}
+
+/// Up to this many input rows, a product reads each weight row once for all of them (decoding).
+pub const GEMV_ROWS: usize = 4;
+/// Weight rows per task.
+const ROW_CHUNK: usize = 64;
+/// Input rows per GEMM task.
+const ACT_CHUNK: usize = 64;
+
+/// out (n, w.rows) = x · wᵀ (or += with `accumulate`) for a quantised input, on the engine
+/// this CPU has.
+pub fn matmul(out: &mut [f32], x: &QuantAct, w: &QuantMatrix, accumulate: bool) {
+    matmul_on(Engine::detect(), &mut [(out, w)], x, accumulate)
+}
+
+/// out = x · wᵀ for each (out, w) of `parts`, weights that read the same input (q, k and v;
+/// gate and up), in one parallel region, on a chosen engine (`Vnni` only where the CPU has
+/// it: `Engine::detect`).
+pub fn matmul_on(
+    engine: Engine,
+    parts: &mut [(&mut [f32], &QuantMatrix)],
+    x: &QuantAct,
+    accumulate: bool,
+) {
+    assert!(engine == Engine::Portable || Engine::detect() == Engine::Vnni);
+    let n = x.n;
+    let act_chunk = if n <= GEMV_ROWS { GEMV_ROWS } else { ACT_CHUNK };
+    let ti = n.div_ceil(act_chunk);
+    // 1. each part's output, and its tasks: (input rows, weight rows) tiles
+    let jobs: Vec<(crate::kernels::SharedMut, &QuantMatrix, usize)> = parts
+        .iter_mut()
+        .map(|(out, w)| {
+            assert!(out.len() >= n * w.rows, "quant matmul: out too small");
+            assert_eq!(
+                x.stride,
+                w.blocks().div_ceil(16) * 16,
+                "quant matmul: widths differ"
+            );
+            (
+                crate::kernels::SharedMut::new(out),
+                *w,
+                ti * w.rows.div_ceil(ROW_CHUNK),
+            )
+        })
+        .collect();
+    let task = |mut t: usize| {
+        let (out, w, _) = *jobs
+            .iter()
+            .find(|j| {
+                let here = t < j.2;
+                if !here {
+                    t -= j.2;
+                }
+                here
+            })
+            .expect("a task of some part");
+        let (oc, tw) = (w.rows, w.rows.div_ceil(ROW_CHUNK));
+        let (rows, outs) = (
+            (t / tw) * act_chunk..((t / tw + 1) * act_chunk).min(n),
+            (t % tw) * ROW_CHUNK..((t % tw + 1) * ROW_CHUNK).min(oc),
+        );
+        // 2. each output of the tile: Σ over blocks of (int dot) · d_w · d_x
+        // SAFETY: outputs (rows × outs) belong to this task alone, and lie inside `out`
+        // (asserted above).
+        let put = |r: usize, o: usize, v: f32| unsafe {
+            let y = out.slice(r * oc + o, 1);
+            y[0] = if accumulate { y[0] + v } else { v };
+        };
+        match engine {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: the assert above checked that the CPU has AVX512-VNNI.
+            Engine::Vnni => unsafe { vnni::tile(x, w, rows, outs, put) },
+            _ => portable_tile(x, w, rows, outs, put),
+        }
+    };
+    let tasks: usize = jobs.iter().map(|j| j.2).sum();
+    let macs: usize = jobs.iter().map(|j| n * j.1.rows * j.1.cols).sum();
+    if tasks > 1 && macs >= super::gemm::PARALLEL_THRESHOLD / 4 {
+        (0..tasks).into_par_iter().for_each(task);
+    } else {
+        (0..tasks).for_each(task);
+    }
+}
+
+/// The outputs (rows × outs), one plain integer dot product per block.
+fn portable_tile(
+    x: &QuantAct,
+    w: &QuantMatrix,
+    rows: std::ops::Range<usize>,
+    outs: std::ops::Range<usize>,
+    put: impl Fn(usize, usize, f32),
+) {
+    let nb = w.blocks();
+    for o in outs {
+        let (wq, wd) = w.row(o);
+        for r in rows.clone() {
+            let (xq, xd, _) = x.row(r);
+            let mut sum = 0f32;
+            for b in 0..nb {
+                let x = |e: usize| xq[q8_at(b, e)] as i32;
+                let dot: i32 = match w.kind {
+                    QuantKind::Q8_0 => (0..BLOCK)
+                        .map(|e| (wq[q8_at(b, e)] ^ 0x80) as i8 as i32 * x(e))
+                        .sum(),
+                    QuantKind::Q4_0 => (0..BLOCK / 2)
+                        .map(|j| {
+                            let byte = wq[b * BLOCK / 2 + j];
+                            ((byte & 15) as i32 - 8) * x(j)
+                                + ((byte >> 4) as i32 - 8) * x(j + BLOCK / 2)
+                        })
+                        .sum(),
+                };
+                sum += dot as f32 * (half::f16::from_bits(wd[b]).to_f32() * xd[b]);
+            }
+            put(r, o, sum);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn data(n: usize, seed: usize, outlier: bool) -> Vec<f32> {
+        (0..n)
+            .map(|i| {
+                let v = (((i * 7919 + seed * 104729) % 1009) as f32 / 504.5 - 1.0) * 0.7;
+                if outlier && i % 97 == 5 {
+                    v * 40.0
+                } else {
+                    v
+                }
+            })
+            .collect()
+    }
+
+    /// Both engines against f32 references on ragged shapes (odd block counts, weight rows
+    /// and input rows off every tile size, decoding's 1–4 rows and a multi-task GEMM):
+    /// against the product of the dequantised weights with the dequantised input, to f32
+    /// rounding; against the plain f32 product, to the error of int8 and int4 quantisation.
+    #[test]
+    fn engines_match_f32_references_on_ragged_shapes() {
+        let mut engines = vec![Engine::Portable];
+        if Engine::detect() == Engine::Vnni {
+            engines.push(Engine::Vnni);
+        }
+        for (n, c, oc) in [
+            (1, 32, 1),
+            (1, 96, 67),
+            (3, 160, 130),
+            (4, 64, 5),
+            (5, 96, 9),
+            (70, 544, 131),
+            (130, 64, 70),
+        ] {
+            let (x, w) = (data(n * c, 1, true), data(oc * c, 2, false));
+            for kind in QuantKind::ALL {
+                let qw = QuantMatrix::new(kind, &w, oc, c).unwrap();
+                let qx = QuantAct::new(&x, n, c, kind);
+                let (wd, xd) = (qw.dequantize(), dequant_act(&qx, n, c));
+                for &engine in &engines {
+                    let mut got = vec![0.5; n * oc];
+                    matmul_on(engine, &mut [(&mut got[..], &qw)], &qx, true);
+                    for r in 0..n {
+                        for o in 0..oc {
+                            let dot = |a: &[f32], b: &[f32]| -> f64 {
+                                (0..c)
+                                    .map(|j| a[r * c + j] as f64 * b[o * c + j] as f64)
+                                    .sum()
+                            };
+                            let g = got[r * oc + o] as f64 - 0.5;
+                            let (exact, f) = (dot(&xd, &wd), dot(&x, &w));
+                            let scale: f64 = (0..c)
+                                .map(|j| (xd[r * c + j] * wd[o * c + j]).abs() as f64)
+                                .sum();
+                            assert!(
+                                (g - exact).abs() <= 1e-5 * scale + 1e-6,
+                                "{engine:?} {kind} {n}x{c}x{oc} ({r},{o}): {g} vs {exact}"
+                            );
+                            // against f32: within what the quantisation errors can add up to
+                            let bound: f64 = (0..c)
+                                .map(|j| {
+                                    let (xi, wi) = (r * c + j, o * c + j);
+                                    ((xd[xi] - x[xi]).abs() * wd[wi].abs()
+                                        + x[xi].abs() * (wd[wi] - w[wi]).abs())
+                                        as f64
+                                })
+                                .sum();
+                            assert!(
+                                (g - f).abs() <= 1.001 * bound + 1e-5 * scale + 1e-6,
+                                "{engine:?} {kind} ({r},{o}): {g} vs f32 {f}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The input's values back; each within half a step (d/2) of the input.
+    fn dequant_act(a: &QuantAct, n: usize, c: usize) -> Vec<f32> {
+        let mut out = vec![0f32; n * c];
+        for r in 0..n {
+            let (q, d, _) = a.row(r);
+            for j in 0..c {
+                out[r * c + j] = q[q8_at(j / BLOCK, j % BLOCK)] as f32 * d[j / BLOCK];
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn the_input_is_quantised_to_within_half_a_step() {
+        let (n, c) = (3, 96);
+        let x = data(n * c, 4, true);
+        let a = QuantAct::new(&x, n, c, QuantKind::Q8_0);
+        let back = dequant_act(&a, n, c);
+        for r in 0..n {
+            let d = a.row(r).1;
+            for j in 0..c {
+                let (i, step) = (r * c + j, d[j / BLOCK]);
+                assert!(
+                    (back[i] - x[i]).abs() <= 0.5001 * step,
+                    "{i}: {} vs {}",
+                    back[i],
+                    x[i]
+                );
+            }
+            assert!(d[..c / BLOCK].iter().all(|&s| s > 0.0));
+        }
+    }
+
+    #[test]
+    fn gguf_bytes_are_the_blocks_of_each_row() {
+        let w = data(3 * 64, 3, true);
+        for kind in QuantKind::ALL {
+            let m = QuantMatrix::new(kind, &w, 3, 64).unwrap();
+            assert_eq!(m.gguf_bytes(), quantize(kind, &w).unwrap());
+            assert_eq!(m.dequantize(), dequantize(kind, &m.gguf_bytes()).unwrap());
+            assert!(QuantMatrix::new(kind, &w, 4, 48).is_none());
+        }
+    }
+}
