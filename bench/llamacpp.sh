@@ -15,7 +15,10 @@
 # llama.cpp is built from the source vendored in PyPI's llama-cpp-python sdist (so only PyPI is
 # needed): cmake and ninja come from pip, the build is native (-DGGML_NATIVE=ON), Release.
 # Environment: LLAMACPP_DIR (default $HOME/.cache/difftx/llama.cpp), THREADS (default 2),
-# PRESET (default medium), JOBS (build parallelism, default 2). Not part of CI.
+# PRESET (default medium; its context must hold 512 + 128 tokens), JOBS (build parallelism,
+# default 2). Not part of CI. On a shared, loaded machine run it as
+# `OMP_WAIT_POLICY=passive bench/llamacpp.sh bench`: llama.cpp's OpenMP threads otherwise spin
+# for each other and its decode drops ten-fold (docs/BENCHMARKS.md); difftx uses no OpenMP.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 LLAMACPP_DIR=${LLAMACPP_DIR:-$HOME/.cache/difftx/llama.cpp}
