@@ -25,13 +25,11 @@ LLAMACPP_DIR=${LLAMACPP_DIR:-$HOME/.cache/difftx/llama.cpp}
 what=${1:-bench}; shift || true
 case $what in build|bench) ;; *) echo "usage: bench/llamacpp.sh build | bench [ROUNDS] [FORMAT...]" >&2; exit 2 ;; esac
 
-# 1. Build llama.cpp once: download the sdist, unpack it, configure and build the tools we use.
+# 1. Build llama.cpp once: download the sdist, unpack it, configure and build the given tools
+#    (those not built yet).
 build_llamacpp() {
-  local bin="$LLAMACPP_DIR/build/bin" t
-  # the tools this script and scripts/gguf_parity.sh run come first; cli and server for users
-  local targets=(llama-simple llama-bench llama-perplexity llama-cli llama-server)
-  local missing=()
-  for t in "${targets[@]}"; do [ -x "$bin/$t" ] || missing+=("$t"); done
+  local bin="$LLAMACPP_DIR/build/bin" t missing=()
+  for t in "$@"; do [ -x "$bin/$t" ] || missing+=("$t"); done
   [ ${#missing[@]} -eq 0 ] && return
   mkdir -p "$LLAMACPP_DIR"
   python3 -m pip install --quiet cmake ninja
@@ -55,8 +53,12 @@ build_llamacpp() {
   echo "llama.cpp tools in $bin"
 }
 
-build_llamacpp
-[ "$what" = build ] && exit 0
+if [ "$what" = build ]; then
+  # what this script and scripts/gguf_parity.sh run, then the tools for users
+  build_llamacpp llama-simple llama-bench llama-perplexity llama-cli llama-server
+  exit 0
+fi
+build_llamacpp llama-bench
 
 # 2. The same freshly initialised `standard` model, exported once per format.
 rounds=${1:-3}; shift || true
