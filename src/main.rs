@@ -47,7 +47,8 @@ enum Cmd {
     /// kinds, the softmax map for standard.
     AttentionMap(cli::attention_map::AttentionMapArgs),
     /// Write a model in another format: `--format hf` gives a directory that Hugging Face
-    /// transformers loads (standard → llama, diff_v1 → diffllama).
+    /// transformers loads (standard → llama, diff_v1 → diffllama), `--format gguf` a file that
+    /// llama.cpp runs (standard only).
     Export(cli::export::ExportArgs),
     /// Create a model directory with freshly initialised weights from a preset.
     Init(cli::init::InitArgs),

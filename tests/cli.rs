@@ -889,3 +889,62 @@ fn an_unknown_quant_name_is_one_line() {
         fails_with(&difftx(args), &["--quant", "`q5_1`", "q8_0 or q4_0"]);
     }
 }
+
+#[test]
+fn gguf_export_refuses_diff_kinds_unknown_quants_and_foreign_tokenizers_in_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("m.gguf");
+    let export = |m: &Path, extra: &[&str]| {
+        let mut args = vec![
+            "export",
+            "--model",
+            m.to_str().unwrap(),
+            "--format",
+            "gguf",
+            "--out",
+            out.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        difftx(&args)
+    };
+    for kind in ["diff_v1", "diff_v2"] {
+        let m = init_model(dir.path(), kind);
+        fails_with(
+            &export(&m, &[]),
+            &[kind, "llama.cpp has no differential attention"],
+        );
+    }
+    let m = init_model(dir.path(), "standard");
+    fails_with(
+        &export(&m, &["--quant", "q5_k"]),
+        &["--quant `q5_k`", "f32 or bf16"],
+    );
+    let hf = dir.path().join("hf");
+    fails_with(
+        &difftx(&[
+            "export",
+            "--model",
+            m.to_str().unwrap(),
+            "--quant",
+            "bf16",
+            "--out",
+            hf.to_str().unwrap(),
+        ]),
+        &["--quant applies to --format gguf only"],
+    );
+    // a WordLevel tokenizer.json has no llama.cpp equivalent: named, nothing written
+    std::fs::write(m.join("tokenizer.json"), word_tokenizer(&["[UNK]", "a"])).unwrap();
+    fails_with(
+        &export(&m, &[]),
+        &["tokenizer.json", "cannot go into a GGUF file"],
+    );
+    assert!(!out.exists());
+    std::fs::remove_file(m.join("tokenizer.json")).unwrap();
+    let ok = export(&m, &["--quant", "bf16"]);
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    assert!(out.exists());
+}

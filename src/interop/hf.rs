@@ -350,7 +350,7 @@ fn to_hf(model: &Model) -> Vec<f32> {
 
 /// The GPT-2 byte-to-character map of the ByteLevel pre-tokenizer: printable bytes stand for
 /// themselves, the others for characters from U+0100 on.
-fn byte_chars() -> Vec<char> {
+pub(crate) fn byte_chars() -> Vec<char> {
     let printable =
         |b: u32| (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
     let mut next = 256;

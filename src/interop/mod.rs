@@ -1,5 +1,7 @@
-//! Moving models between difftx and Hugging Face transformers, and loading either kind.
+//! Moving models between difftx, Hugging Face transformers and llama.cpp (GGUF), and loading
+//! difftx or Hugging Face models.
 
+pub mod gguf;
 pub mod hf;
 
 use crate::config::ModelConfig;
