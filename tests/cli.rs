@@ -917,7 +917,7 @@ fn gguf_export_refuses_diff_kinds_unknown_quants_and_foreign_tokenizers_in_one_l
     let m = init_model(dir.path(), "standard");
     fails_with(
         &export(&m, &["--quant", "q5_k"]),
-        &["--quant `q5_k`", "f32 or bf16"],
+        &["--quant `q5_k`", "f32, bf16, q8_0, q4_0"],
     );
     let hf = dir.path().join("hf");
     fails_with(

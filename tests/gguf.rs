@@ -183,7 +183,7 @@ fn refusals_are_one_line() {
     assert!(Quant::parse("q5_k")
         .unwrap_err()
         .to_string()
-        .contains("f32 or bf16"));
+        .contains("f32, bf16, q8_0, q4_0"));
     assert!(!out.exists());
     // a damaged file names itself
     std::fs::write(&out, b"GGUF\x03\0\0\0").unwrap();
@@ -238,6 +238,48 @@ fn reads_a_file_written_by_gguf_py() {
         for (i, &v) in chunk[2..].iter().enumerate() {
             let want = -1.0 + 2.0 * (blk * 32 + i) as f32 / 63.0;
             assert!((d * v as i8 as f32 - want).abs() <= d / 2.0 + 1e-6);
+        }
+    }
+}
+
+/// Q8_0 and Q4_0 exports hold every matrix in GGUF blocks (the bytes of the block quantiser,
+/// which tests/fixtures/quant_blocks.json checks against gguf-py), dequantising to within a
+/// step of the weights (Q8_0: amax/127; Q4_0: amax/8, where a value opposite the block's
+/// extreme clamps at +7; the f16 scale's rounding on top), the norms in f32, and the file type
+/// llama.cpp expects.
+#[test]
+fn block_exports_hold_every_matrix_in_gguf_blocks() {
+    use difftx::kernels::quant::block::{dequantize, quantize, QuantKind};
+    for (quant, kind, ty, file_type, steps) in [
+        (
+            Quant::Q8_0,
+            QuantKind::Q8_0,
+            GgmlType::Q8_0,
+            7,
+            127.0 / 1.001,
+        ),
+        (Quant::Q4_0, QuantKind::Q4_0, GgmlType::Q4_0, 2, 8.0 / 1.001),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let m = model(256, false);
+        let g = exported(&m, dir.path(), quant);
+        assert_eq!(u(&g, "general.file_type"), file_type);
+        for spec in &m.layout.specs {
+            let t = g.tensor(&gguf_name(&spec.name).unwrap()).unwrap();
+            let w = &m.params[spec.range()];
+            if spec.shape.len() == 1 {
+                assert_eq!(t.ty, GgmlType::F32, "{}", spec.name);
+                continue;
+            }
+            assert_eq!(t.ty, ty, "{}", spec.name);
+            assert!(t.data == quantize(kind, w).unwrap(), "{}", spec.name);
+            let back = dequantize(kind, &t.data).unwrap();
+            for (blk, vals) in w.chunks(32).zip(back.chunks(32)) {
+                let amax = blk.iter().fold(0f32, |a, x| a.max(x.abs()));
+                for (x, y) in blk.iter().zip(vals) {
+                    assert!((x - y).abs() <= amax / steps, "{} {x} -> {y}", spec.name);
+                }
+            }
         }
     }
 }

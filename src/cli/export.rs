@@ -17,7 +17,9 @@ pub struct ExportArgs {
     /// llama.cpp runs; `standard` models only).
     #[arg(long, default_value = "hf")]
     pub format: String,
-    /// With --format gguf: how the matrices are stored, f32 or bf16 (norms stay f32).
+    /// With --format gguf: how the matrices are stored: f32, bf16, q8_0 or q4_0 (GGUF's blocks
+    /// of 32 with an f16 scale; a matrix whose rows are not whole blocks stays f32, and so do
+    /// the norms).
     #[arg(long)]
     pub quant: Option<String>,
     /// Output directory (hf) or file (gguf).

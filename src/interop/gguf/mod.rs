@@ -8,15 +8,16 @@
 //! - Matrices are stored in the chosen `Quant`, 1-D tensors (norms) always in f32.
 //! - The tokenizer: see `vocab`.
 //!
-//! A new storage format is one more `Quant` (its name, ggml type and llama.cpp file type) and
-//! one more arm in `encode` that turns a row-major f32 matrix into that type's bytes;
-//! `format::GgmlType` already knows the Q8_0 and Q4_0 block sizes.
+//! A storage format is a `Quant` (its name, ggml type and llama.cpp file type) and an arm in
+//! `encode` that turns a row-major f32 matrix into that type's bytes; Q8_0 and Q4_0 use the
+//! block quantiser of `--quant` (`kernels::quant::block`, checked against gguf-py).
 
 pub mod format;
 pub mod vocab;
 
 use crate::config::AttentionKind;
 use crate::error::{Error, Result};
+use crate::kernels::quant::block::{self, QuantKind};
 use crate::model::Model;
 use format::{GgmlType, Gguf, Tensor, Value};
 use std::path::Path;
@@ -27,15 +28,20 @@ use vocab::Vocab;
 pub enum Quant {
     F32,
     Bf16,
+    /// GGUF's Q8_0 and Q4_0 blocks (`kernels::quant::block`)
+    Q8_0,
+    Q4_0,
 }
 
 impl Quant {
-    pub const ALL: [Quant; 2] = [Quant::F32, Quant::Bf16];
+    pub const ALL: [Quant; 4] = [Quant::F32, Quant::Bf16, Quant::Q8_0, Quant::Q4_0];
 
     pub fn name(self) -> &'static str {
         match self {
             Quant::F32 => "f32",
             Quant::Bf16 => "bf16",
+            Quant::Q8_0 => "q8_0",
+            Quant::Q4_0 => "q4_0",
         }
     }
 
@@ -46,8 +52,8 @@ impl Quant {
             .ok_or_else(|| {
                 let names: Vec<_> = Self::ALL.iter().map(|q| q.name()).collect();
                 Error::Invalid(format!(
-                    "--quant `{name}` is not supported (expected {})",
-                    names.join(" or ")
+                    "--quant `{name}` is not supported (expected one of {})",
+                    names.join(", ")
                 ))
             })
     }
@@ -57,6 +63,8 @@ impl Quant {
         match self {
             Quant::F32 => GgmlType::F32,
             Quant::Bf16 => GgmlType::Bf16,
+            Quant::Q8_0 => GgmlType::Q8_0,
+            Quant::Q4_0 => GgmlType::Q4_0,
         }
     }
 
@@ -65,6 +73,8 @@ impl Quant {
         match self {
             Quant::F32 => 0,
             Quant::Bf16 => 32,
+            Quant::Q8_0 => 7,
+            Quant::Q4_0 => 2,
         }
     }
 }
@@ -82,9 +92,17 @@ fn encode(ty: GgmlType, values: &[f32]) -> Result<Vec<u8>> {
             .flat_map(|&x| half::f16::from_f32(x).to_le_bytes())
             .collect(),
         GgmlType::Q8_0 | GgmlType::Q4_0 => {
-            return Err(Error::Invalid(format!(
-                "GGUF export cannot write {ty:?} (no block quantiser in this build)"
-            )))
+            let kind = match ty {
+                GgmlType::Q8_0 => QuantKind::Q8_0,
+                _ => QuantKind::Q4_0,
+            };
+            // whole rows of whole blocks: `to_gguf` keeps any other matrix in f32
+            block::quantize(kind, values).ok_or_else(|| {
+                Error::Invalid(format!(
+                    "{} values are not whole {ty:?} blocks",
+                    values.len()
+                ))
+            })?
         }
     })
 }
@@ -143,6 +161,7 @@ pub fn to_gguf(model: &Model, model_dir: &Path, quant: Quant) -> Result<(Gguf, E
         ("general.architecture".into(), Value::Str("llama".into())),
         ("general.name".into(), Value::Str(model_name(model_dir))),
         ("general.file_type".into(), Value::U32(quant.file_type())),
+        ("general.quantization_version".into(), Value::U32(2)),
         ("general.alignment".into(), u(format::DEFAULT_ALIGNMENT)),
         ("llama.vocab_size".into(), u(c.vocab_size)),
         ("llama.context_length".into(), u(c.max_position_embeddings)),
