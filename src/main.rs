@@ -49,6 +49,10 @@ enum Cmd {
     /// Write a model in another format: `--format hf` gives a directory that Hugging Face
     /// transformers loads (standard → llama, diff_v1 → diffllama).
     Export(cli::export::ExportArgs),
+    /// An OpenAI-compatible HTTP server (completions, chat, streaming, echo log-probabilities)
+    /// with continuous batching; see docs/SERVING.md.
+    #[cfg(feature = "serve")]
+    Serve(Box<cli::serve::ServeArgs>),
     /// Create a model directory with freshly initialised weights from a preset.
     Init(cli::init::InitArgs),
     /// Benchmarks (speed and memory); compare with bench/pytorch_reference.py.
@@ -98,6 +102,8 @@ fn try_main(cli: Cli) -> Result<()> {
         Cmd::AttentionMap(a) => cli::attention_map::run(a, precision),
         Cmd::Export(a) => cli::export::run(a),
         Cmd::Init(a) => cli::init::run(a),
+        #[cfg(feature = "serve")]
+        Cmd::Serve(a) => cli::serve::run(*a, precision),
         Cmd::Bench(c) => cli::bench::run(c, precision),
         Cmd::Presets => {
             cli::presets::run();

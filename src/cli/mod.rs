@@ -12,6 +12,8 @@ pub mod plot;
 pub mod presets;
 pub mod progress;
 pub mod repro;
+#[cfg(feature = "serve")]
+pub mod serve;
 pub mod tokenizer;
 pub mod train;
 
