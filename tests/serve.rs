@@ -645,3 +645,67 @@ fn sigterm_stops_the_server_with_exit_code_0() {
     assert!(status.success(), "{status:?}");
     let _ = h.join();
 }
+
+#[test]
+fn health_and_the_api_say_503_while_the_model_loads() {
+    use difftx::serve::{serve, ServeOptions};
+    use difftx::{AttentionKind, Model, ModelConfig, Preset};
+    // in process: the loader waits until the test lets it finish
+    let dir = tempfile::tempdir().unwrap();
+    let model_dir = dir.path().to_path_buf();
+    let (go, wait) = mpsc::channel::<()>();
+    let (at, addr) = mpsc::channel();
+    let opts = ServeOptions {
+        host: "127.0.0.1".into(),
+        port: 0,
+        api_key: None,
+        parallel: 2,
+        max_queue: 4,
+        chunk: 16,
+        max_body_bytes: 1 << 20,
+        name: "slow".into(),
+        grace: Duration::from_secs(1),
+    };
+    let load = Box::new(move || {
+        wait.recv().map_err(|e| e.to_string())?;
+        let m = Model::init(ModelConfig::preset(Preset::Tiny, AttentionKind::DiffV1), 0)
+            .map_err(|e| e.to_string())?;
+        Ok((m, model_dir))
+    });
+    // the server thread is left running when the test ends, with the test process
+    std::thread::spawn(move || serve(opts, load, |a| at.send(a).unwrap()));
+    let base = format!(
+        "http://{}",
+        addr.recv_timeout(Duration::from_secs(10)).unwrap()
+    );
+    let c = client();
+    let health = c.get(format!("{base}/health")).send().unwrap();
+    assert_eq!(health.status().as_u16(), 503);
+    assert_eq!(health.json_value()["error"]["code"], "model_loading");
+    let body = json!({"prompt": "a", "max_tokens": 1}).to_string();
+    let r = c
+        .post(format!("{base}/v1/completions"))
+        .body(body.clone())
+        .send()
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 503);
+    go.send(()).unwrap();
+    let t0 = Instant::now();
+    while c
+        .get(format!("{base}/health"))
+        .send()
+        .unwrap()
+        .status()
+        .as_u16()
+        != 200
+    {
+        assert!(t0.elapsed() < Duration::from_secs(30), "never ready");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let r = c
+        .post(format!("{base}/v1/completions"))
+        .body(body)
+        .send()
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+}

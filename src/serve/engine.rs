@@ -4,7 +4,8 @@
 //!
 //! ```text
 //! 1. admit queued jobs while fewer than `parallel` sequences run
-//! 2. prefill one chunk of one newcomer (B = 1, every position's logits when it is scored)
+//! 2. prefill the next chunk of newcomers, up to `chunk` tokens in all (each alone, B = 1,
+//!    every position's logits when it is scored)
 //! 3. decode one token for every sequence past its prefill (B running, t = 1)
 //! 4. hand each new token to its job's sink; retire finished and cancelled sequences
 //! ```
@@ -204,8 +205,25 @@ impl<'m> Engine<'m> {
 
     /// One engine step: one prefill chunk, then one decode step over the running batch.
     pub fn step(&mut self) -> Result<()> {
-        if self.decoding < self.seqs.len() {
-            self.prefill_chunk(self.decoding)?;
+        // Phase 2 for as many newcomers as fit `chunk` prompt tokens in all (at least one),
+        // each by one chunk of its own: a sequence's chunks fall at the same places whatever
+        // else runs, so its numbers do too.
+        let (mut budget, mut k) = (self.opts.chunk, 0);
+        while let Some(s) = self.seqs.get(self.decoding + k) {
+            let size = (s.job.prompt.len() - s.fed).min(self.opts.chunk);
+            if size > budget && budget < self.opts.chunk {
+                break;
+            }
+            budget = budget.saturating_sub(size);
+            let (decoding, len) = (self.decoding, self.seqs.len());
+            self.prefill_chunk(self.decoding + k)?;
+            // still prefilling: on to the next; else the slot now holds another sequence
+            if (self.decoding, self.seqs.len()) == (decoding, len) {
+                k += 1;
+            }
+            if budget == 0 {
+                break;
+            }
         }
         if self.decoding > 0 {
             self.decode()?;
