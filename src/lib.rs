@@ -13,6 +13,8 @@ pub mod interop;
 pub mod kernels;
 pub mod model;
 pub mod report;
+#[cfg(feature = "serve")]
+pub mod serve;
 pub mod train;
 pub mod util;
 

@@ -50,6 +50,10 @@ enum Cmd {
     /// transformers loads (standard → llama, diff_v1 → diffllama), `--format gguf` a file that
     /// llama.cpp runs (standard only).
     Export(cli::export::ExportArgs),
+    /// An OpenAI-compatible HTTP server (completions, chat, streaming, echo log-probabilities)
+    /// with continuous batching; see docs/SERVING.md.
+    #[cfg(feature = "serve")]
+    Serve(Box<cli::serve::ServeArgs>),
     /// Create a model directory with freshly initialised weights from a preset.
     Init(cli::init::InitArgs),
     /// Turn a standard (Llama) model into diff_v2 (exactly: the same logits) or diff_v1 (near
@@ -103,6 +107,8 @@ fn try_main(cli: Cli) -> Result<()> {
         Cmd::Export(a) => cli::export::run(a),
         Cmd::Init(a) => cli::init::run(a),
         Cmd::Retrofit(a) => cli::retrofit::run(a, precision),
+        #[cfg(feature = "serve")]
+        Cmd::Serve(a) => cli::serve::run(*a, precision),
         Cmd::Bench(c) => cli::bench::run(c, precision),
         Cmd::Presets => {
             cli::presets::run();

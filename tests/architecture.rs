@@ -4,7 +4,7 @@
 //! the file and the edge.
 //!
 //! ```text
-//! cli (the binary) → experiments → data | train | infer | interop → model → kernels
+//! cli (the binary) → experiments | serve → data | train | infer | interop → model → kernels
 //!                  → config → report → util | error
 //! ```
 //! docs/ARCHITECTURE.md draws the same picture.
@@ -20,7 +20,7 @@ const LAYERS: &[&[&str]] = &[
     &["kernels"],
     &["model"],
     &["data", "train", "infer", "interop"],
-    &["experiments"],
+    &["experiments", "serve"],
     &["cli"],
 ];
 

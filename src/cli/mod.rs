@@ -13,6 +13,8 @@ pub mod presets;
 pub mod progress;
 pub mod repro;
 pub mod retrofit;
+#[cfg(feature = "serve")]
+pub mod serve;
 pub mod tokenizer;
 pub mod train;
 

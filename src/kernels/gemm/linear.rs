@@ -7,6 +7,7 @@ use crate::kernels::quant::{QuantAct, QuantMatrix};
 use crate::kernels::Grad;
 use rayon::prelude::*;
 use std::ops::Range;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// A linear layer's weight (OC, C) as in torch `Linear`, and optionally the bf16 copies that
 /// inference reads with `--bf16` (see `Workspace::keep_bf16_weights`): its rows, which
@@ -52,7 +53,7 @@ pub fn matmul_forward<'a>(
         let x = QuantAct::new(inp, n, c, q.kind);
         return crate::kernels::quant::matmul(out, &x, q, accumulate);
     }
-    if n <= GEMV_ROWS {
+    if n <= gemv_rows() {
         return gemv(&[Gemv::new(out, inp, w, n, c, oc, accumulate)]);
     }
     #[cfg(target_arch = "x86_64")]
@@ -107,7 +108,7 @@ pub fn matmul_forward_each(
         let engine = crate::kernels::quant::Engine::detect();
         return crate::kernels::quant::matmul_on(engine, &mut qparts, &x, false);
     }
-    if n <= GEMV_ROWS {
+    if n <= gemv_rows() {
         let jobs: Vec<Gemv> = parts
             .iter_mut()
             .map(|(out, w, oc)| Gemv::new(out, inp, *w, n, c, *oc, false))
@@ -137,6 +138,27 @@ pub fn matmul_forward_each(
 /// Up to this many input rows (decoding), a product is a few matrix-vector products: each weight
 /// row is read once and dotted with every input row, with no packing.
 const GEMV_ROWS: usize = 4;
+
+/// Whether products of few rows take the matrix-vector path (see `set_batch_invariant`).
+static GEMV_ON: AtomicBool = AtomicBool::new(true);
+
+/// With `on`, every product runs as the packed one, whatever its number of rows: a row's
+/// output is then the same to the last bit whether it is multiplied alone or with others
+/// (the packed product sums each output in the same order for any number of rows, while the
+/// matrix-vector path sums in another order). The server turns it on, so that a request's
+/// numbers do not depend on how many others decode beside it; it costs single-sequence decode
+/// speed (the weights are packed on every product). Process-wide.
+pub fn set_batch_invariant(on: bool) {
+    GEMV_ON.store(!on, Ordering::Relaxed);
+}
+
+fn gemv_rows() -> usize {
+    if GEMV_ON.load(Ordering::Relaxed) {
+        GEMV_ROWS
+    } else {
+        0
+    }
+}
 
 /// Weight rows per rayon task in `gemv`.
 const GEMV_CHUNK: usize = 64;

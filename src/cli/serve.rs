@@ -1,0 +1,80 @@
+//! `difftx serve`: an OpenAI-compatible HTTP server over one model (docs/SERVING.md).
+
+use anyhow::Result;
+use clap::Args;
+use difftx::kernels::Precision;
+use difftx::serve::{serve, ServeOptions};
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(Args)]
+pub struct ServeArgs {
+    /// Model directory (native difftx, or Hugging Face llama / diffllama), or a training run
+    /// folder, which stands for its newest complete checkpoint.
+    #[arg(long)]
+    pub model: PathBuf,
+    /// Address to listen on (0.0.0.0 for every interface).
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port to listen on (0: one the system picks, printed on stderr).
+    #[arg(long, default_value_t = 8080)]
+    pub port: u16,
+    /// Require `Authorization: Bearer KEY` on every API route (not /health or /metrics).
+    #[arg(long, value_name = "KEY")]
+    pub api_key: Option<String>,
+    /// Sequences decoded together at most (continuous batching); more requests wait in the queue.
+    #[arg(long, default_value_t = 16)]
+    pub parallel: usize,
+    /// Requests waiting for a batch slot at most; beyond that the server answers 429.
+    #[arg(long, default_value_t = 256)]
+    pub max_queue: usize,
+    /// Prompt tokens prefilled per engine step: a newcomer's prompt is cut into chunks of
+    /// this size between the running batch's decode steps.
+    #[arg(long, default_value_t = 128)]
+    pub prefill_chunk: usize,
+    /// Request bodies larger than this many bytes are refused (413).
+    #[arg(long, default_value_t = 4 << 20)]
+    pub max_body_bytes: usize,
+    /// Seconds in-flight requests may run on after SIGTERM/SIGINT before they are cancelled.
+    #[arg(long, default_value_t = 5.0)]
+    pub grace: f64,
+    /// Name of the model in /v1/models and in requests' `model` field [default: the
+    /// directory's name].
+    #[arg(long)]
+    pub name: Option<String>,
+}
+
+pub fn run(a: ServeArgs, precision: Precision) -> Result<()> {
+    // `--quant` (quantised weights) will choose the weights here, beside `precision`.
+    let name = a.name.clone().unwrap_or_else(|| {
+        let p = a.model.canonicalize().unwrap_or_else(|_| a.model.clone());
+        p.file_name()
+            .map_or("difftx".into(), |n| n.to_string_lossy().into_owned())
+    });
+    if !(a.grace >= 0.0 && a.grace.is_finite()) {
+        anyhow::bail!(
+            "--grace must be a number of seconds, 0 or more, got {}",
+            a.grace
+        );
+    }
+    if !a.model.exists() {
+        anyhow::bail!("--model {}: no such directory", a.model.display());
+    }
+    let opts = ServeOptions {
+        host: a.host,
+        port: a.port,
+        api_key: a.api_key,
+        parallel: a.parallel,
+        max_queue: a.max_queue,
+        chunk: a.prefill_chunk,
+        max_body_bytes: a.max_body_bytes,
+        name,
+        grace: Duration::from_secs_f64(a.grace),
+    };
+    let model = a.model.clone();
+    let load = Box::new(move || super::load_model(&model, precision).map_err(|e| format!("{e:#}")));
+    serve(opts, load, |addr| {
+        eprintln!("difftx serve: listening on http://{addr} (loading the model)");
+    })?;
+    Ok(())
+}

@@ -1,0 +1,389 @@
+//! The model loop behind the server: continuous batching over one model on one thread.
+//!
+//! Requests (`Job`s) arrive through a bounded queue. Each engine step
+//!
+//! ```text
+//! 1. admit queued jobs while fewer than `parallel` sequences run
+//! 2. prefill the next chunk of newcomers, up to `chunk` tokens in all (each alone, B = 1,
+//!    every position's logits when it is scored)
+//! 3. decode one token for every sequence past its prefill (B running, t = 1)
+//! 4. hand each new token to its job's sink; retire finished and cancelled sequences
+//! ```
+//!
+//! so a newcomer joins the running batch at a token boundary and its prefill, cut into chunks,
+//! never stalls the others for more than one chunk. Every sequence has its own KV cache and
+//! its own seeded sampler, so a request's tokens do not depend on what else runs beside it.
+
+use crate::error::{Error, Result};
+use crate::infer::sample::{sample, Sampling};
+use crate::model::{KvCache, Model, Workspace};
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// One request for the engine: a prompt to continue (or only to score).
+pub struct Job {
+    pub prompt: Vec<u32>,
+    /// new tokens to generate at most; 0 only scores the prompt (with `echo`)
+    pub max_tokens: usize,
+    pub sampling: Sampling,
+    pub seed: u64,
+    /// generation stops after this token (it is included)
+    pub eos: Option<u32>,
+    /// the log-probability of each new token, and this many most likely alternatives
+    pub logprobs: Option<usize>,
+    /// also score every prompt token after the first (`Event::Prompt`)
+    pub echo: bool,
+    /// receives the job's events; returns false when nobody listens any more, which cancels
+    /// the job at its next token
+    pub sink: Box<dyn FnMut(Event) -> bool + Send>,
+}
+
+/// A token's log-probability under the model and the most likely tokens at its position.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenScore {
+    pub logprob: f32,
+    /// (token, log-probability), most likely first
+    pub top: Vec<(u32, f32)>,
+}
+
+#[derive(Debug)]
+pub enum Event {
+    /// scores of prompt tokens 1.. (in order, one chunk's worth at a time)
+    Prompt(Vec<TokenScore>),
+    /// a new token, scored when the job asked for log-probabilities
+    Token(u32, Option<TokenScore>),
+    /// the job is over: `Length` (max_tokens or the cache), `Stop` (end-of-text token)
+    Done(Finish),
+    /// the job failed (the message says why); the others go on
+    Failed(String),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Finish {
+    Length,
+    Stop,
+}
+
+impl Finish {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Finish::Length => "length",
+            Finish::Stop => "stop",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct EngineOptions {
+    /// sequences decoded together at most
+    pub parallel: usize,
+    /// prompt tokens prefilled per engine step
+    pub chunk: usize,
+}
+
+/// What the engine is doing, read by the server's metrics.
+#[derive(Default)]
+pub struct EngineGauges {
+    pub running: AtomicUsize,
+    pub queued: AtomicUsize,
+}
+
+/// A sequence in the batch: its job, cache, sampler and progress.
+struct Seq {
+    job: Job,
+    rng: ChaCha8Rng,
+    /// prompt tokens prefilled so far
+    fed: usize,
+    /// new tokens so far; the last one is fed at the next decode step
+    generated: usize,
+    last: u32,
+}
+
+pub struct Engine<'m> {
+    model: &'m Model,
+    opts: EngineOptions,
+    /// running sequences; those past their prefill come first, `decoding` of them
+    seqs: Vec<Seq>,
+    /// each running sequence's KV cache, in the order of `seqs`
+    caches: Vec<KvCache>,
+    decoding: usize,
+    decode_ws: Workspace,
+    prefill_ws: Workspace,
+    scratch: Vec<(f32, u32)>,
+    gauges: Arc<EngineGauges>,
+}
+
+impl<'m> Engine<'m> {
+    pub fn new(model: &'m Model, opts: EngineOptions, gauges: Arc<EngineGauges>) -> Result<Self> {
+        if opts.parallel == 0 || opts.chunk == 0 {
+            return Err(Error::Invalid(
+                "the engine needs parallel >= 1 and chunk >= 1".into(),
+            ));
+        }
+        let chunk = opts.chunk.min(model.config.max_position_embeddings);
+        let mut decode_ws = Workspace::new(model, opts.parallel, 1);
+        let mut prefill_ws = Workspace::new(model, 1, chunk);
+        if model.precision.is_bf16() {
+            decode_ws.keep_bf16_weights(model);
+            prefill_ws.keep_bf16_weights(model);
+        }
+        Ok(Engine {
+            model,
+            opts: EngineOptions { chunk, ..opts },
+            seqs: Vec::new(),
+            caches: Vec::new(),
+            decoding: 0,
+            decode_ws,
+            prefill_ws,
+            scratch: Vec::with_capacity(model.config.vocab_size),
+            gauges,
+        })
+    }
+
+    /// Serves jobs from `queue` until every sender is gone and the batch is empty.
+    pub fn run(&mut self, queue: &Receiver<Job>) {
+        loop {
+            // 1. Admit: wait when idle, else take what is queued without waiting.
+            while self.seqs.len() < self.opts.parallel {
+                let job = if self.seqs.is_empty() {
+                    match queue.recv_timeout(Duration::from_millis(200)) {
+                        Ok(j) => j,
+                        Err(RecvTimeoutError::Timeout) => continue,
+                        Err(RecvTimeoutError::Disconnected) => return,
+                    }
+                } else {
+                    match queue.try_recv() {
+                        Ok(j) => j,
+                        Err(_) => break,
+                    }
+                };
+                self.gauges.queued.fetch_sub(1, Ordering::Relaxed);
+                self.admit(job);
+            }
+            self.gauges
+                .running
+                .store(self.seqs.len(), Ordering::Relaxed);
+            // 2–4 on the compute pool, one step at a time (so an idle server does not spin).
+            if let Err(e) = crate::kernels::on_pool(|| self.step()) {
+                // a failure of the step itself: every sequence in it is told, the loop goes on
+                for mut s in self.seqs.drain(..) {
+                    (s.job.sink)(Event::Failed(e.to_string()));
+                }
+                self.caches.clear();
+                self.decoding = 0;
+            }
+            self.gauges
+                .running
+                .store(self.seqs.len(), Ordering::Relaxed);
+        }
+    }
+
+    fn admit(&mut self, mut job: Job) {
+        let cap = job.prompt.len() + job.max_tokens;
+        if job.prompt.is_empty() || cap > self.model.config.max_position_embeddings {
+            (job.sink)(Event::Failed(format!(
+                "prompt of {} tokens plus max_tokens {} does not fit the context of {}",
+                job.prompt.len(),
+                job.max_tokens,
+                self.model.config.max_position_embeddings
+            )));
+            return;
+        }
+        self.caches.push(KvCache::new(self.model, cap));
+        self.seqs.push(Seq {
+            rng: ChaCha8Rng::seed_from_u64(job.seed),
+            job,
+            fed: 0,
+            generated: 0,
+            last: 0,
+        });
+    }
+
+    /// One engine step: one prefill chunk, then one decode step over the running batch.
+    pub fn step(&mut self) -> Result<()> {
+        // Phase 2 for as many newcomers as fit `chunk` prompt tokens in all (at least one),
+        // each by one chunk of its own: a sequence's chunks fall at the same places whatever
+        // else runs, so its numbers do too.
+        let (mut budget, mut k) = (self.opts.chunk, 0);
+        while let Some(s) = self.seqs.get(self.decoding + k) {
+            let size = (s.job.prompt.len() - s.fed).min(self.opts.chunk);
+            if size > budget && budget < self.opts.chunk {
+                break;
+            }
+            budget = budget.saturating_sub(size);
+            let (decoding, len) = (self.decoding, self.seqs.len());
+            self.prefill_chunk(self.decoding + k)?;
+            // still prefilling: on to the next; else the slot now holds another sequence
+            if (self.decoding, self.seqs.len()) == (decoding, len) {
+                k += 1;
+            }
+            if budget == 0 {
+                break;
+            }
+        }
+        if self.decoding > 0 {
+            self.decode()?;
+        }
+        Ok(())
+    }
+
+    /// Phase 2: prefills the next chunk of sequence `i` (one still prefilling). At the prompt's end
+    /// its first token is drawn and it moves among the decoding sequences.
+    fn prefill_chunk(&mut self, i: usize) -> Result<()> {
+        let v = self.model.config.vocab_size;
+        let s = &mut self.seqs[i];
+        let (start, n) = (s.fed, s.job.prompt.len());
+        let end = (start + self.opts.chunk).min(n);
+        let all = s.job.echo;
+        self.model.forward_cached(
+            &mut self.prefill_ws,
+            &mut self.caches[i..i + 1],
+            &s.job.prompt[start..end],
+            end - start,
+            all,
+        )?;
+        s.fed = end;
+        let logits = std::mem::take(&mut self.prefill_ws.logits);
+        let r = self.after_prefill(i, start, &logits, all, v);
+        self.prefill_ws.logits = logits;
+        r
+    }
+
+    /// Hands out the prompt scores of the chunk [start, fed) of sequence `i`; at the prompt's
+    /// end draws its first token and moves it among the decoding sequences.
+    fn after_prefill(
+        &mut self,
+        i: usize,
+        start: usize,
+        logits: &[f32],
+        all: bool,
+        v: usize,
+    ) -> Result<()> {
+        let s = &mut self.seqs[i];
+        let (end, n) = (s.fed, s.job.prompt.len());
+        if all {
+            // row r predicts prompt token start + r + 1, while there is one
+            let scores: Vec<TokenScore> = (start..end.min(n - 1))
+                .map(|p| {
+                    let row = &logits[(p - start) * v..(p - start + 1) * v];
+                    score(row, s.job.prompt[p + 1], s.job.logprobs.unwrap_or(0))
+                })
+                .collect();
+            if !scores.is_empty() && !(s.job.sink)(Event::Prompt(scores)) {
+                self.retire(i);
+                return Ok(());
+            }
+        }
+        if end < n {
+            return Ok(());
+        }
+        if s.job.max_tokens == 0 {
+            (s.job.sink)(Event::Done(Finish::Length));
+            self.retire(i);
+            return Ok(());
+        }
+        let last = if all { (end - 1 - start) * v } else { 0 };
+        self.swap(i, self.decoding);
+        self.decoding += 1;
+        self.emit(self.decoding - 1, &logits[last..last + v]);
+        Ok(())
+    }
+
+    /// Phase 3: feeds every decoding sequence its last token (B = decoding, t = 1) and emits the next.
+    fn decode(&mut self) -> Result<()> {
+        let b = self.decoding;
+        let v = self.model.config.vocab_size;
+        let inputs: Vec<u32> = self.seqs[..b].iter().map(|s| s.last).collect();
+        self.model.forward_cached(
+            &mut self.decode_ws,
+            &mut self.caches[..b],
+            &inputs,
+            1,
+            false,
+        )?;
+        let logits = std::mem::take(&mut self.decode_ws.logits);
+        // from the last slot down, so retiring one moves only slots already handled
+        for slot in (0..b).rev() {
+            self.emit(slot, &logits[slot * v..(slot + 1) * v]);
+        }
+        self.decode_ws.logits = logits;
+        Ok(())
+    }
+
+    /// Phase 4: draws decoding sequence `slot`'s next token from `row`, hands it to the job, and
+    /// retires the sequence when it is finished or nobody listens.
+    fn emit(&mut self, slot: usize, row: &[f32]) {
+        let s = &mut self.seqs[slot];
+        let tok = sample(row, &s.job.sampling, &mut s.rng, &mut self.scratch);
+        let scored = s.job.logprobs.map(|k| score(row, tok, k));
+        s.generated += 1;
+        s.last = tok;
+        let listening = (s.job.sink)(Event::Token(tok, scored));
+        let finish = if s.job.eos == Some(tok) {
+            Some(Finish::Stop)
+        } else if s.generated >= s.job.max_tokens
+            || self.caches[slot].len >= self.caches[slot].capacity
+        {
+            Some(Finish::Length)
+        } else {
+            None
+        };
+        if let Some(f) = finish.filter(|_| listening) {
+            (s.job.sink)(Event::Done(f));
+        }
+        if !listening || finish.is_some() {
+            self.retire(slot);
+        }
+    }
+
+    /// Removes sequence `i`, keeping the decoding ones first.
+    fn retire(&mut self, i: usize) {
+        let mut i = i;
+        if i < self.decoding {
+            self.decoding -= 1;
+            self.swap(i, self.decoding);
+            i = self.decoding;
+        }
+        let last = self.seqs.len() - 1;
+        self.swap(i, last);
+        self.seqs.pop();
+        self.caches.pop();
+    }
+
+    /// Exchanges two sequences with their caches.
+    fn swap(&mut self, a: usize, b: usize) {
+        self.seqs.swap(a, b);
+        self.caches.swap(a, b);
+    }
+}
+
+/// `token`'s log-probability under `logits` and the `top` most likely tokens (log-softmax in
+/// f64: the same numbers `difftx eval`'s cross-entropy gives, up to rounding).
+pub fn score(logits: &[f32], token: u32, top: usize) -> TokenScore {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let lse = max
+        + logits
+            .iter()
+            .map(|&x| (x as f64 - max).exp())
+            .sum::<f64>()
+            .ln();
+    let lp = |x: f32| (x as f64 - lse) as f32;
+    let mut best: Vec<(u32, f32)> = Vec::with_capacity(top + 1);
+    if top > 0 {
+        for (i, &x) in logits.iter().enumerate() {
+            if best.len() < top || x > best[best.len() - 1].1 {
+                let at = best.partition_point(|b| b.1 >= x);
+                best.insert(at, (i as u32, x));
+                best.truncate(top);
+            }
+        }
+    }
+    TokenScore {
+        logprob: lp(logits[token as usize]),
+        top: best.into_iter().map(|(i, x)| (i, lp(x))).collect(),
+    }
+}

@@ -1,0 +1,228 @@
+//! `difftx serve`: an OpenAI-compatible HTTP server over one model (docs/SERVING.md).
+//!
+//! ```text
+//! HTTP (axum, one tokio thread) ──bounded queue──▶ engine thread (continuous batching)
+//!        ▲                                              │
+//!        └──────────── events per request ◀─────────────┘
+//! ```
+//!
+//! The engine (`engine`) owns the model and runs the batch; the HTTP side (`http`) checks
+//! requests (`api`), queues one job per prompt and builds answers from the events (`run`,
+//! `respond`). The model loads on the engine thread while the server already answers
+//! (`/health` says 503 until it is ready).
+
+pub mod api;
+pub mod chat;
+pub mod engine;
+mod http;
+pub mod metrics;
+pub mod respond;
+mod run;
+
+use crate::data::Tokenizer;
+use crate::error::{Error, Result};
+use crate::model::Model;
+use api::{ApiError, ApiResult};
+use engine::{Engine, EngineGauges, EngineOptions, Job};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+pub struct ServeOptions {
+    pub host: String,
+    pub port: u16,
+    /// clients must send `Authorization: Bearer KEY`
+    pub api_key: Option<String>,
+    /// sequences decoded together at most
+    pub parallel: usize,
+    /// requests waiting for a batch slot at most; more get 429
+    pub max_queue: usize,
+    /// prompt tokens prefilled per engine step
+    pub chunk: usize,
+    /// request bodies larger than this get 413
+    pub max_body_bytes: usize,
+    /// the name `/v1/models` lists and requests may give as `model`
+    pub name: String,
+    /// how long in-flight requests may run on after SIGTERM/SIGINT
+    pub grace: Duration,
+}
+
+/// Loads the model (on the engine thread, while the server answers 503): the model and the
+/// directory it came from (for its tokenizer and chat template).
+pub type Loader = Box<dyn FnOnce() -> std::result::Result<(Model, PathBuf), String> + Send>;
+
+/// What the server knows once the model is loaded.
+pub struct Ready {
+    pub tok: Tokenizer,
+    pub chat: chat::ChatTemplate,
+    pub context: usize,
+    pub vocab: usize,
+    pub eos: Option<u32>,
+}
+
+pub struct App {
+    opts: ServeOptions,
+    name: String,
+    ready: OnceLock<Arc<Ready>>,
+    queue: SyncSender<Job>,
+    gauges: Arc<EngineGauges>,
+    metrics: metrics::Metrics,
+    next_id: AtomicU64,
+    /// why loading failed, once it has
+    failed: Mutex<Option<String>>,
+    failed_notify: tokio::sync::Notify,
+}
+
+impl App {
+    fn ready(&self) -> ApiResult<Arc<Ready>> {
+        self.ready.get().cloned().ok_or_else(|| {
+            ApiError::new(
+                503,
+                "service_unavailable",
+                "model_loading",
+                "the model is still loading",
+            )
+        })
+    }
+
+    /// 401 unless the request carries the API key (when one is set).
+    fn authorize(&self, headers: &axum::http::HeaderMap) -> ApiResult<()> {
+        let Some(key) = &self.opts.api_key else {
+            return Ok(());
+        };
+        let given = headers
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        if given == Some(key.as_str()) {
+            return Ok(());
+        }
+        Err(ApiError::new(
+            401,
+            "authentication_error",
+            "invalid_api_key",
+            "missing or wrong API key: send the header Authorization: Bearer KEY",
+        ))
+    }
+
+    fn submit(&self, job: Job) -> ApiResult<()> {
+        self.gauges.queued.fetch_add(1, Ordering::Relaxed);
+        match self.queue.try_send(job) {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                self.gauges.queued.fetch_sub(1, Ordering::Relaxed);
+                Err(match e {
+                    TrySendError::Full(_) => ApiError::new(
+                        429,
+                        "rate_limit_error",
+                        "queue_full",
+                        format!(
+                            "the queue is full ({} requests wait): try again later",
+                            self.opts.max_queue
+                        ),
+                    ),
+                    TrySendError::Disconnected(_) => ApiError::new(
+                        503,
+                        "service_unavailable",
+                        "engine_stopped",
+                        "the model loop has stopped",
+                    ),
+                })
+            }
+        }
+    }
+}
+
+/// Serves until SIGTERM or SIGINT (then exits cleanly after at most `grace`), or fails when the
+/// address cannot be bound or the model does not load. `on_listening` hears the bound address
+/// (the port is chosen by the system when `port` is 0).
+pub fn serve(
+    opts: ServeOptions,
+    load: Loader,
+    on_listening: impl FnOnce(SocketAddr),
+) -> Result<()> {
+    if opts.parallel == 0 || opts.max_queue == 0 || opts.chunk == 0 {
+        return Err(Error::Invalid(
+            "--parallel, --max-queue and the prefill chunk must be at least 1".into(),
+        ));
+    }
+    let addr = format!("{}:{}", opts.host, opts.port);
+    let listener = std::net::TcpListener::bind(&addr)
+        .map_err(|e| Error::Invalid(format!("cannot listen on {addr}: {e}")))?;
+    listener
+        .set_nonblocking(true)
+        .map_err(|e| Error::Invalid(format!("cannot listen on {addr}: {e}")))?;
+    let bound = listener
+        .local_addr()
+        .map_err(|e| Error::Invalid(format!("cannot listen on {addr}: {e}")))?;
+    let (tx, rx) = sync_channel(opts.max_queue);
+    let eopts = EngineOptions {
+        parallel: opts.parallel,
+        chunk: opts.chunk,
+    };
+    let app = Arc::new(App {
+        name: opts.name.clone(),
+        opts,
+        ready: OnceLock::new(),
+        queue: tx,
+        gauges: Arc::default(),
+        metrics: Default::default(),
+        next_id: AtomicU64::new(0),
+        failed: Mutex::new(None),
+        failed_notify: tokio::sync::Notify::new(),
+    });
+    // 1. The engine thread: load, then serve the queue until the server is gone.
+    let engine_app = app.clone();
+    std::thread::Builder::new()
+        .name("difftx-engine".into())
+        .spawn(move || {
+            if let Err(e) = load_and_run(&engine_app, load, eopts, rx) {
+                *engine_app.failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+                engine_app.failed_notify.notify_one();
+            }
+        })
+        .map_err(|e| Error::Invalid(format!("cannot start the model thread: {e}")))?;
+    // 2. The HTTP side on this thread.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Error::Invalid(format!("cannot start the HTTP runtime: {e}")))?;
+    on_listening(bound);
+    rt.block_on(http::run(app.clone(), listener))?;
+    let failed = app.failed.lock().unwrap_or_else(|p| p.into_inner()).take();
+    match failed {
+        Some(e) => Err(Error::Invalid(e)),
+        None => Ok(()),
+    }
+}
+
+fn load_and_run(
+    app: &Arc<App>,
+    load: Loader,
+    eopts: EngineOptions,
+    rx: std::sync::mpsc::Receiver<Job>,
+) -> std::result::Result<(), String> {
+    // a request's numbers must not depend on the batch beside it (see `set_batch_invariant`)
+    crate::kernels::gemm::linear::set_batch_invariant(true);
+    let (model, dir) = load()?;
+    let tok = Tokenizer::for_model(&dir, &model.config).map_err(|e| e.to_string())?;
+    let chat = chat::ChatTemplate::for_model(&dir).map_err(|e| e.to_string())?;
+    let eos = tok.eos_id(&model.config);
+    let mut engine = Engine::new(&model, eopts, app.gauges.clone()).map_err(|e| e.to_string())?;
+    let _ = app.ready.set(Arc::new(Ready {
+        tok,
+        chat,
+        context: model.config.max_position_embeddings,
+        vocab: model.config.vocab_size,
+        eos,
+    }));
+    eprintln!(
+        "difftx serve: model ready ({} parameters)",
+        model.num_params()
+    );
+    engine.run(&rx);
+    Ok(())
+}

@@ -1,0 +1,711 @@
+//! `difftx serve` over real HTTP: the built binary on a free port with a tiny model made by
+//! `difftx init`, asked by a plain HTTP client.
+
+#![cfg(feature = "serve")]
+
+use reqwest::blocking::{Client, Response};
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+fn difftx() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_difftx"))
+}
+
+/// A tiny diff_v1 model (context 128, byte-level tokenizer) in `dir`.
+fn tiny_model(dir: &Path) -> PathBuf {
+    let out = dir.join("tiny");
+    let s = difftx()
+        .args(["init", "--preset", "tiny", "--seed", "3", "--out"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(s.status.success(), "{}", String::from_utf8_lossy(&s.stderr));
+    out
+}
+
+struct Server {
+    child: Child,
+    base: String,
+    model: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts the server with `extra` flags on a port the system picks; returns once /health is 200.
+fn start(extra: &[&str]) -> Server {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let mut child = difftx()
+        .args(["--threads", "2", "serve", "--port", "0", "--model"])
+        .arg(&model)
+        .args(extra)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // the stderr reader runs on so that the pipe never fills
+    let (tx, rx) = mpsc::channel();
+    let err = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(err).lines().map_while(Result::ok) {
+            if let Some(rest) = line.split("listening on ").nth(1) {
+                let _ = tx.send(rest.split_whitespace().next().unwrap_or("").to_string());
+            }
+        }
+    });
+    let base = rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("the server says where it listens");
+    let t0 = Instant::now();
+    while !client()
+        .get(format!("{base}/health"))
+        .send()
+        .is_ok_and(|r| r.status() == reqwest::StatusCode::OK)
+    {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "the server never became ready"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Server {
+        child,
+        base,
+        model,
+        _dir: dir,
+    }
+}
+
+fn client() -> Client {
+    Client::builder()
+        .timeout(Duration::from_secs(120))
+        .build()
+        .unwrap()
+}
+
+impl Server {
+    fn post(&self, path: &str, body: &str) -> Response {
+        client()
+            .post(format!("{}{path}", self.base))
+            .header("content-type", "application/json")
+            .body(body.to_string())
+            .send()
+            .unwrap()
+    }
+    /// (status, JSON body)
+    fn call(&self, path: &str, body: Value) -> (u16, Value) {
+        let r = self.post(path, &body.to_string());
+        (r.status().as_u16(), r.json_value())
+    }
+    fn get(&self, path: &str) -> (u16, String) {
+        let r = client().get(format!("{}{path}", self.base)).send().unwrap();
+        (r.status().as_u16(), r.text().unwrap())
+    }
+    fn complete(&self, body: Value) -> Value {
+        let (s, v) = self.call("/v1/completions", body);
+        assert_eq!(s, 200, "{v}");
+        v
+    }
+}
+
+trait JsonBody {
+    fn json_value(self) -> Value;
+}
+impl JsonBody for Response {
+    fn json_value(self) -> Value {
+        let t = self.text().unwrap();
+        serde_json::from_str(&t).unwrap_or_else(|_| panic!("not JSON: {t}"))
+    }
+}
+
+/// The `data:` payloads of a server-sent event stream, up to and without `[DONE]`.
+fn sse(r: Response) -> Vec<Value> {
+    assert_eq!(r.status().as_u16(), 200);
+    let mut out = Vec::new();
+    let mut done = false;
+    for line in BufReader::new(r).lines() {
+        let line = line.unwrap();
+        let Some(data) = line.strip_prefix("data: ") else {
+            continue;
+        };
+        if data == "[DONE]" {
+            done = true;
+            break;
+        }
+        out.push(serde_json::from_str(data).unwrap());
+    }
+    assert!(done, "the stream ends with data: [DONE]");
+    out
+}
+
+fn text(v: &Value) -> String {
+    v["choices"][0]["text"].as_str().unwrap().to_string()
+}
+
+#[test]
+fn every_endpoint_answers_in_the_openai_shapes() {
+    let s = start(&[]);
+    assert_eq!(s.get("/health"), (200, r#"{"status":"ok"}"#.into()));
+    let (st, models) = s.get("/v1/models");
+    let models: Value = serde_json::from_str(&models).unwrap();
+    assert_eq!((st, models["data"][0]["id"].as_str()), (200, Some("tiny")));
+    // tokenize and detokenize round-trip (byte-level: one id per byte)
+    let (st, t) = s.call(
+        "/tokenize",
+        json!({"prompt": "Hi!", "add_special_tokens": false}),
+    );
+    assert_eq!((st, &t["tokens"]), (200, &json!([72, 105, 33])));
+    let (_, d) = s.call("/detokenize", json!({"tokens": [72, 105, 33]}));
+    assert_eq!(d["prompt"], "Hi!");
+    let (st, info) = s.get("/tokenizer_info");
+    let info: Value = serde_json::from_str(&info).unwrap();
+    assert_eq!(st, 200);
+    assert!(
+        info.as_object().unwrap().contains_key("eos_token"),
+        "{info}"
+    );
+    assert_eq!(info["model_max_length"], 128);
+    // completions: every prompt shape gives one choice per prompt
+    for prompt in [
+        json!("Hi"),
+        json!(["Hi", "Ho"]),
+        json!([72, 105]),
+        json!([[72], [72, 111]]),
+    ] {
+        let v = s.complete(
+            json!({"model": "tiny", "prompt": prompt, "max_tokens": 3, "temperature": 0}),
+        );
+        let n = if prompt.as_array().is_some_and(|a| !a[0].is_number()) {
+            2
+        } else {
+            1
+        };
+        assert_eq!(v["choices"].as_array().unwrap().len(), n, "{v}");
+        assert_eq!(v["usage"]["completion_tokens"], 3 * n);
+    }
+    // a token-id prompt continues as its text does
+    let by_text = s.complete(json!({"prompt": "Hi", "max_tokens": 6, "temperature": 0}));
+    let by_ids = s.complete(json!({"prompt": [72, 105], "max_tokens": 6, "temperature": 0}));
+    assert_eq!(text(&by_text), text(&by_ids));
+    // chat: the plain template, whole and streamed alike
+    let msgs = json!([{"role": "user", "content": "Hello"}]);
+    let (st, c) = s.call(
+        "/v1/chat/completions",
+        json!({"messages": msgs, "max_tokens": 8, "temperature": 0}),
+    );
+    assert_eq!(st, 200, "{c}");
+    let whole = c["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let body = json!({"messages": msgs, "max_tokens": 8, "temperature": 0, "stream": true});
+    let chunks = sse(s.post("/v1/chat/completions", &body.to_string()));
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    let streamed: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    assert_eq!(streamed, whole);
+    // stop strings cut the text and finish with "stop"
+    let free = text(&s.complete(json!({"prompt": "Hello", "max_tokens": 20, "temperature": 0})));
+    let stop: String = free.chars().skip(3).take(2).collect();
+    let cut =
+        s.complete(json!({"prompt": "Hello", "max_tokens": 20, "temperature": 0, "stop": [stop]}));
+    assert_eq!(text(&cut), free[..free.find(&stop).unwrap()]);
+    assert_eq!(cut["choices"][0]["finish_reason"], "stop");
+    // seeded sampling repeats; metrics count what happened
+    let sampled = json!({"prompt": "Hi", "max_tokens": 10, "temperature": 1.0, "top_k": 40, "top_p": 0.9, "seed": 7});
+    assert_eq!(
+        text(&s.complete(sampled.clone())),
+        text(&s.complete(sampled))
+    );
+    let (st, m) = s.get("/metrics");
+    assert_eq!(st, 200);
+    for needle in [
+        "difftx_requests_total{status=\"200\"}",
+        "difftx_generated_tokens_total",
+        "difftx_queue_depth 0",
+        "difftx_running_sequences",
+        "difftx_time_to_first_token_seconds_bucket",
+    ] {
+        assert!(m.contains(needle), "{needle} missing from\n{m}");
+    }
+}
+
+#[test]
+fn streamed_completions_equal_whole_ones() {
+    let s = start(&[]);
+    for extra in [
+        json!({}),
+        json!({"stop": ["e"]}),
+        json!({"echo": true, "logprobs": 2}),
+    ] {
+        let mut body = json!({"prompt": "The cat sat", "max_tokens": 24, "temperature": 0});
+        body.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        let whole = s.complete(body.clone());
+        body["stream"] = json!(true);
+        body["stream_options"] = json!({"include_usage": true});
+        let chunks = sse(s.post("/v1/completions", &body.to_string()));
+        let streamed: String = chunks
+            .iter()
+            .filter_map(|c| c["choices"].get(0)?["text"].as_str())
+            .collect();
+        assert_eq!(streamed, text(&whole), "{body}");
+        let last = chunks.last().unwrap();
+        assert_eq!(last["usage"], whole["usage"], "the usage chunk comes last");
+        let finish: Vec<&Value> = chunks
+            .iter()
+            .filter_map(|c| c["choices"].get(0))
+            .map(|c| &c["finish_reason"])
+            .filter(|f| !f.is_null())
+            .collect();
+        assert_eq!(finish, vec![&whole["choices"][0]["finish_reason"]]);
+        if body.get("logprobs").is_some() {
+            let lps: Vec<Value> = chunks
+                .iter()
+                .filter_map(|c| {
+                    c["choices"].get(0)?["logprobs"]["token_logprobs"]
+                        .as_array()
+                        .cloned()
+                })
+                .flatten()
+                .collect();
+            assert_eq!(
+                Value::Array(lps),
+                whole["choices"][0]["logprobs"]["token_logprobs"]
+            );
+        }
+    }
+}
+
+#[test]
+fn echo_logprobs_equal_eval_losses() {
+    // prefilled in chunks of 8 tokens, scored against `difftx eval`'s one uncached pass
+    let s = start(&["--prefill-chunk", "8"]);
+    let sample = "A differential transformer cancels attention noise.";
+    let file = s._dir.path().join("sample.txt");
+    std::fs::write(&file, sample).unwrap();
+    let out = difftx()
+        .args(["eval", "--json", "--model"])
+        .arg(&s.model)
+        .arg("--data")
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let eval: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = s.complete(
+        json!({"prompt": sample, "max_tokens": 0, "echo": true, "logprobs": 1, "temperature": 0}),
+    );
+    let lp = &v["choices"][0]["logprobs"];
+    let tokens = lp["tokens"].as_array().unwrap();
+    let scores = lp["token_logprobs"].as_array().unwrap();
+    assert_eq!(tokens.len(), sample.len());
+    assert_eq!(
+        (&scores[0], lp["top_logprobs"][0].is_null()),
+        (&Value::Null, true)
+    );
+    assert_eq!(lp["text_offset"][3], 3);
+    assert_eq!(v["choices"][0]["text"], sample);
+    assert_eq!(v["usage"]["completion_tokens"], 0);
+    let nll: Vec<f64> = scores[1..].iter().map(|x| -x.as_f64().unwrap()).collect();
+    let mean = nll.iter().sum::<f64>() / nll.len() as f64;
+    assert_eq!(eval["tokens"].as_u64(), Some(nll.len() as u64));
+    let want = eval["loss"].as_f64().unwrap();
+    assert!(
+        (mean - want).abs() < 1e-5 * want,
+        "echo mean {mean} vs eval {want}"
+    );
+    // the top alternative is at least as likely as the token itself
+    for (i, top) in lp["top_logprobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .enumerate()
+        .skip(1)
+    {
+        let best = top
+            .as_object()
+            .unwrap()
+            .values()
+            .next()
+            .unwrap()
+            .as_f64()
+            .unwrap();
+        assert!(best >= scores[i].as_f64().unwrap() - 1e-6);
+    }
+}
+
+fn prompt_of(i: usize) -> String {
+    // lengths 3..=48, so prefills take one to several chunks of 16
+    let words = ["alpha ", "beta ", "gamma ", "delta ", "eps "];
+    (0..=i * 2)
+        .map(|k| words[(i + k) % words.len()])
+        .collect::<String>()[..3 + i * 3]
+        .to_string()
+}
+
+#[test]
+fn sixteen_concurrent_requests_each_equal_the_request_alone() {
+    let s = start(&["--parallel", "16", "--prefill-chunk", "16"]);
+    let body = |i: usize| json!({"prompt": prompt_of(i), "max_tokens": 40, "temperature": 0, "logprobs": 0});
+    let alone: Vec<Value> = (0..16).map(|i| s.complete(body(i))).collect();
+    let base = s.base.clone();
+    let together: Vec<Value> = std::thread::scope(|sc| {
+        let hs: Vec<_> = (0..16)
+            .map(|i| {
+                let (base, b) = (base.clone(), body(i).to_string());
+                sc.spawn(move || {
+                    client()
+                        .post(format!("{base}/v1/completions"))
+                        .header("content-type", "application/json")
+                        .body(b)
+                        .send()
+                        .unwrap()
+                        .json_value()
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for i in 0..16 {
+        let (a, b) = (&alone[i]["choices"][0], &together[i]["choices"][0]);
+        assert_eq!(a["text"], b["text"], "prompt {i}");
+        // the same tokens with the same log-probabilities, to the last bit
+        assert_eq!(a["logprobs"], b["logprobs"], "prompt {i}");
+    }
+}
+
+#[test]
+fn a_dropped_stream_leaves_the_next_request_undisturbed() {
+    let s = start(&["--parallel", "2"]);
+    let body = json!({"prompt": "Once upon", "max_tokens": 30, "temperature": 0});
+    let want = s.complete(body.clone());
+    let long = json!({"prompt": "x", "max_tokens": 120, "temperature": 0, "stream": true});
+    let r = s.post("/v1/completions", &long.to_string());
+    let mut lines = BufReader::new(r).lines();
+    assert!(lines.next().unwrap().unwrap().starts_with("data: "));
+    drop(lines); // the client goes away mid-stream
+    assert_eq!(s.complete(body)["choices"], want["choices"]);
+    // the dropped request left the batch
+    let t0 = Instant::now();
+    while !s.get("/metrics").1.contains("difftx_running_sequences 0") {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "the dropped request kept running"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn bad_requests_get_openai_error_objects() {
+    let s = start(&["--max-body-bytes", "2000"]);
+    let cases: Vec<(&str, String, u16, &str)> = vec![
+        ("/v1/completions", "{not json".into(), 400, "body"),
+        ("/v1/completions", "[1]".into(), 400, "body"),
+        (
+            "/v1/completions",
+            json!({"prompt": "a", "max_tokens": -1}).to_string(),
+            400,
+            "max_tokens",
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "a", "temperature": -0.5}).to_string(),
+            400,
+            "temperature",
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "a", "top_p": 0}).to_string(),
+            400,
+            "top_p",
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "a", "top_p": 1.5}).to_string(),
+            400,
+            "top_p",
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "a", "max_tokens": 1e20}).to_string(),
+            400,
+            "max_tokens",
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": [[]]}).to_string(),
+            400,
+            "prompt",
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": null}).to_string(),
+            400,
+            "prompt",
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": [999999]}).to_string(),
+            400,
+            "prompt",
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "a", "stop": 5}).to_string(),
+            400,
+            "stop",
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "a", "logprobs": "x"}).to_string(),
+            400,
+            "logprobs",
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "a", "model": "gpt-4"}).to_string(),
+            404,
+            "model",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": "hi"}).to_string(),
+            400,
+            "messages",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"content": "x"}]}).to_string(),
+            400,
+            "messages",
+        ),
+        (
+            "/detokenize",
+            json!({"tokens": [-1]}).to_string(),
+            400,
+            "tokens",
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "a".repeat(3000)}).to_string(),
+            413,
+            "",
+        ),
+    ];
+    for (path, body, status, param) in cases {
+        let r = s.post(path, &body);
+        assert_eq!(r.status().as_u16(), status, "{path} {body}");
+        let e = r.json_value();
+        let err = &e["error"];
+        for k in ["message", "type", "param", "code"] {
+            assert!(
+                err.as_object().is_some_and(|o| o.contains_key(k)),
+                "{k} missing: {e}"
+            );
+        }
+        if !param.is_empty() {
+            assert_eq!(err["param"], param, "{body}: {e}");
+        }
+    }
+    // prompt + max_tokens beyond the context names both numbers
+    let (st, e) = s.call(
+        "/v1/completions",
+        json!({"prompt": "abcde", "max_tokens": 124}),
+    );
+    assert_eq!(st, 400);
+    let msg = e["error"]["message"].as_str().unwrap();
+    assert!(
+        msg.contains("5 tokens") && msg.contains("124") && msg.contains("128"),
+        "{msg}"
+    );
+    assert_eq!(
+        s.call(
+            "/v1/completions",
+            json!({"prompt": "abcde", "max_tokens": 123})
+        )
+        .0,
+        200
+    );
+    // unknown route
+    let (st, body) = s.get("/v2/nothing");
+    assert_eq!(st, 404, "{body}");
+    assert!(body.contains("\"error\""));
+    // nothing above took the server down
+    assert_eq!(s.get("/health").0, 200);
+}
+
+#[test]
+fn the_api_key_is_required_when_set() {
+    let s = start(&["--api-key", "sesame"]);
+    let body = json!({"prompt": "a", "max_tokens": 1}).to_string();
+    let r = s.post("/v1/completions", &body);
+    assert_eq!(r.status().as_u16(), 401);
+    assert_eq!(r.json_value()["error"]["type"], "authentication_error");
+    let wrong = client()
+        .post(format!("{}/v1/completions", s.base))
+        .header("authorization", "Bearer nope")
+        .body(body.clone())
+        .send()
+        .unwrap();
+    assert_eq!(wrong.status().as_u16(), 401);
+    let right = client()
+        .post(format!("{}/v1/completions", s.base))
+        .header("authorization", "Bearer sesame")
+        .body(body)
+        .send()
+        .unwrap();
+    assert_eq!(right.status().as_u16(), 200);
+    assert_eq!(s.get("/health").0, 200, "health needs no key");
+}
+
+#[test]
+fn a_full_queue_answers_429_and_the_rest_complete() {
+    let s = start(&["--parallel", "1", "--max-queue", "1"]);
+    let base = s.base.clone();
+    let statuses: Vec<u16> = std::thread::scope(|sc| {
+        let hs: Vec<_> = (0..8)
+            .map(|_| {
+                let base = base.clone();
+                sc.spawn(move || {
+                    let b = json!({"prompt": "q", "max_tokens": 120, "temperature": 0});
+                    client()
+                        .post(format!("{base}/v1/completions"))
+                        .body(b.to_string())
+                        .send()
+                        .unwrap()
+                        .status()
+                        .as_u16()
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert!(statuses.contains(&429), "{statuses:?}");
+    assert!(
+        statuses.iter().all(|&c| c == 200 || c == 429),
+        "{statuses:?}"
+    );
+    assert!(
+        statuses.iter().filter(|&&c| c == 200).count() >= 2,
+        "{statuses:?}"
+    );
+    assert!(s
+        .get("/metrics")
+        .1
+        .contains("difftx_requests_total{status=\"429\"}"));
+}
+
+#[test]
+fn sigterm_stops_the_server_with_exit_code_0() {
+    let mut s = start(&["--grace", "2"]);
+    // one request in flight while the signal comes
+    let base = s.base.clone();
+    let h = std::thread::spawn(move || {
+        let b = json!({"prompt": "z", "max_tokens": 120, "stream": true});
+        client()
+            .post(format!("{base}/v1/completions"))
+            .body(b.to_string())
+            .send()
+            .map(|r| r.text())
+    });
+    std::thread::sleep(Duration::from_millis(50));
+    // SAFETY: kill(2) on the child's own process id, which is still ours to signal.
+    unsafe {
+        libc::kill(s.child.id() as i32, libc::SIGTERM);
+    }
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(st) = s.child.try_wait().unwrap() {
+            break st;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "still running 10 s after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "{status:?}");
+    let _ = h.join();
+}
+
+#[test]
+fn health_and_the_api_say_503_while_the_model_loads() {
+    use difftx::serve::{serve, ServeOptions};
+    use difftx::{AttentionKind, Model, ModelConfig, Preset};
+    // in process: the loader waits until the test lets it finish
+    let dir = tempfile::tempdir().unwrap();
+    let model_dir = dir.path().to_path_buf();
+    let (go, wait) = mpsc::channel::<()>();
+    let (at, addr) = mpsc::channel();
+    let opts = ServeOptions {
+        host: "127.0.0.1".into(),
+        port: 0,
+        api_key: None,
+        parallel: 2,
+        max_queue: 4,
+        chunk: 16,
+        max_body_bytes: 1 << 20,
+        name: "slow".into(),
+        grace: Duration::from_secs(1),
+    };
+    let load = Box::new(move || {
+        wait.recv().map_err(|e| e.to_string())?;
+        let m = Model::init(ModelConfig::preset(Preset::Tiny, AttentionKind::DiffV1), 0)
+            .map_err(|e| e.to_string())?;
+        Ok((m, model_dir))
+    });
+    // the server thread is left running when the test ends, with the test process
+    std::thread::spawn(move || serve(opts, load, |a| at.send(a).unwrap()));
+    let base = format!(
+        "http://{}",
+        addr.recv_timeout(Duration::from_secs(10)).unwrap()
+    );
+    let c = client();
+    let health = c.get(format!("{base}/health")).send().unwrap();
+    assert_eq!(health.status().as_u16(), 503);
+    assert_eq!(health.json_value()["error"]["code"], "model_loading");
+    let body = json!({"prompt": "a", "max_tokens": 1}).to_string();
+    let r = c
+        .post(format!("{base}/v1/completions"))
+        .body(body.clone())
+        .send()
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 503);
+    go.send(()).unwrap();
+    let t0 = Instant::now();
+    while c
+        .get(format!("{base}/health"))
+        .send()
+        .unwrap()
+        .status()
+        .as_u16()
+        != 200
+    {
+        assert!(t0.elapsed() < Duration::from_secs(30), "never ready");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let r = c
+        .post(format!("{base}/v1/completions"))
+        .body(body)
+        .send()
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+}
