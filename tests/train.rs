@@ -773,15 +773,11 @@ fn training_text_a_tokenizer_cannot_represent_is_refused_and_not_cached() {
     assert!(!out.exists());
 }
 
-/// Fine-tuning: `--init-from` starts from a model's weights (at learning rate 0 they stay bit
-/// for bit as they were, through a resume too), takes its config and tokenizer, and refuses
-/// flags that would give another model.
-#[test]
-fn init_from_starts_from_the_models_weights_and_refuses_another_shape() {
+/// A temporary folder holding a fresh `tiny` standard model (`m`) and the demo text.
+fn standard_model_and_text() -> (tempfile::TempDir, PathBuf, PathBuf) {
     let tmp = tempfile::tempdir().unwrap();
-    let (model, run) = (tmp.path().join("m"), tmp.path().join("r"));
-    let data = tmp.path().join("demo.txt");
-    std::fs::write(&data, DEMO).unwrap();
+    let model = tmp.path().join("m");
+    let data = text_file(tmp.path(), "demo.txt", DEMO);
     ok(&difftx(&[
         "init",
         "--attention",
@@ -789,6 +785,16 @@ fn init_from_starts_from_the_models_weights_and_refuses_another_shape() {
         "--out",
         s(&model),
     ]));
+    (tmp, model, data)
+}
+
+/// Fine-tuning: `--init-from` starts from a model's weights (at learning rate 0 they stay bit
+/// for bit as they were, through a resume too), takes its config and tokenizer, and refuses
+/// flags that would give another model.
+#[test]
+fn init_from_starts_from_the_models_weights_and_refuses_another_shape() {
+    let (tmp, model, data) = standard_model_and_text();
+    let run = tmp.path().join("r");
     let lr0 = [
         "--lr",
         "0",
@@ -876,17 +882,8 @@ fn init_from_starts_from_the_models_weights_and_refuses_another_shape() {
 /// `--init-from`; a diff model is refused in one line.
 #[test]
 fn retrofit_to_diff_v2_keeps_the_loss_and_fine_tunes() {
-    let tmp = tempfile::tempdir().unwrap();
-    let (model, retro) = (tmp.path().join("m"), tmp.path().join("retro"));
-    let data = tmp.path().join("demo.txt");
-    std::fs::write(&data, DEMO).unwrap();
-    ok(&difftx(&[
-        "init",
-        "--attention",
-        "standard",
-        "--out",
-        s(&model),
-    ]));
+    let (tmp, model, data) = standard_model_and_text();
+    let retro = tmp.path().join("retro");
     let args = ["retrofit", "--model", s(&model), "--attention", "diff_v2"];
     let err = ok(&difftx(
         &[&args[..], &["--data", s(&data), "--out", s(&retro)]].concat(),

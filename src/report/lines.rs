@@ -2,8 +2,10 @@
 //! error bars (± one standard deviation over seeds) where the series has them. The repro
 //! report draws accuracy against shots or needles and loss against parameters with it.
 
-use super::axis::{tick_label, Axis};
-use super::plot::{draw_legend_below, draw_looked, legend_height, look, register, Look, FAMILY};
+use super::axis::Axis;
+use super::plot::{
+    draw_grid, draw_legend_below, draw_looked, legend_height, look, register, Look, FAMILY,
+};
 use crate::error::{Error, Result};
 use plotters::prelude::*;
 use std::path::Path;
@@ -98,17 +100,7 @@ pub fn plot_lines(lines: &[Line], axes: &Axes, out: &Path) -> Result<()> {
         .y_label_area_size(70)
         .build_cartesian_2d(x_axis, Axis::new(ymin, ymax, false, &[]))
         .map_err(|e| err(e.to_string()))?;
-    chart
-        .configure_mesh()
-        .x_desc(axes.x_label)
-        .y_desc(axes.y_label)
-        .x_label_formatter(&|x| tick_label(*x))
-        .y_label_formatter(&|y| tick_label(*y))
-        .label_style((FAMILY, 17))
-        .axis_desc_style((FAMILY, 19))
-        .bold_line_style(RGBColor(225, 225, 225))
-        .draw()
-        .map_err(|e| err(e.to_string()))?;
+    draw_grid(&mut chart, axes.x_label, axes.y_label).map_err(err)?;
     // 3. Each line with its markers and error bars (plain vertical segments: plotters'
     // ErrorBar needs a feature), then the legend under the chart.
     for (l, (_, lk, _)) in lines.iter().zip(&entries) {
