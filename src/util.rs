@@ -1,9 +1,11 @@
 //! Small helpers every layer may use: atomic file writes, a stable hash, digit grouping, the
-//! NumPy .npy format.
+//! NumPy .npy format, and the content digests of a directory's files (`manifest`).
 //! Nothing here knows about models, data or training.
 
 use crate::error::{Error, Result};
 use std::path::{Path, PathBuf};
+
+pub mod manifest;
 
 /// Writes `bytes` to `path` through `path.tmp`, synced and then renamed, so a crash leaves
 /// either the old file or the new one, never half of one.

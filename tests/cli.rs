@@ -50,7 +50,15 @@ fn init_model(dir: &Path, attention: &str) -> PathBuf {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    without_manifest(&m);
     m
+}
+
+/// Removes a model directory's `manifest.json`, as a directory edited by hand (or written
+/// before manifests, or downloaded from Hugging Face) lacks one: the tests that damage files
+/// on purpose then reach the loader's own checks instead of the digest check.
+fn without_manifest(m: &Path) {
+    std::fs::remove_file(m.join("manifest.json")).unwrap();
 }
 
 fn text_file(dir: &Path, name: &str, text: &str) -> PathBuf {
@@ -344,6 +352,7 @@ fn diff_v1_ablations_save_load_and_refuse_hugging_face_export() {
     let mut only_subln = cfg.clone();
     only_subln.as_object_mut().unwrap().remove("lambda_init");
     std::fs::write(m.join("config.json"), only_subln.to_string()).unwrap();
+    without_manifest(&m);
     fails_with(&export(&m), &["subln off", "DiffLlama"]);
     assert!(!hf.exists());
     // config.json and the tensors must agree about subln, both ways.
@@ -947,4 +956,70 @@ fn gguf_export_refuses_diff_kinds_unknown_quants_and_foreign_tokenizers_in_one_l
         String::from_utf8_lossy(&ok.stderr)
     );
     assert!(out.exists());
+}
+
+#[test]
+fn a_damaged_file_of_a_directory_with_a_manifest_is_named_by_every_loading_command() {
+    // 1. A native model and its Hugging Face export, each with a manifest.json
+    let tmp = tempfile::tempdir().unwrap();
+    let data = text_file(tmp.path(), "a.txt", TEXT);
+    let native = tmp.path().join("native");
+    let hf = tmp.path().join("hf");
+    let (ns, hs) = (native.to_str().unwrap(), hf.to_str().unwrap());
+    assert!(difftx(&["init", "--out", ns]).status.success());
+    assert!(difftx(&["export", "--model", ns, "--out", hs])
+        .status
+        .success());
+    let png = tmp.path().join("a.png");
+    let commands = |m: &Path| {
+        let (ms, again) = (m.to_str().unwrap(), tmp.path().join("again"));
+        [
+            eval(m, &data),
+            difftx(&["generate", "--model", ms, "--prompt", "a"]),
+            difftx(&["export", "--model", ms, "--out", again.to_str().unwrap()]),
+            difftx(&[
+                "attention-map",
+                "--model",
+                ms,
+                "--prompt",
+                "ab",
+                "--layer",
+                "0",
+                "--head",
+                "0",
+                "--out",
+                png.to_str().unwrap(),
+            ]),
+        ]
+    };
+    for m in [&native, &hf] {
+        for out in commands(m) {
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(out.status.success(), "{}: {err}", m.display());
+        }
+    }
+    // 2. One byte altered (same size) in each file: every command names that file
+    let files = [
+        (&native, "config.json"),
+        (&native, "model.safetensors"),
+        (&hf, "config.json"),
+        (&hf, "model.safetensors"),
+        (&hf, "tokenizer.json"),
+        (&hf, "tokenizer_config.json"),
+    ];
+    for (m, name) in files {
+        let path = m.join(name);
+        let good = std::fs::read(&path).unwrap();
+        let mut bad = good.clone();
+        bad[good.len() / 2] ^= 0x01;
+        std::fs::write(&path, &bad).unwrap();
+        let named = format!("{}: damaged: its content does not match", path.display());
+        for out in commands(m) {
+            fails_with(&out, &[&named]);
+        }
+        std::fs::write(&path, &good).unwrap();
+    }
+    // 3. Without a manifest the directory loads as before (an older run, a download)
+    std::fs::remove_file(hf.join("manifest.json")).unwrap();
+    assert!(eval(&hf, &data).status.success());
 }

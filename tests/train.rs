@@ -914,3 +914,53 @@ fn retrofit_to_diff_v2_keeps_the_loss_and_fine_tunes() {
         "{err}"
     );
 }
+
+#[test]
+fn a_damaged_newest_checkpoint_is_named_and_resume_falls_back_to_the_previous_one() {
+    // 1. A finished run with checkpoints at steps 3 and 6
+    let (_tmp, data, out) = demo_run();
+    let mut args = small_run(s(&data), s(&out), "6");
+    args.extend(["--ckpt-every", "3", "--keep-last", "2", "--resume"]);
+    ok(&difftx(&args));
+    assert_eq!(checkpoints(&out), ["step-00000003", "step-00000006"]);
+    let newest = out.join("checkpoints/step-00000006");
+    let files = [
+        "config.json",
+        "model.safetensors",
+        "optimizer.safetensors",
+        "trainer_state.json",
+        "manifest.json",
+    ];
+    let pristine: Vec<Vec<u8>> = files
+        .iter()
+        .map(|f| std::fs::read(newest.join(f)).unwrap())
+        .collect();
+    for (f, good) in files.iter().zip(&pristine) {
+        // 2. One byte of one file of the newest checkpoint altered, its size unchanged
+        let path = newest.join(f);
+        let mut bad = good.clone();
+        bad[good.len() / 2] ^= 0x01;
+        std::fs::write(&path, &bad).unwrap();
+        let e = eval_run_folder(&out, &data);
+        assert_eq!(e.status.code(), Some(1));
+        let msg = String::from_utf8_lossy(&e.stderr);
+        assert!(msg.contains(&format!("{}:", path.display())), "{f}: {msg}");
+        // 3. --resume names it in one line, retrains from step 3, ends on the same bits
+        let err = ok(&difftx(&args));
+        let skipped: Vec<&str> = err
+            .lines()
+            .filter(|l| l.contains("skipping damaged checkpoint"))
+            .collect();
+        assert_eq!(skipped.len(), 1, "{f}: {err}");
+        assert!(skipped[0].contains(&path.display().to_string()), "{err}");
+        assert!(err.contains("step-00000003"), "{f}: {err}");
+        for (g, want) in files.iter().zip(&pristine) {
+            let got = std::fs::read(newest.join(g)).unwrap();
+            assert!(&got == want, "{g} differs after falling back ({f} damaged)");
+        }
+    }
+}
+
+fn eval_run_folder(out: &Path, data: &Path) -> Output {
+    difftx(&["eval", "--model", s(out), "--data", s(data)])
+}

@@ -26,6 +26,9 @@ pub enum BenchCmd {
     /// The same short training run with f32 and with bf16 matrix products: step times,
     /// how far apart the loss curves end up, and both curves in a PNG.
     Bf16(BenchBf16Args),
+    /// Content digests: XXH3-128 throughput over a file, or for a model directory with a
+    /// manifest.json, its verification against the whole load, alternating.
+    Digest(BenchDigestArgs),
 }
 
 pub fn run(cmd: BenchCmd, precision: Precision) -> Result<()> {
@@ -36,7 +39,72 @@ pub fn run(cmd: BenchCmd, precision: Precision) -> Result<()> {
         BenchCmd::Attention(a) => attention(a, precision),
         BenchCmd::Decode(a) => decode(a, precision),
         BenchCmd::Matmul(a) => matmul(a),
+        BenchCmd::Digest(a) => digest(a),
     }
+}
+
+#[derive(Args)]
+pub struct BenchDigestArgs {
+    /// A file (its digest's throughput is measured) or a model directory with a manifest.json
+    /// (its verification and its whole load are timed, alternating).
+    pub path: PathBuf,
+    /// Timed rounds; medians are reported.
+    #[arg(long, default_value_t = 5)]
+    pub rounds: usize,
+}
+
+fn digest(a: BenchDigestArgs) -> Result<()> {
+    use difftx::util::manifest::{digest_file, verify};
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let time = |f: &mut dyn FnMut() -> Result<()>| -> Result<f64> {
+        let t = std::time::Instant::now();
+        f()?;
+        Ok(t.elapsed().as_secs_f64())
+    };
+    let rounds = a.rounds.max(1);
+    // 1. A file: XXH3-128 throughput (the first read warms the page cache, untimed)
+    if a.path.is_file() {
+        let (size, _) = digest_file(&a.path).map_err(|e| difftx::Error::io(&a.path, e))?;
+        let mut ts = Vec::new();
+        for _ in 0..rounds {
+            ts.push(time(&mut || {
+                digest_file(&a.path).map_err(|e| difftx::Error::io(&a.path, e))?;
+                Ok(())
+            })?);
+        }
+        let t = median(ts);
+        println!(
+            "{}: {} bytes, xxh3-128 in {:.1} ms median of {rounds}: {:.2} GB/s",
+            a.path.display(),
+            thousands(size as usize),
+            1e3 * t,
+            size as f64 / t / 1e9
+        );
+        return Ok(());
+    }
+    // 2. A directory: verification against the whole load (which verifies too), alternating
+    if !verify(&a.path)? {
+        bail!("{}: no manifest.json to verify", a.path.display());
+    }
+    let (mut tv, mut tl) = (Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        tv.push(time(&mut || Ok(verify(&a.path).map(|_| ())?))?);
+        tl.push(time(&mut || {
+            Ok(difftx::interop::load(&a.path).map(|_| ())?)
+        })?);
+    }
+    let (v, l) = (median(tv), median(tl));
+    println!(
+        "{}: verify {:.1} ms, whole load {:.1} ms (medians of {rounds}, alternating): verification is {} of the load",
+        a.path.display(),
+        1e3 * v,
+        1e3 * l,
+        percent(v / l)
+    );
+    Ok(())
 }
 
 /// The model a benchmark builds: a preset of one attention kind, its batch and context.

@@ -373,6 +373,37 @@ impl ModelConfig {
         if !self.subln && self.attention != AttentionKind::DiffV1 {
             return Err(diff_v1_only("subln", "per-head norm"));
         }
+        self.check_fits_in_memory()
+    }
+
+    /// Refuses, before anything is allocated, a model whose weights, RoPE table and per-layer
+    /// bookkeeping alone would exceed this machine's memory (a config claiming 2^60 layers or
+    /// heads). Counted in f64, so no product overflows.
+    fn check_fits_in_memory(&self) -> std::result::Result<(), String> {
+        let f = |x: usize| x as f64;
+        let (dm, d, l) = (
+            f(self.hidden_size),
+            f(self.head_dim),
+            f(self.num_hidden_layers),
+        );
+        // q and o over at most 2H heads of d, k and v over at most 2H_kv (n_query_heads and
+        // the like would overflow a usize on such a config)
+        let (h, kv) = (f(self.num_attention_heads), f(self.num_key_value_heads));
+        let attn = dm * 4.0 * (h + kv) * d + 3.0 * dm * f(self.intermediate_size);
+        let embed = f(self.vocab_size) * dm * if self.tie_word_embeddings { 1.0 } else { 2.0 };
+        let params = l * attn + embed;
+        // 4 bytes a parameter, the RoPE table, about 2 KiB of names and shapes a layer
+        let bytes = 4.0 * params + 4.0 * f(self.max_position_embeddings) * d + 2048.0 * l;
+        let have = physical_memory() as f64;
+        if bytes > have {
+            return Err(format!(
+                "the model would need {:.1} GiB for its weights alone ({:.3e} parameters, {} layers), more than this machine's {:.1} GiB of memory",
+                bytes / f64::from(1u32 << 30),
+                params,
+                self.num_hidden_layers,
+                have / f64::from(1u32 << 30)
+            ));
+        }
         Ok(())
     }
 
@@ -458,9 +489,59 @@ fn get_f64_or(
     }
 }
 
+/// This machine's physical memory in bytes (64 GiB where the OS does not say).
+fn physical_memory() -> u64 {
+    // SAFETY: sysconf reads two constants and has no preconditions.
+    let (pages, size) = unsafe {
+        (
+            libc::sysconf(libc::_SC_PHYS_PAGES),
+            libc::sysconf(libc::_SC_PAGESIZE),
+        )
+    };
+    if pages > 0 && size > 0 {
+        (pages as u64).saturating_mul(size as u64)
+    } else {
+        64 << 30
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_config_too_big_for_memory_is_refused_before_allocating() {
+        // found by tests/fuzz_loaders.rs: num_hidden_layers 2^60 in config.json overflowed a
+        // Vec's capacity (a panic) instead of being refused
+        let tiny = ModelConfig::preset(Preset::Tiny, AttentionKind::DiffV1);
+        assert!(tiny.validate().is_ok());
+        for c in [
+            ModelConfig {
+                num_hidden_layers: 1 << 60,
+                ..tiny.clone()
+            },
+            ModelConfig {
+                hidden_size: 1 << 40,
+                ..tiny.clone()
+            },
+            ModelConfig {
+                num_attention_heads: 1 << 62,
+                num_key_value_heads: 1,
+                ..tiny.clone()
+            },
+            ModelConfig {
+                vocab_size: 1 << 31,
+                ..tiny.clone()
+            },
+            ModelConfig {
+                max_position_embeddings: usize::MAX,
+                ..tiny.clone()
+            },
+        ] {
+            let e = c.validate().unwrap_err();
+            assert!(e.contains("more than this machine's"), "{e}");
+        }
+    }
 
     #[test]
     fn bench_preset_diff_v1_has_the_spec_parameter_count() {

@@ -43,6 +43,12 @@ impl Tokenizer {
             path: path.to_path_buf(),
             msg: "cannot read tokenizer (not UTF-8 JSON)".into(),
         })?;
+        // Malformed JSON first: tokenizers 0.22 panics (`expect("Helper")` in its decoder's
+        // deserializer) on some syntax errors instead of returning one.
+        serde_json::from_str::<serde::de::IgnoredAny>(text).map_err(|e| Error::Data {
+            path: path.to_path_buf(),
+            msg: format!("cannot read tokenizer (malformed JSON: {e})"),
+        })?;
         let tok: tokenizers::Tokenizer = text.parse().map_err(|e| Error::Data {
             path: path.to_path_buf(),
             msg: format!("cannot read tokenizer ({e})"),
@@ -258,5 +264,28 @@ impl TextStream {
         };
         self.emitted = text.len();
         Ok(rest)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn malformed_json_inside_the_decoder_is_an_error_not_a_panic() {
+        // found by tests/fuzz_loaders.rs (seed 26): a raw newline inside a key of the decoder
+        // made tokenizers 0.22 panic with "Helper"
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("tokenizer.json");
+        let text = r#"{"version": "1.0", "decoder": {"add_prefix_sp
+ce": false, "type": "ByteLevel"}, "model": {"type": "WordLevel", "vocab": {"a": 0}, "unk_token": "a"}}"#;
+        std::fs::write(&p, text).unwrap();
+        let e = std::panic::catch_unwind(|| Tokenizer::from_file(&p).err().map(|e| e.to_string()))
+            .expect("no panic")
+            .expect("an error");
+        assert!(
+            e.contains("tokenizer.json: cannot read tokenizer (malformed JSON"),
+            "{e}"
+        );
     }
 }

@@ -390,7 +390,8 @@ pub fn byte_level_tokenizer_json() -> Value {
 
 /// Writes a directory that transformers loads with `AutoModelForCausalLM.from_pretrained`:
 /// `standard` as llama, `diff_v1` as diffllama, with `tokenizer.json` (copied from `model_dir`
-/// if it has one, else the byte-level equivalent). `diff_v2` has no transformers model.
+/// if it has one, else the byte-level equivalent), and last `manifest.json` with every file's
+/// digest. `diff_v2` has no transformers model.
 pub fn export(model: &Model, model_dir: &Path, out: &Path) -> Result<()> {
     let c = &model.config;
     let (model_type, arch, heads, kv) = match c.attention {
@@ -415,6 +416,7 @@ pub fn export(model: &Model, model_dir: &Path, out: &Path) -> Result<()> {
         ));
     }
     std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
+    let mut manifest = crate::util::manifest::Manifest::begin(out)?;
     let mut cfg = Map::new();
     for (k, v) in &c.extra {
         // keep what transformers understands (eos/bos ids and the like), not difftx's own notes
@@ -471,19 +473,18 @@ pub fn export(model: &Model, model_dir: &Path, out: &Path) -> Result<()> {
     });
     let mut meta = std::collections::HashMap::new();
     meta.insert("format".to_string(), "pt".to_string());
-    let wpath = out.join(WEIGHTS_FILE);
     let bytes = safetensors::serialize(views, Some(meta)).map_err(|e| Error::Checkpoint {
-        path: wpath.clone(),
+        path: out.join(WEIGHTS_FILE),
         msg: format!("cannot serialise ({e})"),
     })?;
-    crate::util::write_atomic(&wpath, &bytes)?;
+    manifest.write(out, WEIGHTS_FILE, &bytes)?;
     let tok_src = model_dir.join(crate::data::tokenizer::TOKENIZER_FILE);
     let tok = if tok_src.exists() {
         std::fs::read(&tok_src).map_err(|e| Error::io(&tok_src, e))?
     } else {
         serde_json::to_vec_pretty(&byte_level_tokenizer_json()).expect("json")
     };
-    crate::util::write_atomic(&out.join(crate::data::tokenizer::TOKENIZER_FILE), &tok)?;
+    manifest.write(out, crate::data::tokenizer::TOKENIZER_FILE, &tok)?;
     // Without a tokenizer_config.json transformers would pick a model-specific tokenizer class
     // (LlamaTokenizerFast adds a BOS); the plain fast tokenizer keeps tokenizer.json's rules.
     let tc_src = model_dir.join("tokenizer_config.json");
@@ -495,9 +496,10 @@ pub fn export(model: &Model, model_dir: &Path, out: &Path) -> Result<()> {
         )
         .expect("json")
     };
-    crate::util::write_atomic(&out.join("tokenizer_config.json"), &tc)?;
+    manifest.write(out, "tokenizer_config.json", &tc)?;
     let cfg_text = serde_json::to_string_pretty(&Value::Object(cfg)).expect("json");
-    crate::util::write_atomic(&out.join(CONFIG_FILE), cfg_text.as_bytes())
+    manifest.write(out, CONFIG_FILE, cfg_text.as_bytes())?;
+    manifest.finish(out)
 }
 
 #[cfg(test)]

@@ -4,7 +4,7 @@
 use super::model::Model;
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
-use crate::util::write_atomic;
+use crate::util::manifest::Manifest;
 use safetensors::{Dtype, SafeTensors};
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -152,7 +152,9 @@ pub fn read_config(dir: &Path) -> Result<(PathBuf, serde_json::Value)> {
 impl Model {
     /// Loads a native difftx model directory (`config.json` + `model.safetensors`). A Hugging
     /// Face directory is refused here; `interop::load` takes either kind.
+    /// A directory with a `manifest.json` is verified against it first.
     pub fn load(dir: &Path) -> Result<Self> {
+        crate::util::manifest::verify(dir)?;
         let (cpath, json) = read_config(dir)?;
         if let Some(t @ ("llama" | "diffllama")) = json.get("model_type").and_then(|v| v.as_str()) {
             return Err(Error::Config {
@@ -177,9 +179,18 @@ impl Model {
         Ok(model)
     }
 
-    /// Writes `DIR/config.json` and `DIR/model.safetensors` (f32), each atomically.
+    /// Writes `DIR/config.json` and `DIR/model.safetensors` (f32), each atomically, then
+    /// `DIR/manifest.json` with their digests (`util::manifest`).
     pub fn save(&self, dir: &Path) -> Result<()> {
         std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+        let mut manifest = Manifest::begin(dir)?;
+        self.save_files(dir, &mut manifest)?;
+        manifest.finish(dir)
+    }
+
+    /// Writes the model's two files into `dir`, recording them in `manifest` (a training
+    /// checkpoint adds its own files before finishing it).
+    pub fn save_files(&self, dir: &Path, manifest: &mut Manifest) -> Result<()> {
         let bytes: Vec<(String, Vec<u8>, Vec<usize>)> = self
             .layout
             .specs
@@ -197,13 +208,12 @@ impl Model {
                 .expect("sizes agree");
             (n.clone(), view)
         });
-        let wpath = dir.join(WEIGHTS_FILE);
         let data = safetensors::serialize(views, None).map_err(|e| Error::Checkpoint {
-            path: wpath.clone(),
+            path: dir.join(WEIGHTS_FILE),
             msg: format!("cannot serialise ({e:?})"),
         })?;
-        write_atomic(&wpath, &data)?;
+        manifest.write(dir, WEIGHTS_FILE, &data)?;
         let cfg = serde_json::to_string_pretty(&self.config.to_json()).expect("json");
-        write_atomic(&dir.join(CONFIG_FILE), cfg.as_bytes())
+        manifest.write(dir, CONFIG_FILE, cfg.as_bytes())
     }
 }

@@ -382,6 +382,26 @@ where
     Ok(())
 }
 
+/// The grid, ticks and axis names of a chart on `Axis` coordinates, in the house style (the
+/// loss curves and the experiments' line charts share it).
+pub(crate) fn draw_grid<DB: DrawingBackend>(
+    chart: &mut ChartContext<DB, Cartesian2d<Axis, Axis>>,
+    x_label: &str,
+    y_label: &str,
+) -> std::result::Result<(), String> {
+    chart
+        .configure_mesh()
+        .x_desc(x_label)
+        .y_desc(y_label)
+        .x_label_formatter(&|x| tick_label(*x))
+        .y_label_formatter(&|y| tick_label(*y))
+        .label_style((FAMILY, 17))
+        .axis_desc_style((FAMILY, 19))
+        .bold_line_style(RGBColor(225, 225, 225))
+        .draw()
+        .map_err(|e| e.to_string())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -412,24 +432,4 @@ mod tests {
         // a blank white 1100×680 image compresses to a few KB; curves and text make it larger
         assert!(bytes.len() > 15_000, "{} bytes", bytes.len());
     }
-}
-
-/// The grid, ticks and axis names of a chart on `Axis` coordinates, in the house style (the
-/// loss curves and the experiments' line charts share it).
-pub(crate) fn draw_grid<DB: DrawingBackend>(
-    chart: &mut ChartContext<DB, Cartesian2d<Axis, Axis>>,
-    x_label: &str,
-    y_label: &str,
-) -> std::result::Result<(), String> {
-    chart
-        .configure_mesh()
-        .x_desc(x_label)
-        .y_desc(y_label)
-        .x_label_formatter(&|x| tick_label(*x))
-        .y_label_formatter(&|y| tick_label(*y))
-        .label_style((FAMILY, 17))
-        .axis_desc_style((FAMILY, 19))
-        .bold_line_style(RGBColor(225, 225, 225))
-        .draw()
-        .map_err(|e| e.to_string())
 }

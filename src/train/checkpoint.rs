@@ -6,6 +6,7 @@
 //!   config.json  model.safetensors  [tokenizer.json]     the model
 //!   optimizer.safetensors   m.<tensor>, v.<tensor>: AdamW moments in the parameter layout
 //!   trainer_state.json      step, AdamW t, sampler (RNG) state, the run's configuration
+//!   manifest.json           every other file's size and digest, written last (util::manifest)
 //! ```
 //!
 //! A checkpoint is written into `OUT/checkpoints/.tmp-step-…`, every file synced, then the
@@ -16,9 +17,9 @@ use super::options::RunConfig;
 use super::step::Optimizer;
 use crate::data::corpus::SamplerState;
 use crate::error::{Error, Result};
-use crate::model::checkpoint::{decode_f32, read_safetensors};
+use crate::model::checkpoint::{decode_f32, read_config, read_safetensors};
 use crate::model::Model;
-use crate::util::write_atomic;
+use crate::util::manifest::{verify, Manifest};
 use safetensors::{Dtype, SafeTensors};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -156,14 +157,16 @@ pub fn save_checkpoint(
             std::fs::remove_dir_all(&tmp).map_err(|e| Error::io(&tmp, e))?;
         }
         std::fs::create_dir(&tmp).map_err(|e| Error::io(&tmp, e))?;
-        model.save(&tmp)?;
+        let mut manifest = Manifest::begin(&tmp)?;
+        model.save_files(&tmp, &mut manifest)?;
         if let Some(t) = tokenizer {
             let bytes = std::fs::read(t).map_err(|e| Error::io(t, e))?;
-            write_atomic(&tmp.join(crate::data::tokenizer::TOKENIZER_FILE), &bytes)?;
+            manifest.write(&tmp, crate::data::tokenizer::TOKENIZER_FILE, &bytes)?;
         }
-        write_atomic(&tmp.join(OPTIMIZER_FILE), &optimizer_bytes(model, opt)?)?;
+        manifest.write(&tmp, OPTIMIZER_FILE, &optimizer_bytes(model, opt)?)?;
         let js = serde_json::to_string_pretty(state).expect("json");
-        write_atomic(&tmp.join(STATE_FILE), js.as_bytes())?;
+        manifest.write(&tmp, STATE_FILE, js.as_bytes())?;
+        manifest.finish(&tmp)?;
         sync_dir(&tmp).map_err(|e| Error::io(&tmp, e))?;
         if fin.exists() {
             // a damaged leftover of an earlier attempt at this step (resume skipped it)
@@ -220,8 +223,10 @@ fn optimizer_bytes(model: &Model, opt: &Optimizer) -> Result<Vec<u8>> {
     })
 }
 
-/// Loads one checkpoint folder.
+/// Loads one checkpoint folder, verified first against its `manifest.json` where it has one
+/// (checkpoints written before manifests load as before).
 pub fn load_checkpoint(dir: &Path) -> Result<Restored> {
+    verify(dir)?;
     let spath = dir.join(STATE_FILE);
     let text = std::fs::read_to_string(&spath).map_err(|e| Error::io(&spath, e))?;
     let state: TrainerState = serde_json::from_str(&text).map_err(|e| Error::Checkpoint {
@@ -229,7 +234,8 @@ pub fn load_checkpoint(dir: &Path) -> Result<Restored> {
         msg: format!("malformed trainer state ({e})"),
     })?;
     let run = RunConfig::from_json(&state.run, &spath)?;
-    let model = Model::load(dir)?;
+    let (cpath, json) = read_config(dir)?;
+    let model = Model::load_native(dir, &cpath, &json)?;
     if model.config != run.model {
         return Err(Error::Checkpoint {
             path: dir.join(crate::model::checkpoint::CONFIG_FILE),
