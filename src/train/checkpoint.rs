@@ -331,9 +331,14 @@ pub fn ensure_fresh(out: &Path) -> Result<()> {
     }
 }
 
-/// The run recorded by the newest checkpoint that has a readable trainer state, if any.
+/// The run recorded by the newest intact checkpoint (its manifest verified, where it has one)
+/// that has a readable trainer state, if any.
 pub fn latest_run(out: &Path) -> Result<Option<RunConfig>> {
     for (_, dir) in list_checkpoints(out)?.into_iter().rev() {
+        // a damaged checkpoint is passed over here as `load_latest` will (which says so)
+        if verify(&dir).is_err() {
+            continue;
+        }
         let spath = dir.join(STATE_FILE);
         let Ok(text) = std::fs::read_to_string(&spath) else {
             continue;
