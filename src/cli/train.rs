@@ -6,7 +6,7 @@ use anyhow::{bail, Result};
 use clap::Args;
 use difftx::util::thousands;
 use difftx::AttentionKind;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 #[derive(Args)]
 #[command(after_help = "Examples:
@@ -69,6 +69,7 @@ fn matched_counts(opts: &difftx::train::TrainOptions, vocab: usize) -> String {
 }
 
 pub fn run(a: TrainArgs, precision: difftx::kernels::Precision) -> Result<()> {
+    // 1. Options: the TOML file, overlaid by the flags
     let mut opts = match &a.config {
         Some(p) => difftx::train::TrainOptions::from_toml_file(p)?.overlaid(&a.opts),
         None => a.opts.clone(),
@@ -76,7 +77,7 @@ pub fn run(a: TrainArgs, precision: difftx::kernels::Precision) -> Result<()> {
     if precision == difftx::kernels::Precision::Bf16 {
         opts.bf16 = Some(true);
     }
-    // Everything that can be checked is checked before anything is written or printed.
+    // 2. Everything that can be checked is checked before anything is written or printed.
     let difftx::train::PreparedRun {
         run,
         tokenizer: tok,
@@ -86,37 +87,76 @@ pub fn run(a: TrainArgs, precision: difftx::kernels::Precision) -> Result<()> {
     if run.train.bf16 && difftx::kernels::Precision::new(true).is_none() {
         bail!("this run uses bf16 matrix products (--bf16), which need a CPU with AVX512_BF16 (AMD Zen 4 or later, Intel Cooper Lake or later); this machine has none");
     }
+    // 3. Data: tokenized once into the token cache, interruptible
     let stop = Stop::new()?;
-    let cache = a.token_cache.clone().unwrap_or_else(|| {
-        let parent = a.out.parent().filter(|p| !p.as_os_str().is_empty());
-        parent
-            .unwrap_or(std::path::Path::new("."))
-            .join("token-cache")
-    });
     let name = a
         .out
         .file_name()
         .map_or("train".into(), |n| n.to_string_lossy().into_owned());
-    let data = difftx::data::prepare_dataset(&run.data, &tok, &cache, &stop.flag);
+    let data = difftx::data::prepare_dataset(&run.data, &tok, &token_cache(&a), &stop.flag);
     if stop.flag.load(std::sync::atomic::Ordering::Relaxed) {
         eprintln!("{name}: interrupted while preparing the data; nothing was trained");
         return Err(stop.interrupted().into());
     }
     let data = data?;
     difftx::train::trainer::check_windows(&data, run.model.max_position_embeddings)?;
-    // One trainer per run folder, from here to the end (the trainer takes it once more).
+    // 4. One trainer per run folder, from here to the end (the trainer takes it once more).
     let _lock = difftx::train::checkpoint::lock_run(&a.out)?;
     for n in &data.notes {
         eprintln!("{name}: {n}");
     }
+    describe(&name, &run, &opts, tok.vocab_size());
+    // 5. Train
+    let mut progress = Progress::new(&name, a.log_every);
+    let o = difftx::train::train(
+        &run,
+        &data,
+        &a.out,
+        tok.file(),
+        a.resume,
+        &mut progress,
+        &stop.flag,
+    )?;
+    drop(progress);
+    // 6. Report: how it ended, and the loss curve
+    if o.interrupted {
+        eprintln!(
+            "{name}: interrupted at step {}; checkpoint {} saved — continue with the same command and --resume",
+            o.step,
+            o.checkpoint.display()
+        );
+        return Err(stop.interrupted().into());
+    }
+    report(&name, &run, &o, &a.out);
+    Ok(())
+}
+
+/// --token-cache, or token-cache/ next to the run folder.
+fn token_cache(a: &TrainArgs) -> PathBuf {
+    a.token_cache.clone().unwrap_or_else(|| {
+        let parent = a.out.parent().filter(|p| !p.as_os_str().is_empty());
+        parent
+            .unwrap_or(std::path::Path::new("."))
+            .join("token-cache")
+    })
+}
+
+/// The lines before the first step: the model (a preset's says how the kinds match, a model
+/// fine-tuned says where it came from), its shape, the schedule and the threads.
+fn describe(
+    name: &str,
+    run: &difftx::train::RunConfig,
+    opts: &difftx::train::TrainOptions,
+    vocab: usize,
+) {
     let m = &run.model;
-    // a preset's model says how the kinds match; a model fine-tuned says where it came from
     let origin = match &run.init_from {
         Some(dir) => format!(
-            "fine-tuning {}: {}{}",
+            "fine-tuning {}: {}{}, {} parameters",
             dir.display(),
             m.attention,
-            ablations(m)
+            ablations(m),
+            thousands(m.num_params())
         ),
         None => format!(
             "{} {}{} — {} parameters (matched at these settings: {})",
@@ -124,15 +164,11 @@ pub fn run(a: TrainArgs, precision: difftx::kernels::Precision) -> Result<()> {
             m.attention,
             ablations(m),
             thousands(m.num_params()),
-            matched_counts(&opts, tok.vocab_size())
+            matched_counts(opts, vocab)
         ),
     };
-    let params = match &run.init_from {
-        Some(_) => format!(", {} parameters", thousands(m.num_params())),
-        None => String::new(),
-    };
     eprintln!(
-        "{name}: {origin}{params}; D {} L {} heads {}/{} d {} context {}, vocab {}",
+        "{name}: {origin}; D {} L {} heads {}/{} d {} context {}, vocab {}",
         m.hidden_size,
         m.num_hidden_layers,
         m.num_attention_heads,
@@ -157,43 +193,28 @@ pub fn run(a: TrainArgs, precision: difftx::kernels::Precision) -> Result<()> {
             run.train.min_lr, run.train.steps
         );
     }
-    let mut progress = Progress::new(&name, a.log_every);
-    let o = difftx::train::train(
-        &run,
-        &data,
-        &a.out,
-        tok.file(),
-        a.resume,
-        &mut progress,
-        &stop.flag,
-    )?;
-    drop(progress);
-    let val = o.val_loss.map_or("-".into(), |v| format!("{v:.4}"));
-    if o.interrupted {
-        eprintln!(
-            "{name}: interrupted at step {}; checkpoint {} saved — continue with the same command and --resume",
-            o.step,
-            o.checkpoint.display()
-        );
-        return Err(stop.interrupted().into());
-    } else if o.train_loss.is_nan() && o.val_loss.is_none() {
+}
+
+/// The lines after a run that ended (not interrupted): its losses, the model and the plot.
+fn report(name: &str, run: &difftx::train::RunConfig, o: &difftx::train::Outcome, out: &Path) {
+    if o.train_loss.is_nan() && o.val_loss.is_none() {
         // resumed from the final checkpoint: no step was left to take
         eprintln!("{name}: already complete at step {}", o.step);
-    } else {
-        eprintln!(
-            "{name}: done, {}; train loss {:.4}, val loss {val}",
-            steps_done(&o),
-            o.train_loss
-        );
-        eprintln!("{name}: model {}", o.checkpoint.display());
-        let label = format!("{} ({} params)", run.model.attention, thousands(o.params));
-        let title = format!("{name} — {} preset", run.preset.as_str());
-        match difftx::train::metrics::plot_run(&a.out, label, &title) {
-            Ok(p) => eprintln!("{name}: loss curve {}", p.display()),
-            Err(e) => eprintln!("{name}: could not draw the loss plot: {e}"),
-        }
+        return;
     }
-    Ok(())
+    let val = o.val_loss.map_or("-".into(), |v| format!("{v:.4}"));
+    eprintln!(
+        "{name}: done, {}; train loss {:.4}, val loss {val}",
+        steps_done(o),
+        o.train_loss
+    );
+    eprintln!("{name}: model {}", o.checkpoint.display());
+    let label = format!("{} ({} params)", run.model.attention, thousands(o.params));
+    let title = format!("{name} — {} preset", run.preset.as_str());
+    match difftx::train::metrics::plot_run(out, label, &title) {
+        Ok(p) => eprintln!("{name}: loss curve {}", p.display()),
+        Err(e) => eprintln!("{name}: could not draw the loss plot: {e}"),
+    }
 }
 
 /// "600 steps in 17 s", or for a resumed run "step 600: 400 steps in 17 s (resumed at 200)".
