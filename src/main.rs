@@ -7,7 +7,7 @@
 mod cli;
 
 use anyhow::{bail, Result};
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use difftx::kernels::Precision;
 
 #[derive(Parser)]
@@ -72,7 +72,9 @@ fn main() {
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
-    if let Err(e) = try_main(Cli::parse()) {
+    let matches = command().get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    if let Err(e) = try_main(cli, matches.subcommand_name().unwrap_or("")) {
         // A run stopped by a signal has said so; it exits as shells report a signal (130, 143).
         if let Some(cli::progress::Interrupted(code)) = e.downcast_ref() {
             std::process::exit(*code);
@@ -83,7 +85,34 @@ fn main() {
     }
 }
 
-fn try_main(cli: Cli) -> Result<()> {
+/// The commands that run no matrix products of their own in bf16: `--bf16` is hidden from
+/// their help and refused on their command line.
+const NO_BF16: &[&str] = &["tokenizer", "plot", "repro", "export", "init", "presets"];
+
+/// The parser: `Cli` with `--bf16` hidden where it would do nothing. A subcommand that
+/// holds its own hidden `--bf16` is left out when clap copies the global flags down.
+fn command() -> clap::Command {
+    fn hide_bf16(c: clap::Command) -> clap::Command {
+        let subs: Vec<String> = c.get_subcommands().map(|s| s.get_name().into()).collect();
+        let flag = clap::Arg::new("bf16")
+            .long("bf16")
+            .action(clap::ArgAction::SetTrue)
+            .hide(true);
+        subs.into_iter()
+            .fold(c.arg(flag), |c, s| c.mut_subcommand(s, hide_bf16))
+    }
+    NO_BF16
+        .iter()
+        .fold(Cli::command(), |c, name| c.mut_subcommand(name, hide_bf16))
+}
+
+fn try_main(cli: Cli, name: &str) -> Result<()> {
+    if cli.bf16 && name == "repro" {
+        bail!("--bf16 does not apply to `difftx repro`: its experiments run in f32, as the published report's do; leave it off");
+    }
+    if cli.bf16 && NO_BF16.contains(&name) {
+        bail!("--bf16 changes nothing for `difftx {name}`, which runs no matrix products; leave it off");
+    }
     if let Some(n) = cli.threads {
         if n == 0 {
             bail!("--threads must be at least 1");
@@ -140,5 +169,36 @@ mod tests {
         walk(&Cli::command(), "difftx", &mut missing);
         assert!(missing.is_empty(), "flags without help: {missing:?}");
         Cli::command().debug_assert();
+        super::command().debug_assert();
+    }
+
+    /// `--bf16` shows in the help of the commands it changes, and only there.
+    #[test]
+    fn bf16_is_in_the_help_where_it_matters() {
+        let help = |path: &[&str]| {
+            let mut c = super::command();
+            c.build();
+            let mut sub = &mut c;
+            for p in path {
+                sub = sub.find_subcommand_mut(p).unwrap();
+            }
+            sub.render_long_help().to_string()
+        };
+        for p in [
+            &["eval"][..],
+            &["train"],
+            &["generate"],
+            &["bench", "decode"],
+        ] {
+            assert!(help(p).contains("--bf16"), "{p:?}");
+        }
+        for p in [
+            &["plot"][..],
+            &["presets"],
+            &["tokenizer", "train"],
+            &["repro"],
+        ] {
+            assert!(!help(p).contains("--bf16"), "{p:?}");
+        }
     }
 }

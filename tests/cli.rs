@@ -1023,3 +1023,29 @@ fn a_damaged_file_of_a_directory_with_a_manifest_is_named_by_every_loading_comma
     std::fs::remove_file(hf.join("manifest.json")).unwrap();
     assert!(eval(&hf, &data).status.success());
 }
+
+#[test]
+fn bf16_is_refused_where_it_changes_nothing() {
+    for args in [
+        &["--bf16", "presets"][..],
+        &["presets", "--bf16"],
+        &["plot", "--bf16", "--out", "x.png", "r"],
+        &[
+            "tokenizer",
+            "train",
+            "--bf16",
+            "--data",
+            "x",
+            "--vocab-size",
+            "300",
+            "--out",
+            "y",
+        ],
+    ] {
+        fails_with(&difftx(args), &["--bf16 changes nothing", "leave it off"]);
+    }
+    fails_with(
+        &difftx(&["repro", "--bf16", "--quick", "--out", "r"]),
+        &["--bf16 does not apply to `difftx repro`", "f32"],
+    );
+}
