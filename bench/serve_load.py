@@ -7,6 +7,13 @@ where the server knows that field), waits for the whole answer, and sends the ne
 token, p50/p99 per-token latency (a request's time after its first token over its remaining
 tokens), errors, and the server's peak RSS when --pid is given.
 
+Soak: --disconnect P makes each request, with probability P, hang up after a random number of
+streamed tokens (counted as cancelled, not as errors), and --pid samples the server's resident
+memory every --rss-every seconds while a level runs, printed as the series' first, middle and
+last readings so a leak shows as a climb:
+
+    python3 bench/serve_load.py --clients 64 --seconds 600 --disconnect 0.2 --pid $!
+
 Python standard library only. Example (docs/SERVING.md):
 
     difftx init --preset medium --attention standard --out /tmp/medium
@@ -17,14 +24,15 @@ Python standard library only. Example (docs/SERVING.md):
 import argparse
 import http.client
 import json
-import statistics
+import random
 import threading
 import time
 import urllib.parse
 
 
-def one_request(host, port, prompt, tokens, model):
-    """(ttft seconds, total seconds, tokens received) of one streamed completion."""
+def one_request(host, port, prompt, tokens, model, hang_up_after=None):
+    """(ttft seconds, total seconds, tokens received) of one streamed completion; with
+    hang_up_after=N the client closes the connection after N tokens (a cancellation)."""
     body = {
         "prompt": prompt,
         "max_tokens": tokens,
@@ -59,15 +67,20 @@ def one_request(host, port, prompt, tokens, model):
             n += 1
             if first is None:
                 first = time.perf_counter() - t0
+            if hang_up_after is not None and n >= hang_up_after:
+                conn.sock.shutdown(2)
+                conn.close()
+                return None, time.perf_counter() - t0, n
     conn.close()
     return first, time.perf_counter() - t0, n
 
 
-def peak_rss_kib(pid):
+def rss_kib(pid, field="VmHWM"):
+    """The process's peak (VmHWM) or current (VmRSS) resident memory in KiB."""
     try:
         with open(f"/proc/{pid}/status") as f:
             for line in f:
-                if line.startswith("VmHWM:"):
+                if line.startswith(field + ":"):
                     return int(line.split()[1])
     except OSError:
         return None
@@ -81,25 +94,30 @@ def pct(xs, q):
     return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
 
 
-def level(host, port, clients, tokens, seconds, model):
+def level(host, port, clients, tokens, seconds, model, disconnect=0.0, pid=None, rss_every=10.0):
     ttfts, per_tok, errors = [], [], []
-    generated = [0]
+    generated, cancelled, rss = [0], [0], []
     lock = threading.Lock()
     stop_at = time.perf_counter() + seconds
 
     def client(i):
+        rng = random.Random(i)
         k = 0
         while time.perf_counter() < stop_at:
             prompt = f"Client {i} request {k}: once upon a time"
             k += 1
+            hang_up = rng.randint(1, max(1, tokens - 1)) if rng.random() < disconnect else None
             try:
-                first, total, n = one_request(host, port, prompt, tokens, model)
+                first, total, n = one_request(host, port, prompt, tokens, model, hang_up)
             except Exception as e:  # noqa: BLE001 - every failure is counted
                 with lock:
                     errors.append(str(e))
                 continue
             with lock:
                 generated[0] += n
+                if hang_up is not None:
+                    cancelled[0] += 1
+                    continue
                 if first is not None:
                     ttfts.append(first)
                     if n > 1:
@@ -109,6 +127,9 @@ def level(host, port, clients, tokens, seconds, model):
     threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
     for t in threads:
         t.start()
+    while pid and any(t.is_alive() for t in threads):
+        rss.append(rss_kib(pid, "VmRSS"))
+        time.sleep(rss_every)
     for t in threads:
         t.join()
     wall = time.perf_counter() - t0
@@ -121,6 +142,9 @@ def level(host, port, clients, tokens, seconds, model):
         "token_p50_ms": 1000 * pct(per_tok, 0.5),
         "token_p99_ms": 1000 * pct(per_tok, 0.99),
         "errors": len(errors),
+        "cancelled": cancelled[0],
+        "first_errors": errors[:3],
+        "rss_mib_series": [r / 1024 for r in rss if r],
     }
 
 
@@ -132,12 +156,17 @@ def main():
     ap.add_argument("--seconds", type=float, default=30)
     ap.add_argument("--model", default=None, help="the model field to send (llama-server ignores it)")
     ap.add_argument("--pid", type=int, default=None, help="server process id, for its peak RSS")
+    ap.add_argument("--disconnect", type=float, default=0.0,
+                    help="probability that a request hangs up after a random number of tokens")
+    ap.add_argument("--rss-every", type=float, default=10.0,
+                    help="seconds between readings of the server's resident memory (with --pid)")
     a = ap.parse_args()
     u = urllib.parse.urlparse(a.url)
     print("clients  requests  tok/s    TTFT p50/p99 ms    per-token p50/p99 ms  errors  peak RSS MiB")
     for c in [int(x) for x in a.clients.split(",")]:
-        r = level(u.hostname, u.port or 80, c, a.tokens, a.seconds, a.model)
-        rss = peak_rss_kib(a.pid) if a.pid else None
+        r = level(u.hostname, u.port or 80, c, a.tokens, a.seconds, a.model,
+                  a.disconnect, a.pid, a.rss_every)
+        rss = rss_kib(a.pid) if a.pid else None
         r["peak_rss_mib"] = rss / 1024 if rss else None
         print(
             f"{c:7d}  {r['requests']:8d}  {r['tokens_per_s']:6.1f}  "
@@ -146,6 +175,12 @@ def main():
             f"{'' if rss is None else f'{rss / 1024:.0f}'}",
             flush=True,
         )
+        series = r["rss_mib_series"]
+        if series:
+            mid = series[len(series) // 2]
+            print(f"         RSS MiB first / middle / last: {series[0]:.0f} / {mid:.0f} / "
+                  f"{series[-1]:.0f} ({len(series)} readings); cancelled {r['cancelled']}",
+                  flush=True)
         print("json " + json.dumps(r), flush=True)
 
 

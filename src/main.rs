@@ -67,12 +67,16 @@ enum Cmd {
 }
 
 fn main() {
-    // Die quietly on a closed pipe (`difftx … | head`), as Unix tools do, instead of panicking.
-    // SAFETY: restoring the default disposition of SIGPIPE before any thread starts.
-    unsafe {
-        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
-    }
     let matches = command().get_matches();
+    // Die quietly on a closed pipe (`difftx … | head`), as Unix tools do, instead of panicking.
+    // Not the server: a client that hangs up must cost it one request, not the process (its
+    // HTTP stack writes with writev, which raises SIGPIPE on a reset connection).
+    if matches.subcommand_name() != Some("serve") {
+        // SAFETY: restoring the default disposition of SIGPIPE before any thread starts.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
+    }
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     if let Err(e) = try_main(cli, matches.subcommand_name().unwrap_or("")) {
         // A run stopped by a signal has said so; it exits as shells report a signal (130, 143).
