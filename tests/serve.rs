@@ -709,3 +709,39 @@ fn health_and_the_api_say_503_while_the_model_loads() {
         .unwrap();
     assert_eq!(r.status().as_u16(), 200);
 }
+
+#[test]
+fn a_quantised_server_continues_as_quantised_generate_does() {
+    let s = start(&["--quant", "q8_0"]);
+    let prompt = "The cat sat on";
+    let out = difftx()
+        .args([
+            "generate",
+            "--json",
+            "--quant",
+            "q8_0",
+            "--temperature",
+            "0",
+        ])
+        .args(["--max-new-tokens", "24", "--prompt", prompt, "--model"])
+        .arg(&s.model)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let gen: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = s.complete(json!({"prompt": prompt, "max_tokens": 24, "temperature": 0}));
+    assert_eq!(v["usage"]["completion_tokens"], 24, "{v}");
+    assert_eq!(text(&v), gen["continuation"].as_str().unwrap());
+    // and the quantised weights are in use: the f32 server continues otherwise
+    let f32_server = start(&[]);
+    let plain = f32_server.complete(json!({"prompt": prompt, "max_tokens": 24, "temperature": 0}));
+    assert_ne!(
+        text(&plain),
+        text(&v),
+        "q8_0 and f32 gave the same 24 tokens"
+    );
+}
