@@ -757,3 +757,184 @@ fn clients_that_hang_up_mid_stream_cost_the_server_nothing() {
     let r = s.complete(json!({"prompt": "Once upon", "max_tokens": 5, "temperature": 0}));
     assert_eq!(r["usage"]["completion_tokens"], 5);
 }
+
+#[test]
+fn a_quantised_server_continues_as_quantised_generate_does() {
+    let s = start(&["--quant", "q8_0"]);
+    let prompt = "The cat sat on";
+    let out = difftx()
+        .args([
+            "generate",
+            "--json",
+            "--quant",
+            "q8_0",
+            "--temperature",
+            "0",
+        ])
+        .args(["--max-new-tokens", "24", "--prompt", prompt, "--model"])
+        .arg(&s.model)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let gen: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = s.complete(json!({"prompt": prompt, "max_tokens": 24, "temperature": 0}));
+    assert_eq!(v["usage"]["completion_tokens"], 24, "{v}");
+    assert_eq!(text(&v), gen["continuation"].as_str().unwrap());
+    // and the quantised weights are in use: the f32 server continues otherwise
+    let f32_server = start(&[]);
+    let plain = f32_server.complete(json!({"prompt": prompt, "max_tokens": 24, "temperature": 0}));
+    assert_ne!(
+        text(&plain),
+        text(&v),
+        "q8_0 and f32 gave the same 24 tokens"
+    );
+}
+
+#[test]
+fn the_page_is_served_with_the_playground_and_the_explorer() {
+    let s = start(&["--api-key", "k"]);
+    // the page itself needs no key (its script sends the one typed in)
+    let r = client().get(format!("{}/", s.base)).send().unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let ct = r.headers()["content-type"].to_str().unwrap().to_string();
+    assert!(ct.starts_with("text/html"), "{ct}");
+    let page = r.text().unwrap();
+    for part in [
+        r#"id="playground""#,
+        r#"id="explorer""#,
+        r#"id="layer""#,
+        r#"id="head""#,
+        r#"id="temperature""#,
+        r#"id="stop""#,
+        "/v1/completions",
+        "stream: true",
+        "/v1/attention",
+    ] {
+        assert!(page.contains(part), "the page lacks {part}");
+    }
+}
+
+/// The largest difference between two JSON arrays of arrays of numbers (or of numbers).
+fn max_diff(a: &Value, b: &Value) -> f64 {
+    match (a, b) {
+        (Value::Array(x), Value::Array(y)) => {
+            assert_eq!(x.len(), y.len());
+            x.iter()
+                .zip(y)
+                .map(|(p, q)| max_diff(p, q))
+                .fold(0.0, f64::max)
+        }
+        _ => (a.as_f64().unwrap() - b.as_f64().unwrap()).abs(),
+    }
+}
+
+#[test]
+fn attention_maps_are_causal_rows_and_equal_the_cli_dump() {
+    let s = start(&[]);
+    let prompt = "The cat sat on the mat.";
+    let (st, v) = s.call("/v1/attention", json!({"prompt": prompt, "layer": 1}));
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(
+        (&v["attention"], &v["layers"], &v["heads"]),
+        (&json!("diff_v1"), &json!(2), &json!(2))
+    );
+    let t = prompt.len();
+    assert_eq!(v["tokens"].as_array().unwrap().len(), t);
+    assert_eq!(v["tokens"][1], "h");
+    let maps = v["maps"].as_array().unwrap();
+    assert_eq!(maps.len(), 2);
+    for m in maps {
+        assert_eq!(m["layer"], 1);
+        let lam = m["lambda"][0].as_f64().unwrap();
+        for i in 0..t {
+            let row = |k: &str, j: usize| m[k][i][j].as_f64().unwrap();
+            let (s1, s2): (f64, f64) = (0..t)
+                .map(|j| (row("a1", j), row("a2", j)))
+                .fold((0.0, 0.0), |(a, b), (x, y)| (a + x, b + y));
+            assert!(
+                (s1 - 1.0).abs() < 1e-9 && (s2 - 1.0).abs() < 1e-9,
+                "row {i}: {s1} {s2}"
+            );
+            for j in 0..t {
+                if j > i {
+                    assert_eq!(
+                        (row("a1", j), row("a2", j), row("diff", j)),
+                        (0.0, 0.0, 0.0)
+                    );
+                }
+                let want = row("a1", j) - lam * row("a2", j);
+                assert!((row("diff", j) - want).abs() < 1e-12, "({i}, {j})");
+            }
+        }
+    }
+    // the same numbers as `difftx attention-map --dump` for the same prompt and layer
+    let dump = s._dir.path().join("maps.json");
+    let out = difftx()
+        .args([
+            "--threads",
+            "2",
+            "attention-map",
+            "--layer",
+            "1",
+            "--all-heads",
+        ])
+        .args(["--prompt", prompt, "--model"])
+        .arg(&s.model)
+        .arg("--out")
+        .arg(s._dir.path().join("maps.png"))
+        .arg("--dump")
+        .arg(&dump)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let cli: Value = serde_json::from_slice(&std::fs::read(&dump).unwrap()).unwrap();
+    for (m, c) in maps.iter().zip(cli.as_array().unwrap()) {
+        assert_eq!((&m["head"], &c["tokens"]), (&c["head"], &v["tokens"]));
+        for k in ["lambda", "a1", "a2", "diff"] {
+            let d = max_diff(&m[k], &c[k]);
+            assert!(d <= 1e-6, "{k} of head {}: differs by {d}", m["head"]);
+        }
+    }
+    // no layer: every head of every layer
+    let (st, all) = s.call("/v1/attention", json!({"prompt": [72, 105]}));
+    assert_eq!(
+        (st, all["maps"].as_array().unwrap().len()),
+        (200, 4),
+        "{all}"
+    );
+}
+
+#[test]
+fn bad_attention_requests_get_400s() {
+    let s = start(&[]);
+    for (body, param, says) in [
+        (json!({"prompt": "x".repeat(129)}), "prompt", "at most 128"),
+        (json!({"prompt": "Hi", "layer": 2}), "layer", "2 layers"),
+        (json!({"prompt": "Hi", "layer": "one"}), "layer", "integer"),
+        (json!({"prompt": "Hi", "layer": -1}), "layer", "integer"),
+        (json!({"prompt": ""}), "prompt", "empty"),
+        (json!({"prompt": ["a", "b"]}), "prompt", "one prompt"),
+        (json!({"prompt": [300]}), "prompt", "vocabulary"),
+        (json!({"layer": 0}), "prompt", "prompt is required"),
+    ] {
+        let (st, v) = s.call("/v1/attention", body.clone());
+        assert_eq!(
+            (st, &v["error"]["param"]),
+            (400, &json!(param)),
+            "{body}: {v}"
+        );
+        let msg = v["error"]["message"].as_str().unwrap();
+        assert!(msg.contains(says), "{body}: {msg}");
+    }
+    // the server goes on answering
+    let (st, _) = s.call("/v1/attention", json!({"prompt": "Hi", "layer": 0}));
+    assert_eq!(st, 200);
+}

@@ -70,10 +70,8 @@ pub fn run(a: AttentionMapArgs, precision: difftx::kernels::Precision) -> Result
         Some(h) => vec![h],
         None => (0..model.config.num_attention_heads).collect(),
     };
-    let maps = heads
-        .iter()
-        .map(|&h| head_maps(&model, &ids, a.layer, h))
-        .collect::<difftx::Result<Vec<HeadMaps>>>()?;
+    let picks: Vec<(usize, usize)> = heads.iter().map(|&h| (a.layer, h)).collect();
+    let maps = head_maps(&model, &ids, &picks)?;
     let tokens = ids
         .iter()
         .map(|&id| tok.decode(&[id]))
@@ -176,15 +174,15 @@ fn dump_json(
     tokens: &[String],
     ids: &[u32],
 ) -> String {
-    let rows = |x: &[f64], t: usize| x.chunks(t).map(|r| r.to_vec()).collect::<Vec<_>>();
     let one = |h: usize, m: &HeadMaps| {
-        serde_json::json!({
+        let mut v = serde_json::json!({
             "model": a.model.display().to_string(), "attention": kind.as_str(),
             "layer": a.layer, "head": h, "tokens": tokens, "ids": ids,
-            "lambda": m.lambda, "a1": rows(&m.a1, m.t),
-            "a2": m.a2.as_deref().map(|x| rows(x, m.t)),
-            "diff": m.diff.as_deref().map(|x| rows(x, m.t)),
-        })
+        });
+        if let (Some(o), serde_json::Value::Object(maps)) = (v.as_object_mut(), m.to_json()) {
+            o.extend(maps);
+        }
+        v
     };
     let all: Vec<serde_json::Value> = heads.iter().zip(maps).map(|(&h, m)| one(h, m)).collect();
     match a.head {

@@ -13,6 +13,8 @@ pub struct ServeArgs {
     /// folder, which stands for its newest complete checkpoint.
     #[arg(long)]
     pub model: PathBuf,
+    #[arg(long, help = super::QUANT_HELP)]
+    pub quant: Option<String>,
     /// Address to listen on (0.0.0.0 for every interface).
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,
@@ -45,7 +47,7 @@ pub struct ServeArgs {
 }
 
 pub fn run(a: ServeArgs, precision: Precision) -> Result<()> {
-    // `--quant` (quantised weights) will choose the weights here, beside `precision`.
+    let quant = super::quant_kind(a.quant.as_deref())?;
     let name = a.name.clone().unwrap_or_else(|| {
         let p = a.model.canonicalize().unwrap_or_else(|_| a.model.clone());
         p.file_name()
@@ -72,7 +74,11 @@ pub fn run(a: ServeArgs, precision: Precision) -> Result<()> {
         grace: Duration::from_secs_f64(a.grace),
     };
     let model = a.model.clone();
-    let load = Box::new(move || super::load_model(&model, precision).map_err(|e| format!("{e:#}")));
+    let load = Box::new(move || {
+        let (mut m, dir) = super::load_model(&model, precision).map_err(|e| format!("{e:#}"))?;
+        super::quantize(&mut m, quant);
+        Ok((m, dir))
+    });
     serve(opts, load, |addr| {
         eprintln!("difftx serve: listening on http://{addr} (loading the model)");
     })?;

@@ -167,10 +167,14 @@ pub struct HeadMaps {
     pub lambda: Vec<f64>,
 }
 
-/// Runs `tokens` through the model and returns the maps of `head` in `layer`. A prompt longer
-/// than the context, or a layer or head out of range, is an error that names it.
-pub fn head_maps(model: &Model, tokens: &[u32], layer: usize, head: usize) -> Result<HeadMaps> {
-    check_layer_head(model, layer, head)?;
+/// Runs `tokens` through the model once and returns the maps of each `(layer, head)` of
+/// `picks`, in order. A prompt longer than the context, or a layer or head out of range, is an
+/// error that names it.
+pub fn head_maps(model: &Model, tokens: &[u32], picks: &[(usize, usize)]) -> Result<Vec<HeadMaps>> {
+    // 1. Check everything before the forward pass.
+    for &(layer, head) in picks {
+        check_layer_head(model, layer, head)?;
+    }
     let ctx = model.config.max_position_embeddings;
     let t = tokens.len();
     if t == 0 || t > ctx {
@@ -178,28 +182,46 @@ pub fn head_maps(model: &Model, tokens: &[u32], layer: usize, head: usize) -> Re
             "the prompt is {t} tokens; it must have between 1 and the model's context of {ctx} tokens"
         )));
     }
+    // 2. One forward pass; every map is recomputed from its q and k.
     let mut ws = Workspace::new(model, 1, t);
     model.forward(&mut ws, tokens, 1, t)?;
     let diff = model.config.attention.is_diff();
-    let mut m = HeadMaps {
-        t,
-        a1: vec![0.0; t * t],
-        a2: diff.then(|| vec![0.0; t * t]),
-        diff: diff.then(|| vec![0.0; t * t]),
-        lambda: vec![0.0; t],
-    };
-    for i in 0..t {
-        let r = head_row(model, &ws, layer, head, 0, i)?;
-        m.a1[i * t..i * t + i + 1].copy_from_slice(&r.a1);
-        m.lambda[i] = r.lambda;
-        if let (Some(a2), Some(d), Some(r2)) = (m.a2.as_mut(), m.diff.as_mut(), r.a2.as_ref()) {
-            a2[i * t..i * t + i + 1].copy_from_slice(r2);
-            for (p, (&x, &y)) in r.a1.iter().zip(r2).enumerate() {
-                d[i * t + p] = x - r.lambda * y;
+    let mut out = Vec::with_capacity(picks.len());
+    for &(layer, head) in picks {
+        let mut m = HeadMaps {
+            t,
+            a1: vec![0.0; t * t],
+            a2: diff.then(|| vec![0.0; t * t]),
+            diff: diff.then(|| vec![0.0; t * t]),
+            lambda: vec![0.0; t],
+        };
+        for i in 0..t {
+            let r = head_row(model, &ws, layer, head, 0, i)?;
+            m.a1[i * t..i * t + i + 1].copy_from_slice(&r.a1);
+            m.lambda[i] = r.lambda;
+            if let (Some(a2), Some(d), Some(r2)) = (m.a2.as_mut(), m.diff.as_mut(), r.a2.as_ref()) {
+                a2[i * t..i * t + i + 1].copy_from_slice(r2);
+                for (p, (&x, &y)) in r.a1.iter().zip(r2).enumerate() {
+                    d[i * t + p] = x - r.lambda * y;
+                }
             }
         }
+        out.push(m);
     }
-    Ok(m)
+    Ok(out)
+}
+
+impl HeadMaps {
+    /// The maps as JSON: `lambda` (each row's λ), and `a1`, `a2`, `diff` (null for standard)
+    /// as T rows of T values, row i attending to keys 0..=i. `attention-map --dump` and the
+    /// server's /v1/attention both write this.
+    pub fn to_json(&self) -> serde_json::Value {
+        let rows = |x: &[f64]| x.chunks(self.t).map(|r| r.to_vec()).collect::<Vec<_>>();
+        serde_json::json!({
+            "lambda": self.lambda, "a1": rows(&self.a1),
+            "a2": self.a2.as_deref().map(rows), "diff": self.diff.as_deref().map(rows),
+        })
+    }
 }
 
 /// Attention mass on the answer span and on the rest of the context ("noise").
@@ -426,7 +448,9 @@ mod tests {
         let mut c = ModelConfig::preset(Preset::Tiny, AttentionKind::DiffV1);
         c.max_position_embeddings = 8;
         let model = Model::init(c, 1).unwrap();
-        let m = head_maps(&model, &[5, 6, 7, 8], 1, 1).unwrap();
+        let m = head_maps(&model, &[5, 6, 7, 8], &[(1, 1), (0, 0)])
+            .unwrap()
+            .remove(0);
         assert_eq!(m.t, 4);
         for i in 0..4 {
             let a1: f64 = m.a1[i * 4..i * 4 + 4].iter().sum();
@@ -435,12 +459,16 @@ mod tests {
             let d: f64 = m.diff.as_ref().unwrap()[i * 4..i * 4 + 4].iter().sum();
             assert!((d - (1.0 - m.lambda[i])).abs() < 1e-9, "row {i}: {d}");
         }
-        let e = head_maps(&model, &[1; 9], 0, 0).unwrap_err().to_string();
+        let e = head_maps(&model, &[1; 9], &[(0, 0)])
+            .unwrap_err()
+            .to_string();
         assert!(
             e.contains("prompt is 9 tokens") && e.contains("context of 8"),
             "{e}"
         );
-        let e = head_maps(&model, &[1; 3], 2, 0).unwrap_err().to_string();
+        let e = head_maps(&model, &[1; 3], &[(0, 0), (2, 0)])
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("layer 2 is out of range"), "{e}");
     }
 

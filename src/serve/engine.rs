@@ -11,10 +11,13 @@
 //! ```
 //!
 //! so a newcomer joins the running batch at a token boundary and its prefill, cut into chunks,
-//! never stalls the others for more than one chunk. Every sequence has its own KV cache and
+//! never stalls the others for more than one chunk. A `MapsJob` (the attention maps of a short
+//! prompt, for `/v1/attention`) runs whole between two steps: one forward pass of at most
+//! `MAX_MAP_TOKENS` tokens. Every sequence has its own KV cache and
 //! its own seeded sampler, so a request's tokens do not depend on what else runs beside it.
 
 use crate::error::{Error, Result};
+use crate::experiments::attention_stats::{head_maps, HeadMaps};
 use crate::infer::sample::{sample, Sampling};
 use crate::model::{KvCache, Model, Workspace};
 use rand::SeedableRng;
@@ -23,6 +26,24 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::Arc;
 use std::time::Duration;
+
+/// What the queue carries: a prompt to continue, or the attention maps of a prompt.
+pub enum Task {
+    Complete(Job),
+    Maps(MapsJob),
+}
+
+/// The longest prompt whose attention maps the server computes: they run between two decode
+/// steps, and their JSON grows with the square of the length.
+pub const MAX_MAP_TOKENS: usize = 128;
+
+/// The maps of each `(layer, head)` of `picks` over `prompt` (checked by the caller), handed to
+/// `reply`.
+pub struct MapsJob {
+    pub prompt: Vec<u32>,
+    pub picks: Vec<(usize, usize)>,
+    pub reply: Box<dyn FnOnce(Result<Vec<HeadMaps>>) + Send>,
+}
 
 /// One request for the engine: a prompt to continue (or only to score).
 pub struct Job {
@@ -145,11 +166,12 @@ impl<'m> Engine<'m> {
     }
 
     /// Serves jobs from `queue` until every sender is gone and the batch is empty.
-    pub fn run(&mut self, queue: &Receiver<Job>) {
+    pub fn run(&mut self, queue: &Receiver<Task>) {
         loop {
-            // 1. Admit: wait when idle, else take what is queued without waiting.
+            // 1. Admit: wait when idle, else take what is queued without waiting. Maps jobs
+            //    run at once, between two steps.
             while self.seqs.len() < self.opts.parallel {
-                let job = if self.seqs.is_empty() {
+                let task = if self.seqs.is_empty() {
                     match queue.recv_timeout(Duration::from_millis(200)) {
                         Ok(j) => j,
                         Err(RecvTimeoutError::Timeout) => continue,
@@ -162,7 +184,14 @@ impl<'m> Engine<'m> {
                     }
                 };
                 self.gauges.queued.fetch_sub(1, Ordering::Relaxed);
-                self.admit(job);
+                match task {
+                    Task::Complete(job) => self.admit(job),
+                    Task::Maps(m) => {
+                        let maps =
+                            crate::kernels::on_pool(|| head_maps(self.model, &m.prompt, &m.picks));
+                        (m.reply)(maps);
+                    }
+                }
             }
             self.gauges
                 .running

@@ -39,11 +39,13 @@ pub async fn run(app: Arc<App>, listener: std::net::TcpListener) -> Result<()> {
     let listener = tokio::net::TcpListener::from_std(listener)
         .map_err(|e| Error::Invalid(format!("cannot listen: {e}")))?;
     let router = Router::new()
+        .route("/", get(page))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .route("/v1/models", get(models))
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat))
+        .route("/v1/attention", post(attention))
         .route("/tokenize", post(tokenize))
         .route("/detokenize", post(detokenize))
         .route("/tokenizer_info", get(tokenizer_info))
@@ -102,6 +104,25 @@ async fn not_found(req: Request) -> Response {
     .into_response()
 }
 
+/// The playground and attention explorer: one HTML file with its script and style inline.
+const PAGE: &str = include_str!("page/index.html");
+
+async fn page() -> Response {
+    ([(header::CONTENT_TYPE, "text/html; charset=utf-8")], PAGE).into_response()
+}
+
+async fn attention(State(app): AppState, headers: HeaderMap, body: Body) -> Response {
+    answer(
+        async {
+            let (ready, req) = request(&app, &headers, body).await?;
+            Ok(json_ok(
+                super::maps::attention(app.clone(), ready, req).await?,
+            ))
+        }
+        .await,
+    )
+}
+
 async fn health(State(app): AppState) -> Response {
     answer(app.ready().map(|_| json_ok(json!({"status": "ok"}))))
 }
@@ -153,6 +174,38 @@ async fn request(app: &App, headers: &HeaderMap, body: Body) -> ApiResult<(Arc<R
     Ok((ready, req))
 }
 
+/// A prompt's token ids and text, checked against the vocabulary; an empty one is refused.
+pub(super) fn encode_one(ready: &Ready, p: &Prompt) -> ApiResult<(Vec<u32>, String)> {
+    let (i, t) = match p {
+        Prompt::Text(s) => {
+            let i = ready
+                .tok
+                .encode(s)
+                .map_err(|e| ApiError::bad("prompt", e.to_string()))?;
+            (i, s.clone())
+        }
+        Prompt::Ids(i) => {
+            if let Some(bad) = i.iter().find(|&&t| t as usize >= ready.vocab) {
+                return Err(ApiError::bad(
+                    "prompt",
+                    format!(
+                        "token id {bad} is outside the vocabulary of {} tokens",
+                        ready.vocab
+                    ),
+                ));
+            }
+            (i.clone(), ready.tok.decode(i).unwrap_or_default())
+        }
+    };
+    if i.is_empty() {
+        return Err(ApiError::bad(
+            "prompt",
+            "the prompt is empty: at least one token is needed",
+        ));
+    }
+    Ok((i, t))
+}
+
 /// Token ids of each prompt, checked against the vocabulary and the context.
 fn encode(
     ready: &Ready,
@@ -161,33 +214,7 @@ fn encode(
 ) -> ApiResult<(Vec<Vec<u32>>, Vec<String>)> {
     let (mut ids, mut texts) = (Vec::new(), Vec::new());
     for p in prompts {
-        let (i, t) = match p {
-            Prompt::Text(s) => {
-                let i = ready
-                    .tok
-                    .encode(s)
-                    .map_err(|e| ApiError::bad("prompt", e.to_string()))?;
-                (i, s.clone())
-            }
-            Prompt::Ids(i) => {
-                if let Some(bad) = i.iter().find(|&&t| t as usize >= ready.vocab) {
-                    return Err(ApiError::bad(
-                        "prompt",
-                        format!(
-                            "token id {bad} is outside the vocabulary of {} tokens",
-                            ready.vocab
-                        ),
-                    ));
-                }
-                (i.clone(), ready.tok.decode(i).unwrap_or_default())
-            }
-        };
-        if i.is_empty() {
-            return Err(ApiError::bad(
-                "prompt",
-                "the prompt is empty: at least one token is needed",
-            ));
-        }
+        let (i, t) = encode_one(ready, p)?;
         if i.len() + max_tokens > ready.context {
             return Err(ApiError::bad(
                 "max_tokens",

@@ -15,6 +15,7 @@ pub mod api;
 pub mod chat;
 pub mod engine;
 mod http;
+mod maps;
 pub mod metrics;
 pub mod respond;
 mod run;
@@ -23,7 +24,7 @@ use crate::data::Tokenizer;
 use crate::error::{Error, Result};
 use crate::model::Model;
 use api::{ApiError, ApiResult};
-use engine::{Engine, EngineGauges, EngineOptions, Job};
+use engine::{Engine, EngineGauges, EngineOptions, Task};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -61,13 +62,16 @@ pub struct Ready {
     pub context: usize,
     pub vocab: usize,
     pub eos: Option<u32>,
+    pub attention: crate::config::AttentionKind,
+    pub layers: usize,
+    pub heads: usize,
 }
 
 pub struct App {
     opts: ServeOptions,
     name: String,
     ready: OnceLock<Arc<Ready>>,
-    queue: SyncSender<Job>,
+    queue: SyncSender<Task>,
     gauges: Arc<EngineGauges>,
     metrics: metrics::Metrics,
     next_id: AtomicU64,
@@ -108,7 +112,7 @@ impl App {
         ))
     }
 
-    fn submit(&self, job: Job) -> ApiResult<()> {
+    fn submit(&self, job: Task) -> ApiResult<()> {
         self.gauges.queued.fetch_add(1, Ordering::Relaxed);
         match self.queue.try_send(job) {
             Ok(()) => Ok(()),
@@ -203,7 +207,7 @@ fn load_and_run(
     app: &Arc<App>,
     load: Loader,
     eopts: EngineOptions,
-    rx: std::sync::mpsc::Receiver<Job>,
+    rx: std::sync::mpsc::Receiver<Task>,
 ) -> std::result::Result<(), String> {
     // a request's numbers must not depend on the batch beside it (see `set_batch_invariant`)
     crate::kernels::gemm::linear::set_batch_invariant(true);
@@ -218,6 +222,9 @@ fn load_and_run(
         context: model.config.max_position_embeddings,
         vocab: model.config.vocab_size,
         eos,
+        attention: model.config.attention,
+        layers: model.config.num_hidden_layers,
+        heads: model.config.num_attention_heads,
     }));
     eprintln!(
         "difftx serve: model ready ({} parameters)",

@@ -2,7 +2,7 @@
 //! from them, whole (`finish`) or as server-sent events (`SseStream`).
 
 use super::api::{ApiError, ApiResult, Settings};
-use super::engine::{Event, Job};
+use super::engine::{Event, Job, Task};
 use super::respond::Choice;
 use super::App;
 use axum::body::Bytes;
@@ -101,7 +101,7 @@ impl Run {
                 echo: scored,
                 sink: Box::new(move |ev| !flag.load(Ordering::Relaxed) && tx.send((i, ev)).is_ok()),
             };
-            app.submit(job)?;
+            app.submit(Task::Complete(job))?;
             app.metrics
                 .prompt_tokens
                 .fetch_add(p.len() as u64, Ordering::Relaxed);
