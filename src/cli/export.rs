@@ -41,15 +41,16 @@ fn hf(a: ExportArgs) -> Result<()> {
     }
     let (model, dir) = super::load_model(&a.model, difftx::kernels::Precision::F32)?;
     difftx::interop::hf::export(&model, &dir, &a.out)?;
+    let (model_type, _) = difftx::interop::hf::hf_names(model.config.attention);
+    let remote = if model.config.attention == AttentionKind::DiffV2 {
+        ", trust_remote_code=True: the model code is in the directory"
+    } else {
+        ""
+    };
     eprintln!(
-        "wrote {} ({} as Hugging Face {}; load it with AutoModelForCausalLM.from_pretrained)",
+        "wrote {} ({} as Hugging Face {model_type}; load it with AutoModelForCausalLM.from_pretrained{remote})",
         a.out.display(),
         model.config.attention,
-        if model.config.attention == AttentionKind::Standard {
-            "llama"
-        } else {
-            "diffllama"
-        }
     );
     Ok(())
 }
