@@ -9,8 +9,8 @@ use std::path::PathBuf;
 
 #[derive(Args)]
 pub struct ExportArgs {
-    /// Model directory (native difftx, or Hugging Face llama / diffllama), or a training run
-    /// folder, which stands for its newest complete checkpoint.
+    /// Model directory (native difftx, or Hugging Face llama / diffllama / difftx_diffv2), or a
+    /// training run folder, which stands for its newest complete checkpoint.
     #[arg(long)]
     pub model: PathBuf,
     /// Target format: `hf` (a Hugging Face transformers directory) or `gguf` (one file that
