@@ -28,6 +28,9 @@ class DifftxDiffV2Config(PretrainedConfig):
         initializer_range=0.02,
         tie_word_embeddings=False,
         use_cache=True,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
         **kwargs,
     ):
         self.vocab_size = vocab_size
@@ -42,6 +45,9 @@ class DifftxDiffV2Config(PretrainedConfig):
         self.rms_norm_eps = rms_norm_eps
         self.initializer_range = initializer_range
         self.use_cache = use_cache
+        self.bos_token_id = bos_token_id
+        self.eos_token_id = eos_token_id
+        self.pad_token_id = pad_token_id
         if head_dim % 2 != 0:
             raise ValueError(f"head_dim ({head_dim}) must be even for RoPE")
         if num_attention_heads % num_key_value_heads != 0:
