@@ -18,7 +18,7 @@ same native weights itself, checks that its files are byte-identical to the ones
 ran (xxh3-128 digests from manifest.json), and compares logits, loss and greedy tokens.
 
 The script also checks, and fails loudly otherwise: greedy generation with and without the KV
-cache agree; gradients with gradient checkpointing equal those without; a save_pretrained of
+cache agree, and a left-padded batch generates what each prompt generates alone; gradients with gradient checkpointing equal those without; a save_pretrained of
 the loaded model has the same tensors bit for bit; `_init_weights` gives lambda_proj a std near
 0.02 (difftx's N(0, 0.02)).
 """
@@ -109,6 +109,15 @@ def checks(model, export_dir, ids):
     a = model.generate(p, max_new_tokens=NEW_TOKENS, do_sample=False, use_cache=True)
     b = model.generate(p, max_new_tokens=NEW_TOKENS, do_sample=False, use_cache=False)
     assert torch.equal(a, b), "cache and no-cache generation differ"
+    # 1b. a left-padded batch generates what each prompt generates alone
+    short = list(PROMPT[3:])
+    alone = model.generate(torch.tensor([short]), max_new_tokens=NEW_TOKENS, do_sample=False)
+    pad = len(PROMPT) - len(short)
+    batch = model.generate(torch.tensor([list(PROMPT), [0] * pad + short]), do_sample=False,
+                           attention_mask=torch.tensor([[1] * len(PROMPT), [0] * pad + [1] * len(short)]),
+                           max_new_tokens=NEW_TOKENS, pad_token_id=0)
+    assert torch.equal(batch[0], a[0]), "batched generation differs (first prompt)"
+    assert torch.equal(batch[1, len(PROMPT):], alone[0, len(short):]), "left-padded generation differs"
     # 2. gradient checkpointing: the same gradients
     def grads():
         model.zero_grad()

@@ -151,6 +151,9 @@ def causal_mask(attention_mask, past, t, total, device):
     mask = (k_pos <= q_pos)[None, None]
     if attention_mask is not None and attention_mask.dim() == 2:
         mask = mask & attention_mask[:, None, None, -total:].bool()
+        # a padding query that sees nothing sees everything instead: its output is unused, but
+        # a row of NaNs would reach real tokens through the next layer's values
+        mask = mask | ~mask.any(-1, keepdim=True)
     return mask
 
 
