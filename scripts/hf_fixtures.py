@@ -575,9 +575,11 @@ def parse_dtype(s):
 
 def check_export(args):
     torch.set_num_threads(max(1, args.threads or 1))
-    tok = AutoTokenizer.from_pretrained(args.check_export)
+    # trust_remote_code: a diff_v2 export brings its own model code (modeling_difftx.py)
+    tok = AutoTokenizer.from_pretrained(args.check_export, trust_remote_code=True)
     model = AutoModelForCausalLM.from_pretrained(
-        args.check_export, dtype=parse_dtype(args.dtype), attn_implementation=args.attn).eval()
+        args.check_export, dtype=parse_dtype(args.dtype), attn_implementation=args.attn,
+        trust_remote_code=True).eval()
     ids = list(tok(args.prompt)["input_ids"])
     gc = model.generation_config
     eos = gc.eos_token_id if gc.eos_token_id is not None else model.config.eos_token_id

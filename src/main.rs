@@ -47,8 +47,8 @@ enum Cmd {
     /// kinds, the softmax map for standard.
     AttentionMap(cli::attention_map::AttentionMapArgs),
     /// Write a model in another format: `--format hf` gives a directory that Hugging Face
-    /// transformers loads (standard → llama, diff_v1 → diffllama), `--format gguf` a file that
-    /// llama.cpp runs (standard only).
+    /// transformers loads (standard → llama, diff_v1 → diffllama, diff_v2 → its own remote code),
+    /// `--format gguf` a file that llama.cpp runs (standard only).
     Export(cli::export::ExportArgs),
     /// An OpenAI-compatible HTTP server (completions, chat, streaming, echo log-probabilities)
     /// with continuous batching; see docs/SERVING.md.

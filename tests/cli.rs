@@ -1049,3 +1049,82 @@ fn bf16_is_refused_where_it_changes_nothing() {
         &["--bf16 does not apply to `difftx repro`", "f32"],
     );
 }
+
+/// A diff_v2 model exported for transformers (`model_type` difftx_diffv2) is a model directory
+/// like any other: eval and generate give what the native model gives, and a broken config in
+/// it is one line naming the file.
+#[test]
+fn diff_v2_hugging_face_export_evaluates_and_generates_like_the_original() {
+    let tmp = tempfile::tempdir().unwrap();
+    let native = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf/diffv2_gqa/native");
+    let hf = tmp.path().join("hf");
+    let out = difftx(&[
+        "export",
+        "--model",
+        native.to_str().unwrap(),
+        "--format",
+        "hf",
+        "--out",
+        hf.to_str().unwrap(),
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("difftx_diffv2") && err.contains("trust_remote_code"),
+        "{err}"
+    );
+    for f in [
+        "modeling_difftx.py",
+        "configuration_difftx.py",
+        "manifest.json",
+    ] {
+        assert!(hf.join(f).exists(), "{f} missing");
+    }
+    let data = text_file(tmp.path(), "a.txt", &TEXT.repeat(2));
+    let loss = |m: &Path| {
+        let out = difftx(&[
+            "eval",
+            "--model",
+            m.to_str().unwrap(),
+            "--data",
+            data.to_str().unwrap(),
+            "--json",
+        ]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    assert_eq!(loss(&hf), loss(&native));
+    let gen = |m: &Path| {
+        let args = [
+            "generate",
+            "--model",
+            m.to_str().unwrap(),
+            "--prompt",
+            "The cat ",
+            "--max-new-tokens",
+            "12",
+            "--temperature",
+            "0",
+        ];
+        let out = difftx(&args);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out.stdout
+    };
+    assert_eq!(gen(&hf), gen(&native));
+    // a head count the model cannot have, in the exported config.json
+    let cfg_path = hf.join("config.json");
+    let mut cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&cfg_path).unwrap()).unwrap();
+    cfg["num_key_value_heads"] = 3.into();
+    std::fs::write(&cfg_path, cfg.to_string()).unwrap();
+    without_manifest(&hf);
+    fails_with(&eval(&hf, &data), &["config.json", "num_key_value_heads"]);
+}

@@ -1,7 +1,8 @@
 //! Hugging Face directories (fixtures written by scripts/hf_fixtures.py with transformers):
 //! llama and diffllama, GQA and MHA, tied and untied, f32 and bf16, one file and shards, both
 //! forms of the RoPE config. Loaded directly, they must give transformers' logits, loss and
-//! greedy continuation, with the directory's own tokenizer.
+//! greedy continuation, with the directory's own tokenizer. diff_v2 goes out as difftx's own
+//! remote-code model (fixtures by scripts/hf_diffv2_fixtures.py).
 
 use difftx::data::Tokenizer;
 use difftx::infer::{generate, GenerateOptions, Sampling};
@@ -170,21 +171,100 @@ fn export_to_hf_and_back_gives_identical_logits() {
     );
 }
 
+/// The logits of `case`'s expected.safetensors, read as f32.
+fn expected_logits(dir: &Path) -> Vec<f32> {
+    let bytes = read_safetensors(&dir.join("expected.safetensors")).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let lv = st.tensor("logits").unwrap();
+    let mut want = vec![0.0; lv.shape().iter().product()];
+    decode_f32(lv.dtype(), lv.data(), &mut want).unwrap();
+    want
+}
+
+fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+/// diff_v2 → transformers (scripts/hf_diffv2_fixtures.py): difftx exports the committed native
+/// weights, the files are byte for byte those transformers ran with trust_remote_code, and
+/// transformers' logits (1e-5), loss and greedy tokens (KV cache on) are difftx's. The export
+/// loads back bit for bit.
 #[test]
-fn diff_v2_export_is_refused_with_a_reason() {
+fn diff_v2_export_matches_transformers() {
     let tmp = tempfile::tempdir().unwrap();
-    let m = Model::init(
-        difftx::ModelConfig::preset(difftx::Preset::Tiny, AttentionKind::DiffV2),
-        0,
-    )
-    .unwrap();
-    let e = difftx::interop::hf::export(&m, tmp.path(), &tmp.path().join("x"))
-        .unwrap_err()
-        .to_string();
-    assert!(
-        e.contains("diff_v2") && e.contains("no DIFF V2 model"),
-        "{e}"
+    for case in ["diffv2_gqa", "diffv2_tied"] {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/hf")
+            .join(case);
+        let exp: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json")).unwrap())
+                .unwrap();
+        // 1. the export is the one transformers ran
+        let native = Model::load(&dir.join("native")).unwrap();
+        assert_eq!(native.config.attention, AttentionKind::DiffV2);
+        let out = tmp.path().join(case);
+        difftx::interop::hf::export(&native, &dir.join("native"), &out).unwrap();
+        let manifest: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(out.join("manifest.json")).unwrap())
+                .unwrap();
+        let want = exp["export_xxh3_128"].as_object().unwrap();
+        let got = manifest["files"].as_object().unwrap();
+        assert_eq!(got.len(), want.len(), "{case}: files of the export");
+        for (name, digest) in want {
+            assert_eq!(
+                got[name]["xxh3_128"], *digest,
+                "{case}: {name} differs from the export transformers ran (rerun scripts/hf_diffv2_fixtures.py)"
+            );
+        }
+        // 2. back into difftx bit for bit, and transformers' logits and loss
+        let m = difftx::interop::load(&out).unwrap();
+        assert_same_params(&m, &native);
+        let tokens = ids(&exp["ids"]);
+        let err = max_abs_diff(&logits_of(&m, &tokens), &expected_logits(&dir));
+        println!("{case}: largest logit difference {err:.2e}");
+        assert!(err <= 1e-5, "{case}: largest logit difference {err}");
+        let n = tokens.len() - 1;
+        let mut ws = Workspace::new(&m, 1, n);
+        m.forward(&mut ws, &tokens[..n], 1, n).unwrap();
+        let loss = m.loss(&mut ws, &tokens[1..]).unwrap() as f64;
+        let want_loss = exp["loss"].as_f64().unwrap();
+        assert!(
+            ((loss - want_loss) / want_loss).abs() < 1e-5,
+            "{case}: loss {loss} vs {want_loss}"
+        );
+        // 3. greedy generation with difftx's KV cache gives transformers' tokens
+        let opts = GenerateOptions {
+            max_new_tokens: exp["max_new_tokens"].as_u64().unwrap() as usize,
+            sampling: Sampling::greedy(),
+            seed: 0,
+            eos: None,
+            truncate_prompt: false,
+        };
+        let gen = generate(&m, &[ids(&exp["prompt_ids"])], &opts, |_, _| {}).unwrap();
+        assert_eq!(gen.tokens[0], ids(&exp["new_ids"]), "{case}: greedy tokens");
+    }
+}
+
+/// A transformers LlamaForCausalLM with GQA (fixture llama_gqa, 4 heads over 2), retrofitted to
+/// diff_v2 by difftx, gives transformers' logits of the original.
+#[test]
+fn diff_v2_retrofit_of_a_transformers_llama_gives_its_logits() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf/llama_gqa");
+    let exp: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json")).unwrap()).unwrap();
+    let llama = difftx::interop::load(&dir).unwrap();
+    assert!(llama.config.num_key_value_heads < llama.config.num_attention_heads);
+    let v2 = difftx::model::retrofit::retrofit(&llama, AttentionKind::DiffV2, 0).unwrap();
+    let err = max_abs_diff(
+        &logits_of(&v2, &ids(&exp["prompt_ids"])),
+        &expected_logits(&dir),
     );
+    println!("llama_gqa retrofitted to diff_v2: largest logit difference {err:.2e}");
+    assert!(err <= 1e-5, "largest logit difference {err}");
 }
 
 #[test]

@@ -11,8 +11,8 @@ use std::path::{Path, PathBuf};
 
 #[derive(Args)]
 pub struct AttentionMapArgs {
-    /// Model directory (native difftx, or Hugging Face llama / diffllama), or a training run
-    /// folder, which stands for its newest complete checkpoint.
+    /// Model directory (native difftx, or Hugging Face llama / diffllama / difftx_diffv2), or a
+    /// training run folder, which stands for its newest complete checkpoint.
     #[arg(long)]
     pub model: PathBuf,
     /// Prompt text, tokenized with the model's tokenizer; at most the model's context.

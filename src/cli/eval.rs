@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 
 #[derive(Args)]
 pub struct EvalArgs {
-    /// Model directory (native difftx, or Hugging Face llama / diffllama), or a training run
-    /// folder, which stands for its newest complete checkpoint.
+    /// Model directory (native difftx, or Hugging Face llama / diffllama / difftx_diffv2), or a
+    /// training run folder, which stands for its newest complete checkpoint.
     #[arg(long)]
     pub model: PathBuf,
     #[arg(long, help = super::QUANT_HELP)]

@@ -9,8 +9,8 @@ use std::path::PathBuf;
 
 #[derive(Args)]
 pub struct ExportArgs {
-    /// Model directory (native difftx, or Hugging Face llama / diffllama), or a training run
-    /// folder, which stands for its newest complete checkpoint.
+    /// Model directory (native difftx, or Hugging Face llama / diffllama / difftx_diffv2), or a
+    /// training run folder, which stands for its newest complete checkpoint.
     #[arg(long)]
     pub model: PathBuf,
     /// Target format: `hf` (a Hugging Face transformers directory) or `gguf` (one file that
@@ -41,15 +41,16 @@ fn hf(a: ExportArgs) -> Result<()> {
     }
     let (model, dir) = super::load_model(&a.model, difftx::kernels::Precision::F32)?;
     difftx::interop::hf::export(&model, &dir, &a.out)?;
+    let (model_type, _) = difftx::interop::hf::hf_names(model.config.attention);
+    let remote = if model.config.attention == AttentionKind::DiffV2 {
+        ", trust_remote_code=True: the model code is in the directory"
+    } else {
+        ""
+    };
     eprintln!(
-        "wrote {} ({} as Hugging Face {}; load it with AutoModelForCausalLM.from_pretrained)",
+        "wrote {} ({} as Hugging Face {model_type}; load it with AutoModelForCausalLM.from_pretrained{remote})",
         a.out.display(),
         model.config.attention,
-        if model.config.attention == AttentionKind::Standard {
-            "llama"
-        } else {
-            "diffllama"
-        }
     );
     Ok(())
 }

@@ -9,6 +9,12 @@
 //! - DiffLlama's per-head norm has no weight: the native subln weight is all ones.
 //!
 //! Only rows are permuted; the kernels are the native ones.
+//!
+//! transformers has no DIFF V2 model, so a `diff_v2` export carries its own: `config.json` with
+//! `model_type` `difftx_diffv2` and an `auto_map` to `configuration_difftx.py` and
+//! `modeling_difftx.py` (the files in `hf_remote/`, written next to the weights; loaded with
+//! `trust_remote_code=True`). That model uses difftx's RoPE and head pairing, so its tensors are
+//! the native ones, unpermuted.
 
 use crate::config::{AttentionKind, ModelConfig};
 use crate::error::{Error, Result};
@@ -19,6 +25,19 @@ use serde_json::{Map, Value};
 use std::path::{Path, PathBuf};
 
 pub const INDEX_FILE: &str = "model.safetensors.index.json";
+
+/// The `model_type` of a diff_v2 export, and its remote-code files (name, text).
+pub const DIFFV2_MODEL_TYPE: &str = "difftx_diffv2";
+const DIFFV2_CODE: [(&str, &str); 2] = [
+    (
+        "configuration_difftx.py",
+        include_str!("hf_remote/configuration_difftx.py"),
+    ),
+    (
+        "modeling_difftx.py",
+        include_str!("hf_remote/modeling_difftx.py"),
+    ),
+];
 
 /// Keys the conversion reads; every other key is kept in `ModelConfig::extra`.
 const CONSUMED: &[&str] = &[
@@ -39,6 +58,8 @@ const CONSUMED: &[&str] = &[
     "attention_bias",
     "mlp_bias",
     "hidden_act",
+    "auto_map",
+    "initializer_range",
 ];
 
 fn usize_key(obj: &Map<String, Value>, key: &str) -> std::result::Result<Option<usize>, String> {
@@ -51,7 +72,7 @@ fn usize_key(obj: &Map<String, Value>, key: &str) -> std::result::Result<Option<
     }
 }
 
-/// The native config of a Hugging Face `llama` or `diffllama` config.json.
+/// The native config of a Hugging Face `llama`, `diffllama` or `difftx_diffv2` config.json.
 pub fn config_from_hf(json: &Value, path: &Path) -> Result<ModelConfig> {
     let err = |msg: String| Error::Config {
         path: path.to_path_buf(),
@@ -64,9 +85,10 @@ pub fn config_from_hf(json: &Value, path: &Path) -> Result<ModelConfig> {
     let kind = match model_type {
         "llama" => AttentionKind::Standard,
         "diffllama" => AttentionKind::DiffV1,
+        DIFFV2_MODEL_TYPE => AttentionKind::DiffV2,
         other => {
             return Err(err(format!(
-                "model_type `{other}` is not a Hugging Face llama or diffllama"
+                "model_type `{other}` is not a Hugging Face llama, diffllama or {DIFFV2_MODEL_TYPE}"
             )))
         }
     };
@@ -127,7 +149,7 @@ pub fn config_from_hf(json: &Value, path: &Path) -> Result<ModelConfig> {
         })
         .transpose()?
         .unwrap_or(10000.0);
-    // The transformers config classes' defaults: LlamaConfig 1e-6, DiffLlamaConfig 1e-5.
+    // The config classes' defaults: LlamaConfig 1e-6, DiffLlamaConfig and difftx's 1e-5.
     let eps_default = if kind == AttentionKind::Standard {
         1e-6
     } else {
@@ -212,9 +234,13 @@ fn pair_from_halves(h: usize, n: usize) -> usize {
     h / 2 + (h % 2) * (n / 2)
 }
 
-/// Applies the HF → native row orders to every layer's q, k (and, for diffllama, v) rows.
+/// Applies the HF → native row orders to every layer's q, k (and, for diffllama, v) rows; a
+/// diff_v2 export is in the native order already.
 fn to_native(model: &mut Model) {
     let c = model.config.clone();
+    if c.attention == AttentionKind::DiffV2 {
+        return;
+    }
     let (d, cols) = (c.head_dim, c.hidden_size);
     let diff = c.attention == AttentionKind::DiffV1;
     for l in 0..c.num_hidden_layers {
@@ -238,7 +264,7 @@ fn to_native(model: &mut Model) {
     }
 }
 
-/// Loads a Hugging Face llama or diffllama directory (one `model.safetensors`, or shards named
+/// Loads a Hugging Face llama, diffllama or difftx_diffv2 directory (one `model.safetensors`, or shards named
 /// by `model.safetensors.index.json`; F32, BF16 or F16) into the native layout.
 pub fn load(dir: &Path, json: &Value) -> Result<Model> {
     let cpath = dir.join(CONFIG_FILE);
@@ -300,11 +326,15 @@ pub fn load(dir: &Path, json: &Value) -> Result<Model> {
 
 /// The inverse row orders (native → HF) on a copy of the parameters, with a diff_v1 subln
 /// weight folded into the o_proj columns it scales (exact: o_proj·(w ∘ y) = (o_proj·diag w)·y).
+/// diff_v2 goes out in the native order.
 fn to_hf(model: &Model) -> Vec<f32> {
     let c = &model.config;
     let (d, cols) = (c.head_dim, c.hidden_size);
     let diff = c.attention == AttentionKind::DiffV1;
     let mut w = model.params.clone();
+    if c.attention == AttentionKind::DiffV2 {
+        return w;
+    }
     // Native row (h, r) came from HF row (from(h), interleave(r)); write it back there.
     let scatter = |w: &mut [f32], src: &[f32], n: usize, rope: bool| {
         for h in 0..n {
@@ -388,20 +418,25 @@ pub fn byte_level_tokenizer_json() -> Value {
     })
 }
 
+/// The Hugging Face `model_type` and architecture a model of `kind` is exported as.
+pub fn hf_names(kind: AttentionKind) -> (&'static str, &'static str) {
+    match kind {
+        AttentionKind::Standard => ("llama", "LlamaForCausalLM"),
+        AttentionKind::DiffV1 => ("diffllama", "DiffLlamaForCausalLM"),
+        AttentionKind::DiffV2 => (DIFFV2_MODEL_TYPE, "DifftxDiffV2ForCausalLM"),
+    }
+}
+
 /// Writes a directory that transformers loads with `AutoModelForCausalLM.from_pretrained`:
-/// `standard` as llama, `diff_v1` as diffllama, with `tokenizer.json` (copied from `model_dir`
-/// if it has one, else the byte-level equivalent), and last `manifest.json` with every file's
-/// digest. `diff_v2` has no transformers model.
+/// `standard` as llama, `diff_v1` as diffllama, `diff_v2` as difftx's own remote-code model
+/// (`trust_remote_code=True`), with `tokenizer.json` (copied from `model_dir` if it has one, else
+/// the byte-level equivalent), and last `manifest.json` with every file's digest.
 pub fn export(model: &Model, model_dir: &Path, out: &Path) -> Result<()> {
     let c = &model.config;
-    let (model_type, arch, heads, kv) = match c.attention {
-        AttentionKind::Standard => ("llama", "LlamaForCausalLM", c.num_attention_heads, c.num_key_value_heads),
-        AttentionKind::DiffV1 => ("diffllama", "DiffLlamaForCausalLM", 2 * c.num_attention_heads, 2 * c.num_key_value_heads),
-        AttentionKind::DiffV2 => {
-            return Err(Error::Invalid(
-                "diff_v2 cannot be exported: Hugging Face transformers has no DIFF V2 model (standard → llama and diff_v1 → diffllama can)".into(),
-            ))
-        }
+    let (model_type, arch) = hf_names(c.attention);
+    let (heads, kv) = match c.attention {
+        AttentionKind::DiffV1 => (2 * c.num_attention_heads, 2 * c.num_key_value_heads),
+        _ => (c.num_attention_heads, c.num_key_value_heads),
     };
     // DiffLlama hard-codes the paper's λ_init schedule and per-head norm with its (1 − λ_init)
     // scale, so neither Table 6 ablation has a Hugging Face equivalent.
@@ -425,6 +460,7 @@ pub fn export(model: &Model, model_dir: &Path, out: &Path) -> Result<()> {
             "transformers_version",
             "dtype",
             "torch_dtype",
+            "auto_map",
         ]
         .contains(&k.as_str())
         {
@@ -453,6 +489,20 @@ pub fn export(model: &Model, model_dir: &Path, out: &Path) -> Result<()> {
     put("torch_dtype", "float32".into());
     if c.attention == AttentionKind::Standard {
         put("mlp_bias", false.into());
+    }
+    if c.attention == AttentionKind::DiffV2 {
+        put(
+            "auto_map",
+            serde_json::json!({
+                "AutoConfig": "configuration_difftx.DifftxDiffV2Config",
+                "AutoModel": "modeling_difftx.DifftxDiffV2Model",
+                "AutoModelForCausalLM": "modeling_difftx.DifftxDiffV2ForCausalLM",
+            }),
+        );
+        put("initializer_range", 0.02.into());
+        for (name, text) in DIFFV2_CODE {
+            manifest.write(out, name, text.as_bytes())?;
+        }
     }
     let w = to_hf(model);
     let stored: Vec<_> = model

@@ -149,6 +149,17 @@ pub fn read_config(dir: &Path) -> Result<(PathBuf, serde_json::Value)> {
     Ok((cpath, json))
 }
 
+/// The `model_type`s of the Hugging Face directories `interop::hf` reads: transformers' own
+/// `llama` and `diffllama`, and `difftx_diffv2`, the remote-code model a diff_v2 export writes.
+pub const HF_MODEL_TYPES: &[&str] = &["llama", "diffllama", "difftx_diffv2"];
+
+/// The config's `model_type` when it names a Hugging Face directory (`HF_MODEL_TYPES`).
+pub fn hf_model_type(json: &serde_json::Value) -> Option<&str> {
+    json.get("model_type")
+        .and_then(|v| v.as_str())
+        .filter(|t| HF_MODEL_TYPES.contains(t))
+}
+
 impl Model {
     /// Loads a native difftx model directory (`config.json` + `model.safetensors`). A Hugging
     /// Face directory is refused here; `interop::load` takes either kind.
@@ -156,7 +167,7 @@ impl Model {
     pub fn load(dir: &Path) -> Result<Self> {
         crate::util::manifest::verify(dir)?;
         let (cpath, json) = read_config(dir)?;
-        if let Some(t @ ("llama" | "diffllama")) = json.get("model_type").and_then(|v| v.as_str()) {
+        if let Some(t) = hf_model_type(&json) {
             return Err(Error::Config {
                 path: cpath,
                 msg: format!("a Hugging Face `{t}` model, not a native difftx one (load it with difftx::interop::load)"),
