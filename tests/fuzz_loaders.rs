@@ -1,7 +1,9 @@
 //! Seeded, structure-aware mutation of valid files, fed to every loader in-process: no input
 //! may panic (or abort on an allocation it cannot make). A stable-toolchain stand-in for
 //! cargo-fuzz. `DIFFTX_FUZZ_CASES` sets the cases per loader (default 2,000), `DIFFTX_FUZZ_SEED`
-//! the seed, `DIFFTX_FUZZ_KEEP=DIR` keeps each input that panicked there,
+//! the seed, `DIFFTX_FUZZ_ONLY=TEXT` runs only the loaders whose file name (`bodies/chat.json`,
+//! `token-cache/….tokens`, `hf/config.json`, …) contains TEXT,
+//! `DIFFTX_FUZZ_KEEP=DIR` keeps each input that panicked there,
 //! `DIFFTX_FUZZ_LOUD=1` prints the panics as they happen; docs/RELIABILITY.md has the figures
 //! of a longer run.
 
@@ -496,10 +498,14 @@ fn no_mutated_file_makes_a_loader_panic() {
         std::panic::set_hook(Box::new(|_| {}));
     }
     let mut report = Vec::new();
+    let only = std::env::var("DIFFTX_FUZZ_ONLY").unwrap_or_default();
     for (i, (dir, file, mutate, load)) in plan.into_iter().enumerate() {
+        let name = format!("{}/{file}", dir.file_name().unwrap().to_string_lossy());
+        if !name.contains(&only) {
+            continue;
+        }
         let t = std::time::Instant::now();
         let crashes = fuzz(dir, file, seed + i as u64, cases, mutate, load);
-        let name = format!("{}/{file}", dir.file_name().unwrap().to_string_lossy());
         eprintln!(
             "{name}: {cases} cases in {:.2?}, {} panics",
             t.elapsed(),
