@@ -679,6 +679,18 @@ fn a_second_run_on_the_same_data_reuses_the_token_file() {
     let eb = ok(&difftx(&small_run(s(&data), s(&b), "2")));
     assert!(eb.contains("(reusing"), "{eb}");
     assert_eq!(cache[0].metadata().unwrap().modified().unwrap(), mtime);
+
+    // a damaged cache (an id outside the vocabulary) is tokenized again, not reused
+    let good = std::fs::read(cache[0].path()).unwrap();
+    let mut bad = good.clone();
+    bad[32..34].copy_from_slice(&300u16.to_le_bytes());
+    std::fs::write(cache[0].path(), bad).unwrap();
+    let ec = ok(&difftx(&small_run(s(&data), s(&tmp.path().join("c")), "2")));
+    assert!(
+        ec.contains("written to") && !ec.contains("(reusing"),
+        "{ec}"
+    );
+    assert!(std::fs::read(cache[0].path()).unwrap() == good);
 }
 
 #[test]
