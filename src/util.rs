@@ -7,11 +7,11 @@ use std::path::{Path, PathBuf};
 
 pub mod manifest;
 
-/// Writes `bytes` to `path` through `path.tmp`, synced and then renamed, so a crash leaves
-/// either the old file or the new one, never half of one.
+/// Writes `bytes` to `path` through `path.<pid>.tmp` (`tmp_path`), synced and then renamed, so
+/// a crash leaves either the old file or the new one, never half of one.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     use std::io::Write;
-    let tmp = PathBuf::from(format!("{}.tmp", path.display()));
+    let tmp = tmp_path(path);
     let res = (|| {
         let mut f = std::fs::File::create(&tmp)?;
         f.write_all(bytes)?;
@@ -22,6 +22,13 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
         let _ = std::fs::remove_file(&tmp);
         Error::io(path, e)
     })
+}
+
+/// The temporary name `path` is written under before it is renamed into place: one per process,
+/// so that two processes writing the same file (two runs tokenizing the same data into the
+/// shared token cache) never write into each other's temporary file.
+pub fn tmp_path(path: &Path) -> PathBuf {
+    PathBuf::from(format!("{}.{}.tmp", path.display(), std::process::id()))
 }
 
 /// The 64-bit FNV-1a offset basis: the hash of no bytes.
@@ -126,7 +133,7 @@ mod tests {
         write_atomic(&p, b"one").unwrap();
         write_atomic(&p, b"two").unwrap();
         assert_eq!(std::fs::read(&p).unwrap(), b"two");
-        assert!(!dir.path().join("f.txt.tmp").exists());
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
         let missing = dir.path().join("no/such/dir/f.txt");
         let e = write_atomic(&missing, b"x").unwrap_err().to_string();
         assert!(e.contains("no/such/dir/f.txt"), "{e}");

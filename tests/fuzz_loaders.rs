@@ -1,7 +1,9 @@
 //! Seeded, structure-aware mutation of valid files, fed to every loader in-process: no input
 //! may panic (or abort on an allocation it cannot make). A stable-toolchain stand-in for
 //! cargo-fuzz. `DIFFTX_FUZZ_CASES` sets the cases per loader (default 2,000), `DIFFTX_FUZZ_SEED`
-//! the seed, `DIFFTX_FUZZ_KEEP=DIR` keeps each input that panicked there,
+//! the seed, `DIFFTX_FUZZ_ONLY=TEXT` runs only the loaders whose file name (`bodies/chat.json`,
+//! `token-cache/….tokens`, `hf/config.json`, …) contains TEXT,
+//! `DIFFTX_FUZZ_KEEP=DIR` keeps each input that panicked there,
 //! `DIFFTX_FUZZ_LOUD=1` prints the panics as they happen; docs/RELIABILITY.md has the figures
 //! of a longer run.
 
@@ -227,6 +229,143 @@ fn mutate_safetensors(rng: &mut ChaCha8Rng, seed: &[u8]) -> Vec<u8> {
     }
 }
 
+/// A token file (`data/tokens.rs`): its id count (huge, off by one, or wrapped so that count ×
+/// width overflows to the file's true length), its width, version or vocabulary size, or its
+/// bytes.
+fn mutate_tokens(rng: &mut ChaCha8Rng, seed: &[u8]) -> Vec<u8> {
+    let mut b = seed.to_vec();
+    let at = |b: &[u8], o: usize| u64::from_le_bytes(b[o..o + 8].try_into().unwrap());
+    let (count, width) = (at(&b, 16), u64::from(b[12]));
+    match rng.random_range(0..4) {
+        0 => {
+            let wrap = count.wrapping_add((u64::MAX / width).wrapping_add(1));
+            let counts = [HUGE, u64::MAX, count + 1, count - 1, 0, wrap];
+            let c: u64 = counts[rng.random_range(0..counts.len())];
+            b[16..24].copy_from_slice(&c.to_le_bytes());
+        }
+        1 => {
+            let w = [0u32, 1, 3, 8, u32::MAX, 2, 4][rng.random_range(0..7)];
+            b[12..16].copy_from_slice(&w.to_le_bytes());
+        }
+        2 => {
+            let v = [0u64, 1, 255, HUGE, u64::MAX][rng.random_range(0..5)];
+            b[24..32].copy_from_slice(&v.to_le_bytes());
+        }
+        _ => return mutate_bytes(rng, seed),
+    }
+    b
+}
+
+/// Every `*.tokens` file under `dir` (the token cache of the seed run).
+fn token_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            token_files(&p, out);
+        } else if p.extension().is_some_and(|x| x == "tokens") {
+            out.push(p);
+        }
+    }
+}
+
+/// Request bodies of each endpoint `serve` parses, one file each, and the chat templates their
+/// messages are rendered with (the plain one and a Jinja one).
+fn request_bodies(tmp: &Path) -> (PathBuf, Vec<difftx::serve::chat::ChatTemplate>) {
+    let dir = tmp.join("bodies");
+    std::fs::create_dir(&dir).unwrap();
+    let messages = serde_json::json!([
+        {"role": "system", "content": "Be terse."},
+        {"role": "user", "content": "Hello, ünïcode"},
+        {"role": "assistant", "content": "Hi."},
+    ]);
+    let bodies = [
+        (
+            "completions.json",
+            serde_json::json!({
+            "model": "m", "prompt": ["It was", "the best"], "max_tokens": 5, "temperature": 0.7,
+            "top_p": 0.9, "top_k": 5, "seed": 3, "stop": ["\n", "."], "stream": true,
+            "stream_options": {"include_usage": true}, "logprobs": 2, "echo": true, "n": 1}),
+        ),
+        (
+            "completions_ids.json",
+            serde_json::json!({
+            "model": "m", "prompt": [[72, 105], [33]], "max_tokens": 3}),
+        ),
+        (
+            "chat.json",
+            serde_json::json!({
+            "model": "m", "messages": messages, "max_completion_tokens": 8, "logprobs": true,
+            "top_logprobs": 3, "temperature": 0}),
+        ),
+        (
+            "tokenize.json",
+            serde_json::json!({"model": "m", "messages": messages}),
+        ),
+        (
+            "detokenize.json",
+            serde_json::json!({"model": "m", "tokens": [72, 105, 33]}),
+        ),
+    ];
+    for (name, body) in bodies {
+        std::fs::write(dir.join(name), serde_json::to_vec(&body).unwrap()).unwrap();
+    }
+    let jinja = tmp.join("jinja");
+    std::fs::create_dir(&jinja).unwrap();
+    std::fs::write(
+        jinja.join("tokenizer_config.json"),
+        serde_json::to_vec(&serde_json::json!({
+            "bos_token": "<s>", "eos_token": {"content": "</s>"},
+            "chat_template": "{{ bos_token }}{% for m in messages %}{% if m.role == 'system' and not loop.first %}{{ raise_exception('system first') }}{% endif %}<|{{ m.role }}|>{{ m.content | trim }}{{ eos_token }}\n{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}"
+        }))
+        .unwrap(),
+    )
+    .unwrap();
+    let chat = difftx::serve::chat::ChatTemplate::for_model;
+    (dir, vec![chat(tmp).unwrap(), chat(&jinja).unwrap()])
+}
+
+/// What `serve` does with a body before the model sees it: parse, check the model name, read
+/// every endpoint's fields, render chat messages, encode, check the ids, decode.
+fn serve_request(body: &[u8], templates: &[difftx::serve::chat::ChatTemplate]) {
+    use difftx::serve::api;
+    let tok = difftx::data::Tokenizer::Bytes;
+    let Ok(req) = api::parse_body(body) else {
+        return;
+    };
+    let _ = api::check_model(&req, "m");
+    let mut texts = Vec::new();
+    if let Ok((_, prompts)) = api::completion_request(&req) {
+        for p in prompts {
+            match p {
+                api::Prompt::Text(t) => texts.push(t),
+                api::Prompt::Ids(ids) => {
+                    if api::check_ids(&ids, 256, "prompt").is_ok() {
+                        texts.push(tok.decode(&ids).unwrap());
+                    }
+                }
+            }
+        }
+    }
+    let mut messages = Vec::new();
+    if let Ok((m, _)) = api::chat_request(&req) {
+        messages.push(m.to_vec());
+    }
+    match api::tokenize_request(&req) {
+        Ok(api::ToTokenize::Text(t)) => texts.push(t.to_string()),
+        Ok(api::ToTokenize::Messages(m)) => messages.push(m.to_vec()),
+        Err(_) => {}
+    }
+    for m in &messages {
+        texts.extend(templates.iter().filter_map(|t| t.render(m).ok()));
+    }
+    for t in texts {
+        let _ = tok.decode(&tok.encode(&t).unwrap());
+    }
+    if let Ok(ids) = api::detokenize_request(&req, 256) {
+        let _ = tok.decode(&ids).unwrap();
+    }
+}
+
 /// 2. Feeds `cases` mutations of `dir/file` to `load`, restoring the file after; returns the
 ///    panics as (case, message).
 fn fuzz(
@@ -286,6 +425,40 @@ fn no_mutated_file_makes_a_loader_panic() {
             }
         }
     };
+    let mut tokens = Vec::new();
+    token_files(tmp.path(), &mut tokens);
+    assert_eq!(tokens.len(), 1, "the seed run's token file: {tokens:?}");
+    let (token_dir, token_file) = (
+        tokens[0].parent().unwrap().to_path_buf(),
+        tokens[0]
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .into_owned(),
+    );
+    let load_tokens = |d: &Path| {
+        let Ok(f) = difftx::data::TokenFile::open(&d.join(&token_file)) else {
+            return;
+        };
+        let mut ids = vec![0u32; 4096];
+        for start in (0..f.len()).step_by(ids.len()) {
+            let n = ids.len().min(f.len() - start);
+            f.copy_to(start, &mut ids[..n]);
+        }
+        let _ = f.check_ids();
+    };
+    let (bodies, templates) = request_bodies(tmp.path());
+    let load_body = |file: &'static str| {
+        let templates = &templates;
+        move |d: &Path| serve_request(&std::fs::read(d.join(file)).unwrap(), templates)
+    };
+    let (completions, completions_ids, chat, tokenize, detokenize) = (
+        load_body("completions.json"),
+        load_body("completions_ids.json"),
+        load_body("chat.json"),
+        load_body("tokenize.json"),
+        load_body("detokenize.json"),
+    );
     let load_toml = |d: &Path| {
         if let Ok(o) = difftx::train::options::TrainOptions::from_toml_file(&d.join("run.toml")) {
             let _ = o.resolve(256);
@@ -293,7 +466,7 @@ fn no_mutated_file_makes_a_loader_panic() {
     };
     type Mutator = fn(&mut ChaCha8Rng, &[u8]) -> Vec<u8>;
     type Target<'a> = (&'a Path, &'a str, Mutator, &'a dyn Fn(&Path));
-    let plan: [Target; 8] = [
+    let plan: [Target; 14] = [
         (&ckpt, "model.safetensors", mutate_safetensors, &load_ckpt),
         (
             &ckpt,
@@ -307,6 +480,17 @@ fn no_mutated_file_makes_a_loader_panic() {
         (&hf, "config.json", mutate_json_text, &load_model),
         (&hf, "tokenizer.json", mutate_json_text, &load_tok),
         (&toml_dir, "run.toml", mutate_bytes, &load_toml),
+        (&token_dir, &token_file, mutate_tokens, &load_tokens),
+        (&bodies, "completions.json", mutate_json_text, &completions),
+        (
+            &bodies,
+            "completions_ids.json",
+            mutate_json_text,
+            &completions_ids,
+        ),
+        (&bodies, "chat.json", mutate_json_text, &chat),
+        (&bodies, "tokenize.json", mutate_json_text, &tokenize),
+        (&bodies, "detokenize.json", mutate_json_text, &detokenize),
     ];
     // quiet: a panic is reported below, once, with its case
     let hook = std::panic::take_hook();
@@ -314,10 +498,14 @@ fn no_mutated_file_makes_a_loader_panic() {
         std::panic::set_hook(Box::new(|_| {}));
     }
     let mut report = Vec::new();
+    let only = std::env::var("DIFFTX_FUZZ_ONLY").unwrap_or_default();
     for (i, (dir, file, mutate, load)) in plan.into_iter().enumerate() {
+        let name = format!("{}/{file}", dir.file_name().unwrap().to_string_lossy());
+        if !name.contains(&only) {
+            continue;
+        }
         let t = std::time::Instant::now();
         let crashes = fuzz(dir, file, seed + i as u64, cases, mutate, load);
-        let name = format!("{}/{file}", dir.file_name().unwrap().to_string_lossy());
         eprintln!(
             "{name}: {cases} cases in {:.2?}, {} panics",
             t.elapsed(),

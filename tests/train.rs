@@ -121,61 +121,145 @@ fn loss_log(out: &Path) -> Vec<Value> {
         .collect()
 }
 
+/// What a process killed inside a write leaves behind: a checkpoint being staged
+/// (`checkpoints/.tmp-step-…`) or deleted (`.del-…`), or a file being replaced
+/// (`….tmp`, `util::write_atomic`), each as (name, inode, modification time) so that a
+/// leftover seen before a kill is not counted again.
+fn write_leftovers(out: &Path) -> Vec<(String, u64, i64, i64)> {
+    use std::os::unix::fs::MetadataExt;
+    let mut v = Vec::new();
+    for dir in [out.to_path_buf(), out.join("checkpoints")] {
+        for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let partial =
+                name.starts_with(".tmp-") || name.starts_with(".del-") || name.ends_with(".tmp");
+            if let (true, Ok(m)) = (partial, e.metadata()) {
+                v.push((name, m.ino(), m.mtime(), m.mtime_nsec()));
+            }
+        }
+    }
+    v.sort();
+    v
+}
+
+/// How long to wait for a checkpoint after `after` to appear: (its name, when).
+fn wait_for_checkpoint_after(out: &Path, after: &Option<String>) -> (String, Instant) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Some(c) = checkpoints(out)
+            .last()
+            .filter(|c| Some(*c) > after.as_ref())
+        {
+            return (c.clone(), Instant::now());
+        }
+        assert!(Instant::now() < deadline, "no checkpoint after {after:?}");
+        std::thread::sleep(Duration::from_micros(500));
+    }
+}
+
 #[test]
-fn resume_after_sigkill_matches_uninterrupted_run() {
+fn resume_after_sigkill_at_50_random_moments_matches_uninterrupted_run() {
+    const KILLS: usize = 50;
     let tmp = tempfile::tempdir().unwrap();
     let data = text_file(tmp.path(), "gpl.txt", DEMO);
     let (a, b) = (tmp.path().join("a"), tmp.path().join("b"));
-    let mut args_a = small_run(s(&data), s(&a), "300");
-    args_a.extend(["--ckpt-every", "3", "--keep-last", "2"]);
-    let t0 = Instant::now();
-    ok(&difftx(&args_a));
-    let full = t0.elapsed();
-
-    // The same run, killed with SIGKILL at seeded random moments and resumed each time.
-    let mut args_b = small_run(s(&data), s(&b), "300");
-    args_b.extend(["--ckpt-every", "3", "--keep-last", "2", "--resume"]);
-    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(3);
-    let mut resumed_from = Vec::new();
-    for _ in 0..4 {
-        let mut child = bin()
-            .args(&args_b)
+    // A tiny model checkpointed every step, each of its files followed by a 3 ms pause
+    // (`DIFFTX_TEST_SAVE_PAUSE_MS`, which changes no bit written): writes fill most of the run.
+    let args = |out: &Path| {
+        let mut v: Vec<String> = [
+            "--threads",
+            "1",
+            "train",
+            "--data",
+            s(&data),
+            "--out",
+            s(out),
+            "--attention",
+            "diff_v1",
+            "--hidden-size",
+            "16",
+            "--context",
+            "16",
+            "--batch",
+            "1",
+            "--steps",
+            "120",
+            "--eval-every",
+            "7",
+            "--ckpt-every",
+            "1",
+            "--keep-last",
+            "2",
+            "--resume",
+        ]
+        .map(String::from)
+        .to_vec();
+        v.truncate(v.len() - usize::from(out == a.as_path()));
+        v
+    };
+    let spawn = |out: &Path| {
+        bin()
+            .args(args(out))
+            .env("DIFFTX_TEST_SAVE_PAUSE_MS", "3")
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .unwrap();
-        let wait = full.mul_f64(rng.random_range(0.05..0.3));
-        std::thread::sleep(wait);
+            .unwrap()
+    };
+    let t0 = Instant::now();
+    // 1. The uninterrupted run, beside the killed one
+    let uninterrupted = spawn(&a);
+
+    // 2. The same run killed with SIGKILL at seeded random moments, resumed each time: after
+    //    it has saved a new checkpoint, within 1.5 of its step's period
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(26);
+    let (mut in_write, mut period) = (0, None::<Duration>);
+    let mut newest = None;
+    for kill in 0..KILLS {
+        let before = write_leftovers(&b);
+        let mut child = spawn(&b);
+        let (c1, t1) = wait_for_checkpoint_after(&b, &newest);
+        let p = *period.get_or_insert_with(|| {
+            let (_, t2) = wait_for_checkpoint_after(&b, &Some(c1.clone()));
+            t2 - t1
+        });
+        std::thread::sleep(p.mul_f64(rng.random_range(0.0..1.5)));
+        let exited = child.try_wait().unwrap();
+        assert!(exited.is_none(), "the run ended before kill {kill}");
         child.kill().unwrap(); // SIGKILL
         child.wait().unwrap();
-        resumed_from.push(checkpoints(&b).last().cloned());
+        let after = write_leftovers(&b);
+        in_write += usize::from(after.iter().any(|x| !before.contains(x)));
+        newest = checkpoints(&b).last().cloned();
     }
-    eprintln!("newest checkpoint after each SIGKILL: {resumed_from:?}");
-    let err = ok(&difftx(&args_b));
-    let mid_run = resumed_from
-        .iter()
-        .flatten()
-        .filter(|c| c.as_str() < "step-00000300")
-        .count();
-    assert!(
-        mid_run >= 2,
-        "too few kills landed mid-run to test anything: {resumed_from:?}"
-    );
+    let killed_at = newest.clone();
+    let err = ok(&bin().args(args(&b)).output().unwrap());
     assert!(err.contains("resuming from"), "{err}");
+    ok(&uninterrupted.wait_with_output().unwrap());
+    eprintln!(
+        "{KILLS} SIGKILLs, {in_write} of them inside a write (a checkpoint or file left \
+         incomplete), the last at {killed_at:?}; step period {period:?}; {:.1?} in all",
+        t0.elapsed()
+    );
+    assert!(
+        in_write >= 20,
+        "only {in_write} of {KILLS} kills landed inside a write"
+    );
 
-    let final_dir = |o: &Path| o.join("checkpoints/step-00000300");
+    // 3. The same bits and the same loss log as the uninterrupted run, and no leftovers
+    let final_dir = |o: &Path| o.join("checkpoints/step-00000120");
     for f in ["model.safetensors", "optimizer.safetensors", "config.json"] {
         let (x, y) = (
             std::fs::read(final_dir(&a).join(f)).unwrap(),
             std::fs::read(final_dir(&b).join(f)).unwrap(),
         );
-        assert!(x == y, "{f} differs after kill + resume ({resumed_from:?})");
+        assert!(x == y, "{f} differs after {KILLS} kills + resumes");
     }
     let (la, lb) = (loss_log(&a), loss_log(&b));
-    assert_eq!(la.len(), 300);
-    assert_eq!(la, lb, "loss logs differ ({resumed_from:?})");
-    // keep-last 2
-    assert_eq!(checkpoints(&b), ["step-00000297", "step-00000300"]);
+    assert_eq!(la.len(), 120);
+    assert_eq!(la, lb, "loss logs differ");
+    assert_eq!(checkpoints(&b), ["step-00000119", "step-00000120"]);
+    assert_eq!(write_leftovers(&b), []);
 }
 
 #[test]
@@ -287,6 +371,153 @@ fn failed_checkpoint_write_keeps_the_previous_checkpoint_and_says_why() {
     let after = std::fs::read(ck.join("step-00000005/model.safetensors")).unwrap();
     assert!(before == after);
     assert!(difftx::Model::load(&ck.join("step-00000005")).is_ok());
+}
+
+/// A tmpfs of `bytes` mounted on `at` for as long as it lives; unmounted on drop, whatever
+/// the test's outcome.
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    /// Mounts it, or says why not (no root, or a sandbox that refuses mounts).
+    fn mount(at: &Path, bytes: u64) -> Result<Tmpfs, String> {
+        let o = Command::new("mount")
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={}k", bytes.div_ceil(4096) * 4),
+            ])
+            .args(["tmpfs", s(at)])
+            .output()
+            .map_err(|e| e.to_string())?;
+        match o.status.success() {
+            true => Ok(Tmpfs(at.to_path_buf())),
+            false => Err(String::from_utf8_lossy(&o.stderr).trim().to_string()),
+        }
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let umount = |args: &[&str]| Command::new("umount").args(args).status();
+        if !umount(&[s(&self.0)]).is_ok_and(|st| st.success()) {
+            let _ = umount(&["-l", s(&self.0)]);
+        }
+    }
+}
+
+fn dir_bytes(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.metadata().unwrap().len())
+        .sum()
+}
+
+#[test]
+fn a_full_disk_keeps_the_previous_checkpoint_and_says_no_space_is_left() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = text_file(tmp.path(), "gpl.txt", DEMO);
+    // 1. The run on an ordinary disk, to compare with and to size a checkpoint
+    let (reference, full) = (tmp.path().join("reference"), tmp.path().join("full"));
+    let mut args = small_run(s(&data), s(&reference), "10");
+    args.extend(["--ckpt-every", "5", "--keep-last", "5"]);
+    ok(&difftx(&args));
+    let first = reference.join("checkpoints/step-00000005");
+    let size = dir_bytes(&first);
+
+    // 2. A filesystem with room for the first checkpoint and the run's other files, not a second
+    std::fs::create_dir(&full).unwrap();
+    let _mounted = match Tmpfs::mount(&full, size * 3 / 2 + (64 << 10)) {
+        Ok(m) => m,
+        Err(e) => {
+            eprintln!("SKIPPED: cannot mount a tmpfs: {e}");
+            return;
+        }
+    };
+    let out = full.join("run");
+    args[6] = s(&out);
+    let o = difftx(&args);
+    fails_at_the_end_with(
+        &o,
+        &[
+            "cannot write checkpoint step-00000010",
+            "No space left on device",
+            "the previous checkpoint step-00000005 is intact",
+        ],
+    );
+    eprintln!(
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+            .trim_end()
+            .lines()
+            .last()
+            .unwrap()
+    );
+
+    // 3. The previous checkpoint is whole (its manifest verifies) and the reference's bits;
+    //    the failed one left nothing behind
+    let kept = out.join("checkpoints/step-00000005");
+    assert!(difftx::Model::load(&kept).is_ok());
+    for f in [
+        "model.safetensors",
+        "optimizer.safetensors",
+        "trainer_state.json",
+    ] {
+        assert!(std::fs::read(kept.join(f)).unwrap() == std::fs::read(first.join(f)).unwrap());
+    }
+    let left: Vec<String> = std::fs::read_dir(out.join("checkpoints"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(left, ["step-00000005"]);
+}
+
+#[test]
+fn absurd_sizes_are_refused_before_allocating_with_the_figure_and_the_memory() {
+    let (tmp, data, out) = demo_run();
+    let huge = (1u64 << 40).to_string();
+    let memory = ["would need", "GiB (parameters", "GiB of memory"];
+    // training's activations: --batch, and --context with a batch that fits alone
+    let run = |batch: &str, context: &str| {
+        let o = tmp.path().join(format!("r{batch}x{context}"));
+        let mut a = small_run(s(&data), s(&o), "2");
+        for (flag, value) in [("--batch", batch), ("--context", context)] {
+            let at = a.iter().position(|x| *x == flag).unwrap() + 1;
+            a[at] = value;
+        }
+        difftx(&a)
+    };
+    let o = run(&huge, "32");
+    fails_with(&o, &memory);
+    fails_with(&o, &[&format!("--batch {huge} and --context 32")]);
+    fails_with(&run("64", "1048576"), &memory);
+    ok(&difftx(&small_run(s(&data), s(&out), "2")));
+    let model = out.join("checkpoints/step-00000002");
+    // evaluation's and the training benchmark's batches
+    let e = difftx(&[
+        "eval",
+        "--model",
+        s(&model),
+        "--data",
+        s(&data),
+        "--batch",
+        &huge,
+    ]);
+    fails_with(&e, &memory);
+    fails_with(&difftx(&["bench", "memory", "--batch", &huge]), &memory);
+    // the server's workspaces and KV caches for --parallel sequences
+    let o = difftx(&[
+        "serve",
+        "--model",
+        s(&model),
+        "--port",
+        "0",
+        "--parallel",
+        &huge,
+    ]);
+    fails_at_the_end_with(&o, &["serving --parallel", "KV caches", "GiB of memory"]);
 }
 
 #[test]
@@ -448,6 +679,18 @@ fn a_second_run_on_the_same_data_reuses_the_token_file() {
     let eb = ok(&difftx(&small_run(s(&data), s(&b), "2")));
     assert!(eb.contains("(reusing"), "{eb}");
     assert_eq!(cache[0].metadata().unwrap().modified().unwrap(), mtime);
+
+    // a damaged cache (an id outside the vocabulary) is tokenized again, not reused
+    let good = std::fs::read(cache[0].path()).unwrap();
+    let mut bad = good.clone();
+    bad[32..34].copy_from_slice(&300u16.to_le_bytes());
+    std::fs::write(cache[0].path(), bad).unwrap();
+    let ec = ok(&difftx(&small_run(s(&data), s(&tmp.path().join("c")), "2")));
+    assert!(
+        ec.contains("written to") && !ec.contains("(reusing"),
+        "{ec}"
+    );
+    assert!(std::fs::read(cache[0].path()).unwrap() == good);
 }
 
 #[test]

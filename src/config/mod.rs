@@ -394,17 +394,11 @@ impl ModelConfig {
         let params = l * attn + embed;
         // 4 bytes a parameter, the RoPE table, about 2 KiB of names and shapes a layer
         let bytes = 4.0 * params + 4.0 * f(self.max_position_embeddings) * d + 2048.0 * l;
-        let have = physical_memory() as f64;
-        if bytes > have {
-            return Err(format!(
-                "the model would need {:.1} GiB for its weights alone ({:.3e} parameters, {} layers), more than this machine's {:.1} GiB of memory",
-                bytes / f64::from(1u32 << 30),
-                params,
-                self.num_hidden_layers,
-                have / f64::from(1u32 << 30)
-            ));
-        }
-        Ok(())
+        let detail = format!(
+            "for its weights alone ({params:.3e} parameters, {} layers)",
+            self.num_hidden_layers
+        );
+        check_memory("the model", bytes, &detail)
     }
 
     /// Number of query heads the attention kernel runs: 2H sub-heads for the diff kinds.
@@ -487,6 +481,22 @@ fn get_f64_or(
             .as_f64()
             .ok_or_else(|| format!("key `{key}` must be a number, got {v}")),
     }
+}
+
+/// Refuses, in one line, what would need `bytes` of memory when this machine has less:
+/// "`what` would need 3.0 GiB `detail`, more than this machine's 2.0 GiB of memory". Called
+/// before allocating, with a figure counted in f64 (or saturated), so nothing overflows.
+pub fn check_memory(what: &str, bytes: f64, detail: &str) -> std::result::Result<(), String> {
+    let have = physical_memory() as f64;
+    if bytes <= have {
+        return Ok(());
+    }
+    let gib = |b: f64| b / f64::from(1u32 << 30);
+    Err(format!(
+        "{what} would need {:.1} GiB {detail}, more than this machine's {:.1} GiB of memory",
+        gib(bytes),
+        gib(have)
+    ))
 }
 
 /// This machine's physical memory in bytes (64 GiB where the OS does not say).

@@ -186,7 +186,9 @@ pub fn tokenize_to_cache(
 ) -> Result<Tokenized> {
     let fp = fingerprint(files, tokenizer)?;
     let path = cache_dir.join(format!("{fp:016x}.tokens"));
-    if let Ok(f) = TokenFile::open(&path) {
+    // a damaged file (another vocabulary, ids outside it) is tokenized again, over it
+    let intact = |f: &TokenFile| f.vocab_size == tokenizer.vocab_size() && f.check_ids().is_ok();
+    if let Some(f) = TokenFile::open(&path).ok().filter(intact) {
         return Ok(Tokenized {
             coverage: read_coverage(&path),
             path,

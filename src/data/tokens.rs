@@ -39,7 +39,7 @@ pub struct TokenWriter {
 
 impl TokenWriter {
     pub fn create(path: &Path, vocab_size: usize) -> Result<Self> {
-        let tmp = PathBuf::from(format!("{}.tmp", path.display()));
+        let tmp = crate::util::tmp_path(path);
         let f = std::fs::File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;
         let mut w = TokenWriter {
             file: std::io::BufWriter::with_capacity(1 << 20, f),
@@ -144,7 +144,8 @@ impl TokenFile {
         }
         let len = u64_at(16) as usize;
         let vocab_size = u64_at(24) as usize;
-        if map.len() != HEADER + len * width {
+        // checked: a count near 2^64 / width would wrap to the file's length and pass
+        if (len.checked_mul(width)).and_then(|b| b.checked_add(HEADER)) != Some(map.len()) {
             return Err(bad(format!(
                 "truncated token file: {} bytes, header says {len} ids of {width} bytes",
                 map.len()
@@ -165,6 +166,31 @@ impl TokenFile {
 
     pub fn is_empty(&self) -> bool {
         self.len == 0
+    }
+
+    /// Refuses a file holding an id outside its vocabulary (damage: the writer refuses such ids),
+    /// naming the file, the id and its position. One pass over the file.
+    pub fn check_ids(&self) -> Result<()> {
+        let mut buf = vec![0u32; 1 << 16];
+        for start in (0..self.len).step_by(buf.len()) {
+            let n = buf.len().min(self.len - start);
+            self.copy_to(start, &mut buf[..n]);
+            if let Some(i) = buf[..n]
+                .iter()
+                .position(|&id| id as usize >= self.vocab_size)
+            {
+                return Err(Error::Data {
+                    path: self.path.clone(),
+                    msg: format!(
+                        "token {} is id {}, outside the vocabulary of {} the header gives",
+                        start + i,
+                        buf[i],
+                        self.vocab_size
+                    ),
+                });
+            }
+        }
+        Ok(())
     }
 
     /// Copies ids [start, start + out.len()) into `out`.
@@ -275,6 +301,46 @@ mod tests {
             s.sub(100, 50).copy_to(10, &mut w5);
             assert_eq!(w5, ids[110..115]);
         }
+    }
+
+    /// Found by tests/fuzz_loaders.rs: a count of 2^63 + n (u16 ids) or 2^62 + n (u32 ids)
+    /// made count × width wrap to the true length, and the first read panicked out of bounds.
+    #[test]
+    fn a_count_whose_size_overflows_is_rejected_not_read_out_of_bounds() {
+        let dir = tempfile::tempdir().unwrap();
+        for (vocab, wrap) in [(256usize, 1u64 << 63), (70_000, 1 << 62)] {
+            let path = dir.path().join(format!("w{vocab}.tokens"));
+            let mut w = TokenWriter::create(&path, vocab).unwrap();
+            w.push(&[1, 2, 3, 4]).unwrap();
+            w.finish().unwrap();
+            let mut bytes = std::fs::read(&path).unwrap();
+            bytes[16..24].copy_from_slice(&(4 + wrap).to_le_bytes());
+            std::fs::write(&path, bytes).unwrap();
+            let e = TokenFile::open(&path).err().unwrap().to_string();
+            assert!(e.contains("truncated token file"), "{e}");
+        }
+    }
+
+    #[test]
+    fn an_id_outside_the_vocabulary_is_named_by_check_ids() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("v.tokens");
+        let mut w = TokenWriter::create(&path, 256).unwrap();
+        w.push(&[1, 2, 3, 4]).unwrap();
+        w.finish().unwrap();
+        assert!(TokenFile::open(&path).unwrap().check_ids().is_ok());
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[HEADER + 4..HEADER + 6].copy_from_slice(&300u16.to_le_bytes());
+        std::fs::write(&path, bytes).unwrap();
+        let e = TokenFile::open(&path)
+            .unwrap()
+            .check_ids()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("v.tokens") && e.contains("token 2 is id 300"),
+            "{e}"
+        );
     }
 
     #[test]

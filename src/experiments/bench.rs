@@ -4,7 +4,7 @@ use crate::config::{AttentionKind, ModelConfig};
 use crate::error::{Error, Result};
 use crate::kernels::adamw::AdamWParams;
 use crate::kernels::Precision;
-use crate::model::{Model, Workspace};
+use crate::model::{memory::Need, Model, Workspace};
 use crate::train::Optimizer;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -104,6 +104,9 @@ pub fn bench_train(
     mut on_step: impl FnMut(usize, f64),
 ) -> Result<TrainBench> {
     let t = config.max_position_embeddings;
+    Need::training(config, batch, t).check(&format!(
+        "training with --batch {batch} at a context of {t}"
+    ))?;
     let mut model = Model::init(config.clone(), 0)?;
     model.precision = precision;
     let mut ws = Workspace::new(&model, batch, t);
@@ -161,7 +164,7 @@ pub fn bench_train(
         flops_per_step: flops,
         gflops: flops / (median / 1e3) / 1e9,
         peak_rss_bytes: peak_rss_bytes(),
-        state_bytes: 4 * 4 * model.num_params() as u64,
+        state_bytes: Need::training(config, batch, t).params as u64,
         workspace_bytes: ws.bytes() as u64,
         precision: self::precision(ws.precision),
         losses,

@@ -3,7 +3,7 @@
 
 use crate::error::{Error, Result};
 use crate::infer::sample::{sample, Sampling};
-use crate::model::{KvCache, Model, Workspace};
+use crate::model::{memory::Need, KvCache, Model, Workspace};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use std::time::Instant;
@@ -96,6 +96,9 @@ fn generate_in_pool(
         return Ok(out);
     }
     let longest = used.iter().map(|p| p.len()).max().unwrap_or(1);
+    Need::inference(&model.config, &[(b, longest)], b, ctx).check(&format!(
+        "generating for {b} prompts of up to {longest} tokens with a context of {ctx}"
+    ))?;
     let mut ws = Workspace::new(model, b, longest);
     if ws.precision.is_bf16() {
         // `--bf16`: weights packed once, for prefill and decode (`Workspace::keep_bf16_weights`)

@@ -1,7 +1,7 @@
 //! Mean next-token cross-entropy of a token stream over non-overlapping context windows.
 
 use crate::error::{Error, Result};
-use crate::model::{Model, Workspace};
+use crate::model::{memory::Need, Model, Workspace};
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct EvalResult {
@@ -29,6 +29,9 @@ pub fn evaluate_loss(
     }
     let t = model.config.max_position_embeddings;
     let starts: Vec<usize> = (0..ids.len() - 1).step_by(t).collect();
+    Need::inference(&model.config, &[(batch.max(1), t)], 0, 0).check(&format!(
+        "evaluating with --batch {batch} at a context of {t}"
+    ))?;
     let mut ws = Workspace::new(model, batch.max(1), t);
     let (mut sum, mut count) = (0f64, 0usize);
     let (mut inputs, mut targets) = (Vec::new(), Vec::new());

@@ -100,33 +100,66 @@ pub struct LayerActs {
 }
 
 impl LayerActs {
-    pub fn new(d: &Dims, n: usize, b: usize, t: usize) -> Self {
-        let z = crate::kernels::zeroed;
+    /// The lengths of its buffers in the order of its fields, for N = B·T tokens; saturating,
+    /// so that absurd sizes can be counted (and refused) before anything is allocated.
+    pub fn lens(d: &Dims, n: usize, b: usize, t: usize) -> [usize; 18] {
+        let m = usize::saturating_mul;
         let diff = d.kind.is_diff();
+        let lam = if d.kind == AttentionKind::DiffV2 {
+            d.h
+        } else {
+            0
+        };
+        let (comb, y) = (
+            if diff { d.out } else { 0 },
+            if d.subln { d.out } else { 0 },
+        );
+        let sub = if d.subln { d.h } else { 0 };
+        [
+            m(n, d.c),
+            m(n, d.c),
+            n,
+            m(n, d.q_width()),
+            m(n, d.k_width()),
+            m(n, d.v_width()),
+            m(n, d.o_width()),
+            m(m(b, d.shape.nq), t),
+            m(n, lam),
+            m(n, comb),
+            m(n, y),
+            m(n, sub),
+            m(n, d.c),
+            m(n, d.c),
+            n,
+            m(n, d.f),
+            m(n, d.f),
+            m(n, d.f),
+        ]
+    }
+
+    pub fn new(d: &Dims, n: usize, b: usize, t: usize) -> Self {
+        let [x_in, ln1, rstd1, q, k, v, o, lse, lam, comb, y, sub_rstd, x_mid, ln2, rstd2, gate, up, hid] =
+            Self::lens(d, n, b, t).map(crate::kernels::zeroed);
         LayerActs {
-            x_in: z(n * d.c),
-            ln1: z(n * d.c),
-            rstd1: z(n),
-            q: z(n * d.q_width()),
-            k: z(n * d.k_width()),
-            v: z(n * d.v_width()),
-            o: z(n * d.o_width()),
-            lse: z(b * d.shape.nq * t),
-            lam: z(if d.kind == AttentionKind::DiffV2 {
-                n * d.h
-            } else {
-                0
-            }),
-            comb: z(if diff { n * d.out } else { 0 }),
-            y: z(if d.subln { n * d.out } else { 0 }),
-            sub_rstd: z(if d.subln { n * d.h } else { 0 }),
+            x_in,
+            ln1,
+            rstd1,
+            q,
+            k,
+            v,
+            o,
+            lse,
+            lam,
+            comb,
+            y,
+            sub_rstd,
             lambda_parts: (0.0, 0.0, 0.0),
-            x_mid: z(n * d.c),
-            ln2: z(n * d.c),
-            rstd2: z(n),
-            gate: z(n * d.f),
-            up: z(n * d.f),
-            hid: z(n * d.f),
+            x_mid,
+            ln2,
+            rstd2,
+            gate,
+            up,
+            hid,
         }
     }
 
@@ -158,20 +191,39 @@ pub struct Scratch {
 }
 
 impl Scratch {
+    /// The lengths of its buffers in the order of its fields (saturating, as `LayerActs::lens`).
+    pub fn lens(d: &Dims, n: usize) -> [usize; 11] {
+        let m = usize::saturating_mul;
+        [
+            m(n, d.c),
+            m(n, d.out),
+            m(n, d.out),
+            m(n, d.h),
+            m(n, d.shape.nq),
+            m(n, d.q_width()),
+            m(n, d.k_width()),
+            m(n, d.v_width()),
+            m(n, d.f),
+            m(n, d.f),
+            m(n, d.f),
+        ]
+    }
+
     pub fn new(d: &Dims, n: usize) -> Self {
-        let z = crate::kernels::zeroed;
+        let [dln, dattn, dcomb, dlam, delta, dq, dk, dv, dhid, dgate, dup] =
+            Self::lens(d, n).map(crate::kernels::zeroed);
         Scratch {
-            dln: z(n * d.c),
-            dattn: z(n * d.out),
-            dcomb: z(n * d.out),
-            dlam: z(n * d.h),
-            delta: z(n * d.shape.nq),
-            dq: z(n * d.q_width()),
-            dk: z(n * d.k_width()),
-            dv: z(n * d.v_width()),
-            dhid: z(n * d.f),
-            dgate: z(n * d.f),
-            dup: z(n * d.f),
+            dln,
+            dattn,
+            dcomb,
+            dlam,
+            delta,
+            dq,
+            dk,
+            dv,
+            dhid,
+            dgate,
+            dup,
         }
     }
 }

@@ -5,6 +5,7 @@ pub mod bf16_weights;
 pub mod block;
 pub mod checkpoint;
 pub mod kv_cache;
+pub mod memory;
 #[allow(clippy::module_inception)]
 pub mod model;
 pub mod quant_weights;

@@ -77,6 +77,8 @@ pub struct Workspace {
     /// the model's `precision` when this was made, which its buffers are sized for and every
     /// pass through it runs in
     pub precision: Precision,
+    /// `Workspace::bytes_for` of its sizes
+    buffer_bytes: usize,
 }
 
 /// Standard normal samples by Box–Muller from a seeded generator.
@@ -475,32 +477,59 @@ impl Workspace {
         crate::kernels::prepare_threads(widest, shared, batch * seq, heads, model.precision);
         let n = batch * seq;
         let z = crate::kernels::zeroed;
+        let [x, lnf, rstdf, logits, losses, ce_lse, dx, dlnf, dlogits] =
+            Self::top_lens(c, n).map(z);
         Workspace {
             batch,
             seq,
             layers: (0..c.num_hidden_layers)
                 .map(|_| LayerActs::new(d, n, batch, seq))
                 .collect(),
-            x: z(n * c.hidden_size),
+            x,
             hidden: Vec::new(),
             keep_hidden: false,
             logit_bits: None,
-            lnf: z(n * c.hidden_size),
-            rstdf: z(n),
-            logits: z(n * c.vocab_size),
-            losses: z(n),
-            ce_lse: z(n),
+            lnf,
+            rstdf,
+            logits,
+            losses,
+            ce_lse,
             tokens: vec![0; n],
             targets: vec![0; n],
             positions: vec![0; batch],
             scratch: Scratch::new(d, n),
-            dx: z(n * c.hidden_size),
-            dlnf: z(n * c.hidden_size),
-            dlogits: z(n * c.vocab_size),
+            dx,
+            dlnf,
+            dlogits,
             cur: (0, 0),
             bf16: None,
             precision: model.precision,
+            buffer_bytes: Self::bytes_for(c, batch, seq),
         }
+    }
+
+    /// The lengths of the f32 buffers outside the blocks, in the order x, lnf, rstdf, logits,
+    /// losses, ce_lse, dx, dlnf, dlogits (saturating, as `LayerActs::lens`).
+    fn top_lens(c: &ModelConfig, n: usize) -> [usize; 9] {
+        let m = usize::saturating_mul;
+        let (dm, v) = (m(n, c.hidden_size), m(n, c.vocab_size));
+        [dm, dm, n, v, n, n, dm, dm, v]
+    }
+
+    /// Bytes of the buffers `Workspace::new(model, batch, seq)` allocates for a model of
+    /// `config` (bf16 weight copies aside): the figure `difftx bench memory` reports and the
+    /// memory checks refuse absurd sizes with, computable before allocating (saturating: an
+    /// overflow reads as `usize::MAX`).
+    pub fn bytes_for(config: &ModelConfig, batch: usize, seq: usize) -> usize {
+        let sum = |l: &[usize]| l.iter().fold(0, |a: usize, &x| a.saturating_add(x));
+        let d = Dims::new(config);
+        let n = batch.saturating_mul(seq);
+        let floats = sum(&LayerActs::lens(&d, n, batch, seq))
+            .saturating_mul(config.num_hidden_layers)
+            .saturating_add(sum(&Scratch::lens(&d, n)))
+            .saturating_add(sum(&Self::top_lens(config, n)));
+        // f32 buffers and the two u32 token buffers
+        floats.saturating_add(n.saturating_mul(2)).saturating_mul(4)
     }
 
     /// Keeps bf16 copies (round to nearest even) of `model`'s weights as they are now, which
@@ -535,51 +564,7 @@ impl Workspace {
 
     /// Bytes of all buffers.
     pub fn bytes(&self) -> usize {
-        let acts: usize = self
-            .layers
-            .iter()
-            .map(|a| {
-                [
-                    &a.x_in,
-                    &a.ln1,
-                    &a.rstd1,
-                    &a.q,
-                    &a.k,
-                    &a.v,
-                    &a.o,
-                    &a.lse,
-                    &a.lam,
-                    &a.comb,
-                    &a.y,
-                    &a.sub_rstd,
-                    &a.x_mid,
-                    &a.ln2,
-                    &a.rstd2,
-                    &a.gate,
-                    &a.up,
-                    &a.hid,
-                ]
-                .iter()
-                .map(|v| v.len())
-                .sum::<usize>()
-            })
-            .sum();
-        let s = &self.scratch;
-        let scratch: usize = [
-            &s.dln, &s.dattn, &s.dcomb, &s.dlam, &s.delta, &s.dq, &s.dk, &s.dv, &s.dhid, &s.dgate,
-            &s.dup,
-        ]
-        .iter()
-        .map(|v| v.len())
-        .sum();
-        let top = self.x.len()
-            + self.lnf.len()
-            + self.rstdf.len()
-            + self.logits.len() * 2
-            + self.losses.len() * 2
-            + self.dx.len() * 2;
-        4 * (acts + scratch + top + self.tokens.len() * 2)
-            + self.bf16.as_ref().map_or(0, |b| b.bytes())
+        self.buffer_bytes + self.bf16.as_ref().map_or(0, |b| b.bytes())
     }
 }
 

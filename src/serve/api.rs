@@ -138,6 +138,67 @@ pub fn prompts(req: &Value) -> ApiResult<Vec<Prompt>> {
     Ok(out)
 }
 
+/// A /v1/completions request: its settings (16 tokens unless `max_tokens` says) and prompts.
+pub fn completion_request(req: &Value) -> ApiResult<(Settings, Vec<Prompt>)> {
+    Ok((settings(req, &["max_tokens"], 16)?, prompts(req)?))
+}
+
+/// A /v1/chat/completions request: its messages and settings (`max_tokens` `usize::MAX` when
+/// no limit is given: the caller answers up to the end of the context).
+pub fn chat_request(req: &Value) -> ApiResult<(&[Value], Settings)> {
+    let Some(Value::Array(messages)) = req.get("messages") else {
+        return Err(ApiError::bad(
+            "messages",
+            "messages must be a list of {role, content} objects",
+        ));
+    };
+    let set = settings(req, &["max_tokens", "max_completion_tokens"], usize::MAX)?;
+    Ok((messages, set))
+}
+
+/// What /tokenize turns into tokens.
+pub enum ToTokenize<'a> {
+    Text(&'a str),
+    Messages(&'a [Value]),
+}
+
+/// A /tokenize request: `{"prompt": text}` or `{"messages": [...]}`.
+pub fn tokenize_request(req: &Value) -> ApiResult<ToTokenize<'_>> {
+    match (req.get("prompt"), req.get("messages")) {
+        (Some(Value::String(s)), _) => Ok(ToTokenize::Text(s)),
+        (_, Some(Value::Array(m))) => Ok(ToTokenize::Messages(m)),
+        _ => Err(ApiError::bad(
+            "prompt",
+            "give \"prompt\" (a string) or \"messages\"",
+        )),
+    }
+}
+
+/// A /detokenize request: `{"tokens": [ids]}`, each id inside a vocabulary of `vocab`.
+pub fn detokenize_request(req: &Value, vocab: usize) -> ApiResult<Vec<u32>> {
+    let Ok(Prompt::Ids(ids)) =
+        prompts(&json!({"prompt": req.get("tokens")})).map(|mut p| p.remove(0))
+    else {
+        return Err(ApiError::bad(
+            "tokens",
+            "tokens must be a list of token ids",
+        ));
+    };
+    check_ids(&ids, vocab, "tokens")?;
+    Ok(ids)
+}
+
+/// Refuses a token id outside a vocabulary of `vocab`, naming the field `param`.
+pub fn check_ids(ids: &[u32], vocab: usize, param: &'static str) -> ApiResult<()> {
+    match ids.iter().find(|&&t| t as usize >= vocab) {
+        None => Ok(()),
+        Some(bad) => Err(ApiError::bad(
+            param,
+            format!("token id {bad} is outside the vocabulary of {vocab} tokens"),
+        )),
+    }
+}
+
 fn number(req: &Value, key: &'static str) -> ApiResult<Option<f64>> {
     match req.get(key) {
         None | Some(Value::Null) => Ok(None),

@@ -19,7 +19,7 @@
 use crate::error::{Error, Result};
 use crate::experiments::attention_stats::{head_maps, HeadMaps};
 use crate::infer::sample::{sample, Sampling};
-use crate::model::{KvCache, Model, Workspace};
+use crate::model::{memory::Need, KvCache, Model, Workspace};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -145,7 +145,13 @@ impl<'m> Engine<'m> {
                 "the engine needs parallel >= 1 and chunk >= 1".into(),
             ));
         }
-        let chunk = opts.chunk.min(model.config.max_position_embeddings);
+        let ctx = model.config.max_position_embeddings;
+        let chunk = opts.chunk.min(ctx);
+        let workspaces = [(opts.parallel, 1), (1, chunk)];
+        Need::inference(&model.config, &workspaces, opts.parallel, ctx).check(&format!(
+            "serving --parallel {} sequences of up to {ctx} tokens",
+            opts.parallel
+        ))?;
         let mut decode_ws = Workspace::new(model, opts.parallel, 1);
         let mut prefill_ws = Workspace::new(model, 1, chunk);
         if model.precision.is_bf16() {

@@ -1,7 +1,7 @@
 //! The routes: each handler checks the key and the request, then queues jobs (`run::Run`) or
 //! answers from the tokenizer; every failure is an OpenAI error object.
 
-use super::api::{self, ApiError, ApiResult, Prompt};
+use super::api::{self, ApiError, ApiResult, Prompt, ToTokenize};
 use super::run::{Api, Run};
 use super::{App, Ready};
 use crate::error::{Error, Result};
@@ -185,15 +185,7 @@ pub(super) fn encode_one(ready: &Ready, p: &Prompt) -> ApiResult<(Vec<u32>, Stri
             (i, s.clone())
         }
         Prompt::Ids(i) => {
-            if let Some(bad) = i.iter().find(|&&t| t as usize >= ready.vocab) {
-                return Err(ApiError::bad(
-                    "prompt",
-                    format!(
-                        "token id {bad} is outside the vocabulary of {} tokens",
-                        ready.vocab
-                    ),
-                ));
-            }
+            api::check_ids(i, ready.vocab, "prompt")?;
             (i.clone(), ready.tok.decode(i).unwrap_or_default())
         }
     };
@@ -253,8 +245,7 @@ async fn completions(State(app): AppState, headers: HeaderMap, body: Body) -> Re
     answer(
         async {
             let (ready, req) = request(&app, &headers, body).await?;
-            let set = api::settings(&req, &["max_tokens"], 16)?;
-            let prompts = api::prompts(&req)?;
+            let (set, prompts) = api::completion_request(&req)?;
             let (ids, texts) = encode(&ready, &prompts, set.max_tokens)?;
             let stream = set.stream;
             respond(
@@ -271,18 +262,11 @@ async fn chat(State(app): AppState, headers: HeaderMap, body: Body) -> Response 
     answer(
         async {
             let (ready, req) = request(&app, &headers, body).await?;
-            let Some(Value::Array(messages)) = req.get("messages") else {
-                return Err(ApiError::bad(
-                    "messages",
-                    "messages must be a list of {role, content} objects",
-                ));
-            };
+            let (messages, mut set) = api::chat_request(&req)?;
             let text = ready
                 .chat
                 .render(messages)
                 .map_err(|e| ApiError::bad("messages", e))?;
-            let mut set =
-                api::settings(&req, &["max_tokens", "max_completion_tokens"], usize::MAX)?;
             let ids = ready
                 .tok
                 .encode(&text)
@@ -307,18 +291,12 @@ async fn tokenize(State(app): AppState, headers: HeaderMap, body: Body) -> Respo
     answer(
         async {
             let (ready, req) = request(&app, &headers, body).await?;
-            let text = match (req.get("prompt"), req.get("messages")) {
-                (Some(Value::String(s)), _) => s.clone(),
-                (_, Some(Value::Array(m))) => ready
+            let text = match api::tokenize_request(&req)? {
+                ToTokenize::Text(s) => s.to_string(),
+                ToTokenize::Messages(m) => ready
                     .chat
                     .render(m)
                     .map_err(|e| ApiError::bad("messages", e))?,
-                _ => {
-                    return Err(ApiError::bad(
-                        "prompt",
-                        "give \"prompt\" (a string) or \"messages\"",
-                    ))
-                }
             };
             let ids = ready
                 .tok
@@ -337,23 +315,7 @@ async fn detokenize(State(app): AppState, headers: HeaderMap, body: Body) -> Res
     answer(
         async {
             let (ready, req) = request(&app, &headers, body).await?;
-            let Ok(Prompt::Ids(ids)) =
-                api::prompts(&json!({"prompt": req.get("tokens")})).map(|mut p| p.remove(0))
-            else {
-                return Err(ApiError::bad(
-                    "tokens",
-                    "tokens must be a list of token ids",
-                ));
-            };
-            if let Some(bad) = ids.iter().find(|&&t| t as usize >= ready.vocab) {
-                return Err(ApiError::bad(
-                    "tokens",
-                    format!(
-                        "token id {bad} is outside the vocabulary of {}",
-                        ready.vocab
-                    ),
-                ));
-            }
+            let ids = api::detokenize_request(&req, ready.vocab)?;
             let text = ready
                 .tok
                 .decode(&ids)

@@ -159,15 +159,19 @@ pub fn save_checkpoint(
         std::fs::create_dir(&tmp).map_err(|e| Error::io(&tmp, e))?;
         let mut manifest = Manifest::begin(&tmp)?;
         model.save_files(&tmp, &mut manifest)?;
+        test_pause();
         if let Some(t) = tokenizer {
             let bytes = std::fs::read(t).map_err(|e| Error::io(t, e))?;
             manifest.write(&tmp, crate::data::tokenizer::TOKENIZER_FILE, &bytes)?;
         }
         manifest.write(&tmp, OPTIMIZER_FILE, &optimizer_bytes(model, opt)?)?;
+        test_pause();
         let js = serde_json::to_string_pretty(state).expect("json");
         manifest.write(&tmp, STATE_FILE, js.as_bytes())?;
+        test_pause();
         manifest.finish(&tmp)?;
         sync_dir(&tmp).map_err(|e| Error::io(&tmp, e))?;
+        test_pause();
         if fin.exists() {
             // a damaged leftover of an earlier attempt at this step (resume skipped it)
             std::fs::remove_dir_all(&fin).map_err(|e| Error::io(&fin, e))?;
@@ -199,6 +203,22 @@ pub fn save_checkpoint(
         }
     }
     Ok(fin)
+}
+
+/// Test hook: with `DIFFTX_TEST_SAVE_PAUSE_MS=N` set, a checkpoint write sleeps N ms after each
+/// of its files, so that tests/train.rs's SIGKILLs at random moments land inside writes on any
+/// disk. It only sleeps: what is written, and in which order, is the same.
+fn test_pause() {
+    static MS: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    let ms = *MS.get_or_init(|| {
+        std::env::var("DIFFTX_TEST_SAVE_PAUSE_MS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    });
+    if ms > 0 {
+        std::thread::sleep(std::time::Duration::from_millis(ms));
+    }
 }
 
 fn optimizer_bytes(model: &Model, opt: &Optimizer) -> Result<Vec<u8>> {

@@ -23,7 +23,7 @@ use crate::error::{Error, Result};
 use crate::kernels::adamw::AdamWParams;
 use crate::kernels::Precision;
 use crate::model::attention::lambda_full;
-use crate::model::{Model, Workspace};
+use crate::model::{memory::Need, Model, Workspace};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
@@ -251,6 +251,9 @@ pub fn prepare_run(
     if let Some(r) = &recorded {
         run.check_resumes(r, out)?;
     }
+    let (b, t) = (run.train.batch, run.model.max_position_embeddings);
+    Need::training(&run.model, b, t)
+        .check(&format!("training with --batch {b} and --context {t}"))?;
     if run.data.data.is_empty() {
         return Err(Error::Invalid(
             "no training data: pass --data FILE|FOLDER|GLOB".into(),

@@ -1,0 +1,109 @@
+//! What a use of a model needs in memory, counted from its config and the sizes asked for
+//! (`--batch`, `--context`, prompts, `--parallel`) before anything is allocated, so that an
+//! absurd figure is refused in one line instead of aborting on an allocation. The figures are
+//! the buffers' own sizes (`Workspace::bytes_for`, `KvCache::bytes_for`), the ones
+//! `difftx bench memory` reports.
+
+use super::{KvCache, Workspace};
+use crate::config::{check_memory, ModelConfig};
+use crate::error::{Error, Result};
+
+/// Bytes by kind; each saturates rather than overflows.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Need {
+    /// f32 parameters, and for training their gradients and AdamW's two moments
+    pub params: usize,
+    /// activations and scratch of the workspaces
+    pub workspace: usize,
+    /// the KV caches
+    pub kv: usize,
+}
+
+impl Need {
+    /// Training `batch` windows of `seq` tokens: parameters, gradients, m and v, one workspace.
+    pub fn training(config: &ModelConfig, batch: usize, seq: usize) -> Self {
+        Need {
+            params: config.num_params().saturating_mul(16),
+            workspace: Workspace::bytes_for(config, batch, seq),
+            kv: 0,
+        }
+    }
+
+    /// Inference: the weights, workspaces of (batch, seq) each, and `caches` KV caches of up
+    /// to `cache_len` tokens each.
+    pub fn inference(
+        config: &ModelConfig,
+        workspaces: &[(usize, usize)],
+        caches: usize,
+        cache_len: usize,
+    ) -> Self {
+        let workspace = workspaces.iter().fold(0usize, |a, &(b, t)| {
+            a.saturating_add(Workspace::bytes_for(config, b, t))
+        });
+        Need {
+            params: config.num_params().saturating_mul(4),
+            workspace,
+            kv: KvCache::bytes_for(config, cache_len).saturating_mul(caches),
+        }
+    }
+
+    pub fn total(&self) -> usize {
+        self.params
+            .saturating_add(self.workspace)
+            .saturating_add(self.kv)
+    }
+
+    /// Refuses, in one line naming `what` (the flags or input that set the sizes), the figure
+    /// and this machine's memory, a need the machine cannot hold.
+    pub fn check(&self, what: &str) -> Result<()> {
+        let gib = |b: usize| b as f64 / f64::from(1u32 << 30);
+        let mut parts = vec![format!("parameters {:.1} GiB", gib(self.params))];
+        parts.push(format!(
+            "activations and scratch {:.1} GiB",
+            gib(self.workspace)
+        ));
+        if self.kv > 0 {
+            parts.push(format!("KV caches {:.1} GiB", gib(self.kv)));
+        }
+        let detail = format!("({})", parts.join(", "));
+        check_memory(what, self.total() as f64, &detail).map_err(Error::Invalid)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{AttentionKind, Preset};
+    use crate::model::Model;
+
+    #[test]
+    fn the_need_is_what_the_buffers_allocate() {
+        for kind in AttentionKind::ALL {
+            let m = Model::init(ModelConfig::preset(Preset::Tiny, kind), 1).unwrap();
+            let (b, t) = (3, 7);
+            let ws = Workspace::new(&m, b, t);
+            assert_eq!(Need::training(&m.config, b, t).workspace, ws.bytes());
+            let kv = KvCache::new(&m, 5);
+            let need = Need::inference(&m.config, &[(b, t)], 2, 5);
+            assert_eq!(need.kv, 2 * kv.bytes());
+            assert_eq!(need.params, 4 * m.params.len());
+        }
+    }
+
+    #[test]
+    fn absurd_sizes_are_refused_with_the_figure_and_the_machine_s_memory() {
+        let c = ModelConfig::preset(Preset::Tiny, AttentionKind::DiffV1);
+        assert!(Need::training(&c, 4, 32).check("--batch 4").is_ok());
+        for (b, t) in [(1 << 40, 32), (usize::MAX, usize::MAX), (1 << 20, 1 << 20)] {
+            let e = Need::training(&c, b, t).check("--batch N").unwrap_err();
+            let e = e.to_string();
+            assert!(
+                e.contains("--batch N would need") && e.contains("GiB of memory"),
+                "{e}"
+            );
+            assert_eq!(e.lines().count(), 1);
+        }
+        let e = Need::inference(&c, &[(1, 1)], 1 << 40, usize::MAX).check("1099511627776 prompts");
+        assert!(e.unwrap_err().to_string().contains("KV caches"));
+    }
+}
