@@ -95,8 +95,8 @@ for r in $(seq "$rounds"); do
   for f in "${formats[@]}"; do
     lb=$("$llama/llama-bench" -m "$tmp/$f.gguf" -p 512 -n 128 -d 0,512 -t "$threads" -r 3 -o json 2>/dev/null)
     read -r -a fl <<< "$(difftx_flags "$f")"
-    d0=$("$bin" --threads "$threads" "${fl[@]}" bench decode --model "$tmp/model" --prompt-len 1 --new-tokens 128 --reps 3 --json)
-    d512=$("$bin" --threads "$threads" "${fl[@]}" bench decode --model "$tmp/model" --prompt-len 512 --new-tokens 128 --reps 3 --json)
+    d0=$("$bin" --threads "$threads" bench decode "${fl[@]}" --model "$tmp/model" --prompt-len 1 --new-tokens 128 --reps 3 --json)
+    d512=$("$bin" --threads "$threads" bench decode "${fl[@]}" --model "$tmp/model" --prompt-len 512 --new-tokens 128 --reps 3 --json)
     vals=("$(llama_ts "$lb" 0 128 0)" "$(field "$d0" decode_tokens_per_s)"
           "$(llama_ts "$lb" 0 128 512)" "$(field "$d512" decode_tokens_per_s)"
           "$(llama_ts "$lb" 512 0 0)" "$(field "$d512" prefill_tokens_per_s)")
