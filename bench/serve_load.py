@@ -38,6 +38,7 @@ def one_request(host, port, prompt, tokens, model, hang_up_after=None):
         "max_tokens": tokens,
         "temperature": 0,
         "stream": True,
+        "stream_options": {"include_usage": True},
         "ignore_eos": True,
     }
     if model:
@@ -50,7 +51,7 @@ def one_request(host, port, prompt, tokens, model, hang_up_after=None):
         resp.read()
         conn.close()
         raise RuntimeError(f"status {resp.status}")
-    first, n = None, 0
+    first, n, usage = None, 0, None
     while True:
         line = resp.readline()
         if not line:
@@ -62,8 +63,10 @@ def one_request(host, port, prompt, tokens, model, hang_up_after=None):
         if data == b"[DONE]":
             break
         chunk = json.loads(data)
+        if chunk.get("usage"):
+            usage = chunk["usage"].get("completion_tokens")
         if chunk.get("choices"):
-            # llama-server and difftx send one chunk per token
+            # a chunk per token, unless the server holds back partial characters
             n += 1
             if first is None:
                 first = time.perf_counter() - t0
@@ -72,7 +75,9 @@ def one_request(host, port, prompt, tokens, model, hang_up_after=None):
                 conn.close()
                 return None, time.perf_counter() - t0, n
     conn.close()
-    return first, time.perf_counter() - t0, n
+    # a server may hold back bytes that do not yet make a whole UTF-8 character and send
+    # several tokens in one chunk (llama-server does): its own count, where it gives one
+    return first, time.perf_counter() - t0, usage if usage is not None else n
 
 
 def rss_kib(pid, field="VmHWM"):
