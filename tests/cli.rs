@@ -883,6 +883,26 @@ fn readme_and_help_give_the_same_timings() {
     }
 }
 
+/// An unknown `--kv-cache` type is one line naming it, before any model is read.
+#[test]
+fn an_unknown_kv_cache_type_is_one_line() {
+    for args in [
+        &[
+            "generate",
+            "--model",
+            "nowhere",
+            "--prompt",
+            "a",
+            "--kv-cache",
+            "f16",
+        ][..],
+        &["bench", "decode", "--preset", "tiny", "--kv-cache", "f16"],
+        &["serve", "--model", "nowhere", "--kv-cache", "f16"],
+    ] {
+        fails_with(&difftx(args), &["--kv-cache", "`f16`", "f32 or bf16"]);
+    }
+}
+
 /// An unknown `--quant` name is one line naming it, before any model is read.
 #[test]
 fn an_unknown_quant_name_is_one_line() {

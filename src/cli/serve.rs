@@ -42,10 +42,13 @@ pub struct ServeArgs {
     /// directory's name].
     #[arg(long)]
     pub name: Option<String>,
+    #[arg(long, default_value = "f32", help = super::KV_CACHE_HELP)]
+    pub kv_cache: String,
 }
 
 pub fn run(a: ServeArgs, precision: Precision) -> Result<()> {
     // `--quant` (quantised weights) will choose the weights here, beside `precision`.
+    let kv_cache = super::kv_kind(&a.kv_cache)?;
     let name = a.name.clone().unwrap_or_else(|| {
         let p = a.model.canonicalize().unwrap_or_else(|_| a.model.clone());
         p.file_name()
@@ -72,7 +75,11 @@ pub fn run(a: ServeArgs, precision: Precision) -> Result<()> {
         grace: Duration::from_secs_f64(a.grace),
     };
     let model = a.model.clone();
-    let load = Box::new(move || super::load_model(&model, precision).map_err(|e| format!("{e:#}")));
+    let load = Box::new(move || {
+        let (mut m, dir) = super::load_model(&model, precision).map_err(|e| format!("{e:#}"))?;
+        m.kv_cache = kv_cache;
+        Ok((m, dir))
+    });
     serve(opts, load, |addr| {
         eprintln!("difftx serve: listening on http://{addr} (loading the model)");
     })?;
