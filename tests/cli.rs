@@ -883,6 +883,55 @@ fn readme_and_help_give_the_same_timings() {
     }
 }
 
+/// An unknown `--kv-cache` type is one line naming it, before any model is read.
+#[test]
+fn an_unknown_kv_cache_type_is_one_line() {
+    for args in [
+        &[
+            "generate",
+            "--model",
+            "nowhere",
+            "--prompt",
+            "a",
+            "--kv-cache",
+            "f16",
+        ][..],
+        &["bench", "decode", "--preset", "tiny", "--kv-cache", "f16"],
+        &["serve", "--model", "nowhere", "--kv-cache", "f16"],
+    ] {
+        fails_with(&difftx(args), &["--kv-cache", "`f16`", "f32 or bf16"]);
+    }
+}
+
+/// `--quant` on a model whose SwiGLU width (200) is not a multiple of 32: the other matrices are
+/// quantised and the command runs, and one stderr line names the down projections left f32.
+#[test]
+fn quant_names_the_matrices_it_leaves_f32() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut c = difftx::ModelConfig::preset(difftx::Preset::Tiny, difftx::AttentionKind::DiffV1);
+    c.intermediate_size = 200;
+    let m = tmp.path().join("m");
+    difftx::Model::init(c, 0).unwrap().save(&m).unwrap();
+    let data = text_file(tmp.path(), "a.txt", "the cat sat on the mat");
+    let (m, data) = (m.to_str().unwrap(), data.to_str().unwrap());
+    let f32_loss = eval(Path::new(m), Path::new(data));
+    let o = difftx(&["eval", "--model", m, "--data", data, "--quant", "q4_0"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    let line: Vec<&str> = err.lines().filter(|l| l.contains("stay f32")).collect();
+    assert_eq!(line.len(), 1, "{err}");
+    assert!(
+        line[0].starts_with("--quant q4_0: 2 matrices stay f32"),
+        "{err}"
+    );
+    assert!(
+        line[0].contains("model.layers.1.mlp.down_proj.weight"),
+        "{err}"
+    );
+    // the rest was quantised: the loss moved
+    assert_ne!(o.stdout, f32_loss.stdout);
+}
+
 /// An unknown `--quant` name is one line naming it, before any model is read.
 #[test]
 fn an_unknown_quant_name_is_one_line() {

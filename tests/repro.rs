@@ -88,6 +88,64 @@ fn quick_repro_writes_a_report_with_a_row_for_every_kind() {
         );
         assert!(a.is_finite() && n.is_finite(), "{r}");
     }
+    assert_weight_quantisation(&md, &results, lm_runs);
+}
+
+/// The low-bit weights and activations section and its JSON: a row per kind, size and format
+/// (3 × 3 × 2), finite losses whose f32 column is the language-modelling run's own validation
+/// loss, q8_0 within 2% of f32 and q4_0 within 10%, and the blocks in use (some loss differs).
+fn assert_weight_quantisation(
+    md: &str,
+    results: &serde_json::Value,
+    lm_runs: &[serde_json::Value],
+) {
+    let section = md
+        .split("## Low-bit weights and activations (GGUF Q8_0 and Q4_0)")
+        .nth(1)
+        .expect("the weight quantisation section")
+        .split("\n## ")
+        .next()
+        .unwrap();
+    assert!(md.find("## Low-bit attention") < md.find("## Low-bit weights"));
+    assert!(
+        section.contains("| q8_0 loss | q8_0 Δ % | q4_0 loss | q4_0 Δ % |"),
+        "{section}"
+    );
+    for kind in ["standard", "diff_v1", "diff_v2"] {
+        let rows = section
+            .lines()
+            .filter(|l| l.starts_with(&format!("| {kind} |")));
+        assert_eq!(rows.count(), 3, "{kind}\n{section}");
+    }
+    assert!(section.contains("- q4_0: the loss rises by"), "{section}");
+    let wq = results["weight_quantisation"].as_array().unwrap();
+    assert_eq!(wq.len(), 18, "{wq:?}");
+    let mut changed = std::collections::HashSet::new();
+    for w in wq {
+        let num = |k: &str| w[k][0].as_f64().unwrap();
+        let (f32_loss, loss, inc) = (num("f32_loss"), num("loss"), num("increase_pct"));
+        assert!(
+            f32_loss.is_finite() && loss.is_finite() && loss > 0.0,
+            "{w}"
+        );
+        assert!(
+            (inc - 100.0 * (loss - f32_loss) / f32_loss).abs() < 1e-9,
+            "{w}"
+        );
+        let own = lm_runs
+            .iter()
+            .find(|r| r["variant"] == false && r["kind"] == w["kind"] && r["size"] == w["size"])
+            .expect("the LM run");
+        assert_eq!(own["val_loss"].as_f64().unwrap(), f32_loss, "{w}");
+        let bound = if w["format"] == "q8_0" { 2.0 } else { 10.0 };
+        assert!(inc.abs() < bound, "{w}");
+        let share = w["quantised_share"].as_f64().unwrap();
+        assert!(share > 0.0 && share <= 1.0, "{w}");
+        if loss != f32_loss {
+            changed.insert(w["format"].as_str().unwrap().to_string());
+        }
+    }
+    assert_eq!(changed.len(), 2, "no format changed any loss: {wq:?}");
 }
 
 #[test]

@@ -216,6 +216,8 @@ pub struct BenchDecodeArgs {
     pub vocab_size: Option<usize>,
     #[arg(long, help = super::QUANT_HELP)]
     pub quant: Option<String>,
+    #[arg(long, default_value = "f32", help = super::KV_CACHE_HELP)]
+    pub kv_cache: String,
     /// Prompt tokens (prefill) [default: 128, or half the context if that is less].
     #[arg(long)]
     pub prompt_len: Option<usize>,
@@ -471,6 +473,7 @@ fn attention(a: BenchAttentionArgs, precision: Precision) -> Result<()> {
 
 fn decode(a: BenchDecodeArgs, precision: Precision) -> Result<()> {
     let quant = super::quant_kind(a.quant.as_deref())?;
+    let kv_cache = super::kv_kind(&a.kv_cache)?;
     let mut model = match &a.model {
         Some(_) if a.vocab_size.is_some() => {
             bail!("--vocab-size sizes a fresh model; a --model keeps its own vocabulary")
@@ -490,6 +493,7 @@ fn decode(a: BenchDecodeArgs, precision: Precision) -> Result<()> {
         }
     };
     super::quantize(&mut model, quant);
+    model.kv_cache = kv_cache;
     let ctx = model.config.max_position_embeddings;
     let prompt_len = a.prompt_len.unwrap_or(128.min(ctx / 2).max(1));
     let new_tokens = a
@@ -499,26 +503,30 @@ fn decode(a: BenchDecodeArgs, precision: Precision) -> Result<()> {
     if a.json {
         println!("{}", serde_json::to_string(&r)?);
     } else {
-        let bw_bytes = r.weight_bytes + r.kv_cache_bytes;
+        // what a step reads: the weights, and the cache rows it attends to (the mean step's)
+        let bw_bytes = r.weight_bytes + r.kv_bytes_per_token;
+        let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
         println!(
-            "{} ({} params), {} threads, {} weights: prefill {} tokens {:.0} tokens/s; decode {} tokens at batch 1 {:.1} tokens/s ({:.2} ms/token; reads ≥ {:.1} MiB/token)",
+            "{} ({} params), {} threads, {} weights, {} KV cache: prefill {} tokens {:.0} tokens/s; decode {} tokens at batch 1 {:.1} tokens/s ({:.2} ms/token; reads ≥ {:.1} MiB/token, {:.2} MiB of it the KV cache)",
             r.attention,
             r.params,
             r.threads,
             r.precision,
+            r.kv_cache,
             r.prompt_len,
             r.prefill_tokens_per_s,
             r.new_tokens,
             r.decode_tokens_per_s,
             1e3 / r.decode_tokens_per_s,
-            bw_bytes as f64 / (1u64 << 20) as f64
+            mib(bw_bytes),
+            mib(r.kv_bytes_per_token)
         );
         if a.bandwidth {
             let ms = 1e3 / r.decode_tokens_per_s;
             let bound_ms = |gbs: f64| bw_bytes as f64 / (gbs * 1e9) * 1e3;
             let gbs = difftx::experiments::bench::memory_read_gbs();
             println!(
-                "decode {ms:.3} ms/token; memory reads at {gbs:.1} GB/s would take {:.3} ms for the weights and the full KV cache: {:.2}× that bound",
+                "decode {ms:.3} ms/token; memory reads at {gbs:.1} GB/s would take {:.3} ms for the weights and the KV rows a step reads: {:.2}× that bound",
                 bound_ms(gbs),
                 ms / bound_ms(gbs)
             );

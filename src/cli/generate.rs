@@ -13,6 +13,8 @@ pub struct GenerateArgs {
     pub model: PathBuf,
     #[arg(long, help = super::QUANT_HELP)]
     pub quant: Option<String>,
+    #[arg(long, default_value = "f32", help = super::KV_CACHE_HELP)]
+    pub kv_cache: String,
     /// Prompt text; repeat the flag (or mix with --prompt-file) to generate a batch, whose
     /// continuations print each under a line `=== prompt I of N ===` (or see --json).
     #[arg(long)]
@@ -57,8 +59,10 @@ pub fn run(a: GenerateArgs, precision: difftx::kernels::Precision) -> Result<()>
     };
     sampling.validate()?;
     let quant = super::quant_kind(a.quant.as_deref())?;
+    let kv_cache = super::kv_kind(&a.kv_cache)?;
     let (mut model, dir) = super::load_model(&a.model, precision)?;
     super::quantize(&mut model, quant);
+    model.kv_cache = kv_cache;
     let tok = Tokenizer::for_model(&dir, &model.config)?;
     let mut texts = a.prompt.clone();
     for f in &a.prompt_file {

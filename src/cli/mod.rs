@@ -29,6 +29,16 @@ pub const QUANT_HELP: &str = "Quantise the linear layers and the LM head at load
 (GGUF's blocks of 32 weights with one f16 scale; each product's input is quantised to int8 per \
 block of 32 on the fly, with integer dot products). Norms, λ, RoPE and the softmax stay f32.";
 
+/// The help of `--kv-cache`, on every command that decodes.
+pub const KV_CACHE_HELP: &str = "Element type of the KV cache: f32, or bf16 (keys and values \
+rounded to bf16 as they are cached, widened to f32 as attention reads them: half the cache's \
+bytes, which each decoding step reads; logits within about 1% of the largest, docs/BENCHMARKS.md).";
+
+/// `--kv-cache`'s value, or an error naming it.
+pub fn kv_kind(name: &str) -> Result<difftx::model::KvKind> {
+    name.parse().map_err(|e: String| anyhow!("--kv-cache: {e}"))
+}
+
 /// `--quant`'s value, or an error naming it.
 pub fn quant_kind(name: Option<&str>) -> Result<Option<QuantKind>> {
     name.map(|n| n.parse().map_err(|e: String| anyhow!("--quant: {e}")))

@@ -44,10 +44,13 @@ pub struct ServeArgs {
     /// directory's name].
     #[arg(long)]
     pub name: Option<String>,
+    #[arg(long, default_value = "f32", help = super::KV_CACHE_HELP)]
+    pub kv_cache: String,
 }
 
 pub fn run(a: ServeArgs, precision: Precision) -> Result<()> {
     let quant = super::quant_kind(a.quant.as_deref())?;
+    let kv_cache = super::kv_kind(&a.kv_cache)?;
     let name = a.name.clone().unwrap_or_else(|| {
         let p = a.model.canonicalize().unwrap_or_else(|_| a.model.clone());
         p.file_name()
@@ -77,6 +80,7 @@ pub fn run(a: ServeArgs, precision: Precision) -> Result<()> {
     let load = Box::new(move || {
         let (mut m, dir) = super::load_model(&model, precision).map_err(|e| format!("{e:#}"))?;
         super::quantize(&mut m, quant);
+        m.kv_cache = kv_cache;
         Ok((m, dir))
     });
     serve(opts, load, |addr| {

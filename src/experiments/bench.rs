@@ -276,7 +276,12 @@ pub struct DecodeBench {
     pub weight_bytes: u64,
     /// "bf16" when decoding read bf16 weights (`--bf16`), "q8_0" or "q4_0" with `--quant`
     pub precision: &'static str,
+    /// the KV cache at the end of decoding, in its element type
     pub kv_cache_bytes: u64,
+    /// "f32" or "bf16" (`--kv-cache`)
+    pub kv_cache: &'static str,
+    /// cache bytes a decoding step reads, the mean over the steps: every cached row once
+    pub kv_bytes_per_token: u64,
 }
 
 /// Greedy decoding at batch 1 after a seeded random prompt of `prompt_len` tokens, `reps`
@@ -324,8 +329,11 @@ pub fn bench_decode(
     };
     let (p, d) = (med(&mut pre), med(&mut dec));
     let c = &model.config;
-    let kv_per_token = c.num_hidden_layers
+    let kv_per_token = model.kv_cache.bytes()
+        * c.num_hidden_layers
         * (c.n_key_heads() * c.head_dim + c.num_key_value_heads * c.value_head_dim());
+    // step i (from 1) of decoding attends to prompt_len + i cached rows
+    let rows_read = prompt_len as f64 + (new_tokens + 1) as f64 / 2.0;
     Ok(DecodeBench {
         impl_: "difftx",
         attention: c.attention.to_string(),
@@ -352,7 +360,9 @@ pub fn bench_decode(
             Some(q) => q.kind.as_str(),
             None => precision(model.precision),
         },
-        kv_cache_bytes: 4 * (kv_per_token * (prompt_len + new_tokens)) as u64,
+        kv_cache_bytes: (kv_per_token * (prompt_len + new_tokens)) as u64,
+        kv_cache: model.kv_cache.as_str(),
+        kv_bytes_per_token: (kv_per_token as f64 * rows_read) as u64,
     })
 }
 

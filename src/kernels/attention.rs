@@ -53,7 +53,7 @@ impl AttnShape {
             j / (self.nq / self.nk)
         }
     }
-    fn check(&self) {
+    pub(crate) fn check(&self) {
         assert!(
             self.nq.is_multiple_of(self.nv) && self.nq.is_multiple_of(self.nk),
             "{self:?}"

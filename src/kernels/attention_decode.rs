@@ -6,9 +6,14 @@
 //! (flash-decoding): a task reads its chunk's key and value rows for every head, keeps a
 //! partial softmax (max, sum, weighted values) per head, and the partials are merged at the
 //! end. The chunks do not depend on the thread count, so neither do the results.
+//!
+//! The cache holds f32 or bf16 keys and values (`Elem`, `--kv-cache bf16`): bf16 rows are
+//! widened to f32 as they are loaded (on AVX-512 a zero-extension and a shift, `load16`),
+//! and everything after the load runs in f32 either way.
 
-use super::attention::AttnShape;
-use super::{axpy, exp_nonpos, map_lanes, SharedMut, MAX, SUM};
+use super::attention::{attention_forward, AttnShape};
+use super::Precision;
+use super::{axpy, axpy_elems, exp_nonpos, map_lanes, Elem, SharedMut, MAX, SUM};
 use rayon::prelude::*;
 
 /// Cached positions per task: two 16-row score blocks.
@@ -16,25 +21,49 @@ const CHUNK: usize = 32;
 
 thread_local! {
     static PARTIALS: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
+    /// a bf16 cache's rows widened for a prefill
+    static WIDENED: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
 /// o (B, NQ, DV) and lse (B, NQ) for one query per sequence, q (B, NQ, DK), that sees the
 /// first `visible` of the sequence's `tkv` cached rows in k (B, Tkv, NK, DK) and
 /// v (B, Tkv, NV, DV); `attention_forward`, its caller, checked these lengths. Same results as
-/// the tile kernel, up to rounding.
+/// the tile kernel, up to rounding. The AVX-512 loops where the CPU has AVX-512F, else the
+/// portable ones.
 // attention_forward's decoding branch: the same operands, passed on as they came
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn attention_decode(
+pub(crate) fn attention_decode<T: Elem>(
     o: &mut [f32],
     lse: &mut [f32],
     q: &[f32],
-    k: &[f32],
-    v: &[f32],
+    k: &[T],
+    v: &[T],
     b: usize,
     tkv: usize,
     visible: usize,
     s: &AttnShape,
 ) {
+    let simd = super::gemm::cpu::avx512f();
+    attention_decode_on(simd, o, lse, q, k, v, b, tkv, visible, s)
+}
+
+/// `attention_decode` on the AVX-512 loops (`simd`, which the caller has checked the CPU can
+/// run) or the portable ones: tests compare the two.
+// attention_decode's operands and the path
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn attention_decode_on<T: Elem>(
+    simd: bool,
+    o: &mut [f32],
+    lse: &mut [f32],
+    q: &[f32],
+    k: &[T],
+    v: &[T],
+    b: usize,
+    tkv: usize,
+    visible: usize,
+    s: &AttnShape,
+) {
+    assert!(!simd || super::gemm::cpu::avx512f());
     let AttnShape { nq, dk, dv, .. } = *s;
     assert!(visible >= 1 && visible <= tkv);
     let chunks = visible.div_ceil(CHUNK);
@@ -53,10 +82,11 @@ pub(crate) fn attention_decode(
             let (q, row0) = (&q[bi * nq * dk..], bi * tkv + t0);
             // A GQA group's query heads (diff_v2's) together, each cached row loaded once.
             for j in (0..nq).step_by(group) {
+                let rows = Rows { k, v, row0, len };
                 match group {
-                    4 => heads_partials::<4>(out, q, k, v, row0, len, s, j),
-                    2 => heads_partials::<2>(out, q, k, v, row0, len, s, j),
-                    _ => heads_partials::<1>(out, q, k, v, row0, len, s, j),
+                    4 => heads_partials::<4, T>(simd, out, q, &rows, s, j),
+                    2 => heads_partials::<2, T>(simd, out, q, &rows, s, j),
+                    _ => heads_partials::<1, T>(simd, out, q, &rows, s, j),
                 }
             }
         };
@@ -85,6 +115,44 @@ pub(crate) fn attention_decode(
     });
 }
 
+/// Attention of the `tq` new queries of one sequence, at positions `q_offset..`, over the first
+/// `q_offset + tq` rows of its KV cache (k (Tkv, NK, DK), v (Tkv, NV, DV), f32 or bf16): an f32
+/// cache is read in place by `attention_forward`; a bf16 one by the decoding kernel when one
+/// token is decoded (widened as it is loaded), else (prefill) widened first into a thread
+/// buffer for the tile kernel.
+// attention_forward's operands for one sequence, its cache rows of either element type
+#[allow(clippy::too_many_arguments)]
+pub fn attention_cached<T: Elem>(
+    o: &mut [f32],
+    lse: &mut [f32],
+    q: &[f32],
+    k: &[T],
+    v: &[T],
+    tq: usize,
+    q_offset: usize,
+    s: &AttnShape,
+    precision: Precision,
+) {
+    let tkv = q_offset + tq;
+    let (k, v) = (&k[..tkv * s.nk * s.dk], &v[..tkv * s.nv * s.dv]);
+    let run = |o: &mut [f32], lse: &mut [f32], k: &[f32], v: &[f32]| {
+        attention_forward(o, lse, q, k, v, 1, tq, tkv, q_offset, s, precision)
+    };
+    match (T::as_f32(k), T::as_f32(v)) {
+        (Some(k), Some(v)) => run(o, lse, k, v),
+        _ if tq == 1 => {
+            s.check();
+            attention_decode(o, lse, q, k, v, 1, tkv, tkv, s)
+        }
+        _ => super::with_thread_buffer(&WIDENED, |buf| {
+            let (kf, vf) = super::ensure(buf, k.len() + v.len()).split_at_mut(k.len());
+            kf.iter_mut().zip(k).for_each(|(d, x)| *d = x.widen());
+            vf.iter_mut().zip(v).for_each(|(d, x)| *d = x.widen());
+            run(o, lse, kf, vf)
+        }),
+    }
+}
+
 /// The largest of 4, 2 and 1 such that each aligned run of that many query heads reads one
 /// key head and one value head (diff_v2 at `bench`: 4; standard GQA: its group size).
 fn query_group(s: &AttnShape) -> usize {
@@ -98,25 +166,30 @@ fn query_group(s: &AttnShape) -> usize {
     [4, 2].into_iter().find(|&g| shares(g)).unwrap_or(1)
 }
 
-/// For the Q query heads j from j0, which read the same key and value heads, into
-/// out[j·(DV + 2)..]: Σ_t e^(s_t − m)·v_t, then m and Σ_t e^(s_t − m), over the `len` cached
-/// rows from `row0` (s_t the scaled scores, m their max). Out of line, each Q compiled on its
-/// own: inlined together into their caller, the three shared one register allocation, and
-/// standard's single heads decoded 4–5% slower.
-// a chunk of one sequence's cache for Q heads: the raw operands of the inner loop
-#[allow(clippy::too_many_arguments)]
-#[inline(never)]
-fn heads_partials<const Q: usize>(
-    out: &mut [f32],
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
+/// A task's chunk of the cache: `len` rows from `row0` of k and v.
+struct Rows<'a, T> {
+    k: &'a [T],
+    v: &'a [T],
     row0: usize,
     len: usize,
+}
+
+/// For the Q query heads j from j0, which read the same key and value heads, into
+/// out[j·(DV + 2)..]: Σ_t e^(s_t − m)·v_t, then m and Σ_t e^(s_t − m), over the chunk's
+/// rows (s_t the scaled scores, m their max). Out of line, each Q compiled on its
+/// own: inlined together into their caller, the three shared one register allocation, and
+/// standard's single heads decoded 4–5% slower.
+#[inline(never)]
+fn heads_partials<const Q: usize, T: Elem>(
+    simd: bool,
+    out: &mut [f32],
+    q: &[f32],
+    r: &Rows<T>,
     s: &AttnShape,
     j0: usize,
 ) {
     let AttnShape { nk, nv, dk, dv, .. } = *s;
+    let (row0, len) = (r.row0, r.len);
     let (kh, vh) = (s.k_head(j0), s.v_head(j0));
     let scale = 1.0 / (dk as f32).sqrt();
     let mut scores = [[0f32; CHUNK]; Q];
@@ -124,7 +197,7 @@ fn heads_partials<const Q: usize>(
     {
         let mut sc = scores.iter_mut();
         let sc: [&mut [f32]; Q] = std::array::from_fn(|_| &mut sc.next().unwrap()[..len]);
-        key_scores(sc, qs, &k[(row0 * nk + kh) * dk..], nk * dk);
+        key_scores(simd, sc, qs, &r.k[(row0 * nk + kh) * dk..], nk * dk);
     }
     let mut outs = out[j0 * (dv + 2)..(j0 + Q) * (dv + 2)].chunks_exact_mut(dv + 2);
     let mut outs: [&mut [f32]; Q] = std::array::from_fn(|_| outs.next().unwrap());
@@ -137,15 +210,21 @@ fn heads_partials<const Q: usize>(
     }
     let accs: [&mut [f32]; Q] = outs.map(|o| &mut o[..dv]);
     let ps: [&[f32]; Q] = std::array::from_fn(|i| &scores[i][..len]);
-    weighted_rows(accs, ps, &v[(row0 * nv + vh) * dv..], nv * dv);
+    weighted_rows(simd, accs, ps, &r.v[(row0 * nv + vh) * dv..], nv * dv);
 }
 
 /// scores[i][t] = qs[i] · k[t·rs..t·rs + qs[i].len()], each row of k loaded once for all the qs
-fn key_scores<const Q: usize>(mut scores: [&mut [f32]; Q], qs: [&[f32]; Q], k: &[f32], rs: usize) {
+fn key_scores<const Q: usize, T: Elem>(
+    simd: bool,
+    mut scores: [&mut [f32]; Q],
+    qs: [&[f32]; Q],
+    k: &[T],
+    rs: usize,
+) {
     let (len, dk) = (scores[0].len(), qs[0].len());
     assert!(k.len() >= (len - 1) * rs + dk);
     #[cfg(target_arch = "x86_64")]
-    if super::gemm::cpu::avx512f() {
+    if simd {
         use std::arch::x86_64::*;
         for r0 in (0..len).step_by(16) {
             let h = 16.min(len - r0);
@@ -172,7 +251,7 @@ fn key_scores<const Q: usize>(mut scores: [&mut [f32]; Q], qs: [&[f32]; Q], k: &
     }
     for (sc, q) in scores.into_iter().zip(qs) {
         for (t, x) in sc.iter_mut().enumerate() {
-            *x = super::dot(q, &k[t * rs..t * rs + dk]);
+            *x = super::dot_elems(q, &k[t * rs..t * rs + dk]);
         }
     }
 }
@@ -187,9 +266,9 @@ fn key_scores<const Q: usize>(mut scores: [&mut [f32]; Q], qs: [&[f32]; Q], k: &
 /// bounds.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn group_scores16<const Q: usize>(
+unsafe fn group_scores16<const Q: usize, T: Elem>(
     qs: [&[f32]; Q],
-    k: *const f32,
+    k: *const T,
     rs: usize,
     h: usize,
 ) -> [std::arch::x86_64::__m512; Q] {
@@ -203,7 +282,7 @@ unsafe fn group_scores16<const Q: usize>(
             let m = super::lane_mask(dk - p0);
             let mut cols: [__m512i; 16] = std::array::from_fn(|i| {
                 if i < h {
-                    _mm512_castps_si512(_mm512_maskz_loadu_ps(m, k.add(i * rs + p0)))
+                    _mm512_castps_si512(super::load16(k.add(i * rs + p0), dk - p0))
                 } else {
                     _mm512_setzero_si512()
                 }
@@ -225,11 +304,17 @@ unsafe fn group_scores16<const Q: usize>(
 }
 
 /// accs[i] = Σ_t ps[i][t] · v[t·rs..t·rs + accs[i].len()], each row of v loaded once for all
-fn weighted_rows<const Q: usize>(accs: [&mut [f32]; Q], ps: [&[f32]; Q], v: &[f32], rs: usize) {
+fn weighted_rows<const Q: usize, T: Elem>(
+    simd: bool,
+    accs: [&mut [f32]; Q],
+    ps: [&[f32]; Q],
+    v: &[T],
+    rs: usize,
+) {
     let (w, len) = (accs[0].len(), ps[0].len());
     assert!(v.len() >= (len - 1) * rs + w);
     #[cfg(target_arch = "x86_64")]
-    if super::gemm::cpu::avx512f() {
+    if simd {
         // SAFETY: AVX-512F is present; rows t < len of v are in bounds (asserted above).
         unsafe { weighted_rows_avx512(accs, ps, v, rs) };
         return;
@@ -237,7 +322,7 @@ fn weighted_rows<const Q: usize>(accs: [&mut [f32]; Q], ps: [&[f32]; Q], v: &[f3
     for (acc, p) in accs.into_iter().zip(ps) {
         acc.fill(0.0);
         for (t, &pt) in p.iter().enumerate() {
-            axpy(acc, pt, &v[t * rs..t * rs + w]);
+            axpy_elems(acc, pt, &v[t * rs..t * rs + w]);
         }
     }
 }
@@ -251,10 +336,10 @@ fn weighted_rows<const Q: usize>(accs: [&mut [f32]; Q], ps: [&[f32]; Q], v: &[f3
 /// AVX-512F; rows t < ps[0].len() of v, accs[0].len() long at stride rs, are in bounds.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn weighted_rows_avx512<const Q: usize>(
+unsafe fn weighted_rows_avx512<const Q: usize, T: Elem>(
     mut accs: [&mut [f32]; Q],
     ps: [&[f32]; Q],
-    v: &[f32],
+    v: &[T],
     rs: usize,
 ) {
     // SAFETY: `weighted_columns` has this fn's contract
@@ -265,10 +350,10 @@ unsafe fn weighted_rows_avx512<const Q: usize>(
             let cols = (w - c0).min(64);
             let (a, p) = (&mut accs, &ps);
             match cols.div_ceil(16) {
-                1 => weighted_columns::<1, Q>(a, p, v, rs, c0, cols),
-                2 => weighted_columns::<2, Q>(a, p, v, rs, c0, cols),
-                3 => weighted_columns::<3, Q>(a, p, v, rs, c0, cols),
-                _ => weighted_columns::<4, Q>(a, p, v, rs, c0, cols),
+                1 => weighted_columns::<1, Q, T>(a, p, v, rs, c0, cols),
+                2 => weighted_columns::<2, Q, T>(a, p, v, rs, c0, cols),
+                3 => weighted_columns::<3, Q, T>(a, p, v, rs, c0, cols),
+                _ => weighted_columns::<4, Q, T>(a, p, v, rs, c0, cols),
             }
         }
     }
@@ -282,10 +367,10 @@ unsafe fn weighted_rows_avx512<const Q: usize>(
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 #[inline]
-unsafe fn weighted_columns<const N: usize, const Q: usize>(
+unsafe fn weighted_columns<const N: usize, const Q: usize, T: Elem>(
     accs: &mut [&mut [f32]; Q],
     ps: &[&[f32]; Q],
-    v: &[f32],
+    v: &[T],
     rs: usize,
     c0: usize,
     cols: usize,
@@ -305,7 +390,7 @@ unsafe fn weighted_columns<const N: usize, const Q: usize>(
                 *x = _mm512_set1_ps(p[t]);
             }
             for i in 0..N {
-                let x = _mm512_maskz_loadu_ps(masks[i], row.add(16 * i));
+                let x = super::load16(row.add(16 * i), cols.saturating_sub(16 * i));
                 for (s, &p) in sums.iter_mut().zip(&pv) {
                     s[i] = _mm512_fmadd_ps(p, x, s[i]);
                 }
@@ -322,6 +407,77 @@ unsafe fn weighted_columns<const N: usize, const Q: usize>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use half::bf16;
+
+    /// A bf16 cache decodes exactly as an f32 cache holding the same (widened) values, on the
+    /// portable loops and, where the CPU has AVX-512F, on the AVX-512 ones, which agree with
+    /// the portable ones to rounding: ragged head widths (dk 20, dv 40 and 8), a last chunk
+    /// of 13 rows, GQA groups of 4, 2 and 1, two sequences.
+    #[test]
+    fn bf16_caches_decode_as_their_widened_values_on_both_paths() {
+        let mut paths = vec![false];
+        if crate::kernels::gemm::cpu::avx512f() {
+            paths.push(true);
+        }
+        let mut seed = 1u32;
+        let mut rand = |n: usize| -> Vec<f32> {
+            (0..n)
+                .map(|_| {
+                    seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                    (seed >> 8) as f32 / (1 << 24) as f32 * 4.0 - 2.0
+                })
+                .collect()
+        };
+        let (b, tkv) = (2, 77);
+        for (nq, nk, nv, dk, dv) in [(8, 2, 2, 20, 40), (4, 2, 2, 32, 8), (6, 6, 6, 16, 16)] {
+            let s = AttnShape {
+                nq,
+                nk,
+                nv,
+                dk,
+                dv,
+                diff_pairs: false,
+            };
+            let q = rand(b * nq * dk);
+            let kb: Vec<bf16> = rand(b * tkv * nk * dk)
+                .into_iter()
+                .map(bf16::narrow)
+                .collect();
+            let vb: Vec<bf16> = rand(b * tkv * nv * dv)
+                .into_iter()
+                .map(bf16::narrow)
+                .collect();
+            let (kf, vf): (Vec<f32>, Vec<f32>) = (
+                kb.iter().map(|x| x.widen()).collect(),
+                vb.iter().map(|x| x.widen()).collect(),
+            );
+            let run = |simd: bool, bf: bool| {
+                let (mut o, mut lse) = (vec![0f32; b * nq * dv], vec![0f32; b * nq]);
+                match bf {
+                    true => {
+                        attention_decode_on(simd, &mut o, &mut lse, &q, &kb, &vb, b, tkv, tkv, &s)
+                    }
+                    false => {
+                        attention_decode_on(simd, &mut o, &mut lse, &q, &kf, &vf, b, tkv, tkv, &s)
+                    }
+                }
+                (o, lse)
+            };
+            let portable = run(false, false);
+            assert!(portable.0.iter().any(|&x| x != 0.0));
+            for &simd in &paths {
+                let f = run(simd, false);
+                assert_eq!(run(simd, true), f, "{s:?} simd={simd}: bf16 vs widened f32");
+                for (a, b) in
+                    f.0.iter()
+                        .chain(&f.1)
+                        .zip(portable.0.iter().chain(&portable.1))
+                {
+                    assert!((a - b).abs() <= 1e-5 * (1.0 + b.abs()), "{s:?}: {a} vs {b}");
+                }
+            }
+        }
+    }
 
     #[test]
     fn query_groups_are_the_aligned_runs_that_share_key_and_value_heads() {

@@ -29,6 +29,7 @@ mod shared;
 mod simd;
 pub mod swiglu;
 
+pub use attention_decode::attention_cached;
 pub use pool::on_pool;
 pub use precision::Precision;
 pub(crate) use scratch::{ensure, ensure_aligned, with_thread_buffer, ROW_CHUNK};
@@ -36,9 +37,10 @@ pub use scratch::{prepare_threads, zeroed};
 pub use shared::Grad;
 pub(crate) use shared::SharedMut;
 pub(crate) use simd::prefetch;
+pub use simd::Elem;
 pub use simd::{
-    axpy, bf16_to_f32, dot, dot3, dot_bf16, exp_nonpos, map_lanes, reduce_lanes, scale, sigmoid,
-    sum_lanes, MAX, SUM,
+    axpy, axpy_elems, bf16_to_f32, dot, dot3, dot_bf16, dot_elems, exp_nonpos, map_lanes,
+    reduce_lanes, scale, sigmoid, sum_lanes, MAX, SUM,
 };
 #[cfg(target_arch = "x86_64")]
-pub(crate) use simd::{dot_rows16, exp_nonpos16, lane_mask, transpose16};
+pub(crate) use simd::{dot_rows16, exp_nonpos16, lane_mask, load16, transpose16};

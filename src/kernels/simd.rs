@@ -64,6 +64,83 @@ pub(crate) fn transpose16(r: &mut [std::arch::x86_64::__m512i; 16]) {
     }
 }
 
+/// A value of a row that the kernels read and widen to f32 on the fly: f32 itself, or bf16
+/// (the `--kv-cache bf16` cache's keys and values, `half::bf16`).
+pub trait Elem: Copy + Default + Send + Sync + 'static {
+    /// Whether the value is bf16 (a compile-time branch in `load16`).
+    const BF16: bool;
+    /// Bytes per value.
+    const BYTES: usize;
+    /// The f32 this value stands for (exact).
+    fn widen(self) -> f32;
+    /// `x` as this type, rounded to nearest even.
+    fn narrow(x: f32) -> Self;
+    /// The values themselves where they are f32 (read in place), else `None`.
+    fn as_f32(x: &[Self]) -> Option<&[f32]>;
+}
+
+impl Elem for f32 {
+    const BF16: bool = false;
+    const BYTES: usize = 4;
+    #[inline(always)]
+    fn widen(self) -> f32 {
+        self
+    }
+    #[inline(always)]
+    fn narrow(x: f32) -> f32 {
+        x
+    }
+    fn as_f32(x: &[f32]) -> Option<&[f32]> {
+        Some(x)
+    }
+}
+
+impl Elem for half::bf16 {
+    const BF16: bool = true;
+    const BYTES: usize = 2;
+    /// The upper half of the f32's bits: a shift, as `load16` does 16 at a time.
+    #[inline(always)]
+    fn widen(self) -> f32 {
+        bf16_to_f32(self.to_bits())
+    }
+    #[inline(always)]
+    fn narrow(x: f32) -> half::bf16 {
+        half::bf16::from_f32(x)
+    }
+    fn as_f32(_: &[half::bf16]) -> Option<&[f32]> {
+        None
+    }
+}
+
+/// The first `n` (at most 16) values from `p` widened to f32, zero in the lanes past `n`: a
+/// masked load for f32; for bf16 the 16-bit values zero-extended to 32 bits and shifted into
+/// the upper half (a ragged tail is copied out first, so that nothing past `n` is read).
+///
+/// # Safety
+/// AVX-512F; `p..p + min(n, 16)` is in bounds.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+pub(crate) unsafe fn load16<T: Elem>(p: *const T, n: usize) -> std::arch::x86_64::__m512 {
+    use std::arch::x86_64::*;
+    // SAFETY: the caller guarantees the min(n, 16) values from p in bounds; the masked load
+    // and the copy read no further.
+    unsafe {
+        if !T::BF16 {
+            return _mm512_maskz_loadu_ps(lane_mask(n), p as *const f32);
+        }
+        let p = p as *const u16;
+        let bits = if n >= 16 {
+            _mm256_loadu_si256(p as *const __m256i)
+        } else {
+            let mut tail = [0u16; 16];
+            std::ptr::copy_nonoverlapping(p, tail.as_mut_ptr(), n);
+            _mm256_loadu_si256(tail.as_ptr() as *const __m256i)
+        };
+        _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(bits)))
+    }
+}
+
 /// Lane i is Σ_p x[p]·w[i·rs + p] for the rows i < h ≤ 16 (0 past h): one accumulator
 /// register per row, then one 16 × 16 transpose turns the sixteen registers into the sixteen
 /// sums, instead of reducing each row's partial sums apart. Serves the batch-1 matrix-vector
@@ -73,9 +150,9 @@ pub(crate) fn transpose16(r: &mut [std::arch::x86_64::__m512i; 16]) {
 /// AVX-512F; rows 0..h of w, each x.len() long at stride rs, are in bounds.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-pub(crate) unsafe fn dot_rows16(
+pub(crate) unsafe fn dot_rows16<T: Elem>(
     x: &[f32],
-    w: *const f32,
+    w: *const T,
     rs: usize,
     h: usize,
 ) -> std::arch::x86_64::__m512 {
@@ -87,7 +164,12 @@ pub(crate) unsafe fn dot_rows16(
         /// # Safety
         /// As for `dot_rows16`.
         #[inline(always)]
-        unsafe fn sums<const ALL: bool>(x: &[f32], w: *const f32, rs: usize, h: usize) -> __m512 {
+        unsafe fn sums<const ALL: bool, T: Elem>(
+            x: &[f32],
+            w: *const T,
+            rs: usize,
+            h: usize,
+        ) -> __m512 {
             // SAFETY: AVX-512F and rows 0..h of w, each x.len() long at stride rs, in bounds
             // are `dot_rows16`'s contract: the masked loads read p < x.len() of x and of rows i < h.
             unsafe {
@@ -97,7 +179,7 @@ pub(crate) unsafe fn dot_rows16(
                     let xv = _mm512_maskz_loadu_ps(m, x.as_ptr().add(p));
                     for (i, a) in acc.iter_mut().enumerate() {
                         if ALL || i < h {
-                            let wv = _mm512_maskz_loadu_ps(m, w.add(i * rs + p));
+                            let wv = load16(w.add(i * rs + p), x.len() - p);
                             *a = _mm512_castps_si512(_mm512_fmadd_ps(
                                 wv,
                                 xv,
@@ -122,9 +204,9 @@ pub(crate) unsafe fn dot_rows16(
             }
         }
         if h == 16 {
-            sums::<true>(x, w, rs, h)
+            sums::<true, T>(x, w, rs, h)
         } else {
-            sums::<false>(x, w, rs, h)
+            sums::<false, T>(x, w, rs, h)
         }
     }
 }
@@ -135,6 +217,21 @@ pub(crate) unsafe fn dot_rows16(
 #[inline]
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     dot_with(a, b, |y: f32| y)
+}
+
+/// Σ a·b with b's values widened to f32 on the fly (f32, or a bf16 cache's), summed as `dot`
+/// sums.
+#[inline]
+pub fn dot_elems<T: Elem>(a: &[f32], b: &[T]) -> f32 {
+    dot_with(a, b, T::widen)
+}
+
+/// y += alpha · x, x's values widened to f32 on the fly.
+#[inline]
+pub fn axpy_elems<T: Elem>(y: &mut [f32], alpha: f32, x: &[T]) {
+    for (y, &x) in y.iter_mut().zip(x) {
+        *y = alpha.mul_add(x.widen(), *y);
+    }
 }
 
 /// Σ a·b with b in bf16 (the weights a bf16 decode reads): widened exactly to f32 on the fly,
@@ -350,9 +447,7 @@ pub fn scale(v: &mut [f32], s: f32) {
 /// y += alpha · x
 #[inline]
 pub fn axpy(y: &mut [f32], alpha: f32, x: &[f32]) {
-    for (y, &x) in y.iter_mut().zip(x) {
-        *y = alpha.mul_add(x, *y);
-    }
+    axpy_elems(y, alpha, x)
 }
 
 #[cfg(test)]

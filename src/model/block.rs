@@ -7,7 +7,7 @@
 
 use super::attention::{self as attn, Lambda};
 use super::bf16_weights::Bf16Weights;
-use super::kv_cache::KvCache;
+use super::kv_cache::{KvCache, Rows, Store};
 use super::quant_weights::QuantWeights;
 use crate::config::params::{LayerParams, Span};
 use crate::config::{lambda_init_at, AttentionKind, ModelConfig};
@@ -20,7 +20,7 @@ use crate::kernels::rmsnorm::{rmsnorm_backward, rmsnorm_forward};
 use crate::kernels::rope::{rope_backward, rope_forward, RopeTable};
 use crate::kernels::sigmoid;
 use crate::kernels::swiglu::{swiglu_backward, swiglu_forward};
-use crate::kernels::{Grad, Precision};
+use crate::kernels::{attention_cached, Elem, Grad, Precision};
 
 /// Sizes shared by every block of one model.
 #[derive(Clone, Copy, Debug)]
@@ -419,39 +419,58 @@ impl Layer<'_> {
         }
     }
 
-    /// Each sequence's new rows of k and v appended to its cache at pos0[b], and its queries
-    /// attending to everything the cache holds.
+    /// Each sequence's new rows of k and v appended to its cache at pos0[b] (rounded to the
+    /// cache's element type), and its queries attending to everything the cache holds.
     fn cached_attention(
         &self,
         o: &mut [f32],
         lse: &mut [f32],
-        (q, k, v): (&[f32], &[f32], &[f32]),
+        qkv: (&[f32], &[f32], &[f32]),
         t: usize,
         caches: &mut [KvCache],
         pos0: &[usize],
     ) {
-        let (d, s, layer) = (self.d, &self.d.shape, self.index);
-        let (kw, vw, qw, ow) = (d.k_width(), d.v_width(), d.q_width(), d.o_width());
+        let (d, s) = (self.d, &self.d.shape);
+        let (qw, ow) = (d.q_width(), d.o_width());
         for (bi, cache) in caches.iter_mut().enumerate() {
-            let at = pos0[bi];
-            cache.k[layer][at * kw..(at + t) * kw]
-                .copy_from_slice(&k[bi * t * kw..(bi + 1) * t * kw]);
-            cache.v[layer][at * vw..(at + t) * vw]
-                .copy_from_slice(&v[bi * t * vw..(bi + 1) * t * vw]);
-            attention_forward(
+            let (o, lse, q) = (
                 &mut o[bi * t * ow..(bi + 1) * t * ow],
                 &mut lse[bi * s.nq * t..(bi + 1) * s.nq * t],
-                &q[bi * t * qw..(bi + 1) * t * qw],
-                &cache.k[layer][..(at + t) * kw],
-                &cache.v[layer][..(at + t) * vw],
-                1,
-                t,
-                at + t,
-                at,
-                s,
-                self.precision,
+                &qkv.0[bi * t * qw..(bi + 1) * t * qw],
             );
+            match &mut cache.store {
+                Store::F32(rows) => self.attend_rows(o, lse, q, qkv, rows, bi, t, pos0[bi]),
+                Store::Bf16(rows) => self.attend_rows(o, lse, q, qkv, rows, bi, t, pos0[bi]),
+            }
         }
+    }
+
+    /// `cached_attention` for sequence bi, whose cache holds `rows`: its t new keys and values
+    /// written at `at`, then its queries q over rows 0..at + t.
+    // one sequence's slices of o, lse, q, the new (q, k, v), its cache and where it stands
+    #[allow(clippy::too_many_arguments)]
+    fn attend_rows<T: Elem>(
+        &self,
+        o: &mut [f32],
+        lse: &mut [f32],
+        q: &[f32],
+        (_, k, v): (&[f32], &[f32], &[f32]),
+        rows: &mut Rows<T>,
+        bi: usize,
+        t: usize,
+        at: usize,
+    ) {
+        let (d, layer) = (self.d, self.index);
+        let (kw, vw) = (d.k_width(), d.v_width());
+        let (kc, vc) = (&mut rows.k[layer], &mut rows.v[layer]);
+        let new = |w: usize| at * w..(at + t) * w;
+        for (c, x) in kc[new(kw)].iter_mut().zip(&k[bi * t * kw..]) {
+            *c = T::narrow(*x);
+        }
+        for (c, x) in vc[new(vw)].iter_mut().zip(&v[bi * t * vw..]) {
+            *c = T::narrow(*x);
+        }
+        attention_cached(o, lse, q, kc, vc, t, at, &d.shape, self.precision);
     }
 
     /// Forward phase 4: the diff kinds' maps combined into comb (and diff_v1's subln into y);

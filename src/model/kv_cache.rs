@@ -1,35 +1,108 @@
 //! The KV cache of one sequence: every layer's rotated keys and values so far, so that each new
-//! token attends to the prefix in O(T) without recomputing it.
+//! token attends to the prefix in O(T) without recomputing it. The rows are f32, or bf16
+//! (`--kv-cache bf16`: half the bytes that each decoding step reads, the values rounded to
+//! nearest even as they are written, widened again as attention loads them).
 
 use super::Model;
 use crate::config::ModelConfig;
+use crate::kernels::Elem;
+use half::bf16;
+
+/// The element type of a KV cache's rows: a model's `kv_cache` setting, which every cache made
+/// for it takes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum KvKind {
+    #[default]
+    F32,
+    Bf16,
+}
+
+impl KvKind {
+    pub const ALL: [KvKind; 2] = [KvKind::F32, KvKind::Bf16];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KvKind::F32 => "f32",
+            KvKind::Bf16 => "bf16",
+        }
+    }
+
+    /// Bytes per cached value.
+    pub fn bytes(self) -> usize {
+        match self {
+            KvKind::F32 => f32::BYTES,
+            KvKind::Bf16 => bf16::BYTES,
+        }
+    }
+}
+
+impl std::fmt::Display for KvKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for KvKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        KvKind::ALL
+            .into_iter()
+            .find(|k| k.as_str() == s)
+            .ok_or_else(|| format!("unknown KV cache type `{s}` (expected f32 or bf16)"))
+    }
+}
+
+/// Per layer, (capacity, NK, DK) rotated keys and (capacity, NV, DV) values.
+pub(crate) struct Rows<T> {
+    pub k: Vec<Vec<T>>,
+    pub v: Vec<Vec<T>>,
+}
+
+impl<T: Elem> Rows<T> {
+    fn new(layers: usize, keys: usize, values: usize) -> Self {
+        Rows {
+            k: (0..layers).map(|_| vec![T::default(); keys]).collect(),
+            v: (0..layers).map(|_| vec![T::default(); values]).collect(),
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.k.iter().chain(&self.v).map(|x| x.len()).sum()
+    }
+}
+
+/// The rows in the cache's element type.
+pub(crate) enum Store {
+    F32(Rows<f32>),
+    Bf16(Rows<bf16>),
+}
 
 pub struct KvCache {
     /// tokens the cache can hold
     pub capacity: usize,
     /// tokens cached so far (the position of the next token)
     pub len: usize,
-    /// per layer, (capacity, NK, DK) rotated keys
-    pub(crate) k: Vec<Vec<f32>>,
-    /// per layer, (capacity, NV, DV) values
-    pub(crate) v: Vec<Vec<f32>>,
+    pub kind: KvKind,
+    pub(crate) store: Store,
 }
 
 impl KvCache {
-    /// An empty cache for up to `capacity` tokens (at most the model's context).
+    /// An empty cache for up to `capacity` tokens (at most the model's context), of the
+    /// model's `kv_cache` kind.
     pub fn new(model: &Model, capacity: usize) -> Self {
         let c = &model.config;
         let capacity = capacity.min(c.max_position_embeddings);
+        let layers = c.num_hidden_layers;
         let (kw, vw) = Self::widths(c);
+        let (kw, vw) = (capacity * kw, capacity * vw);
         KvCache {
             capacity,
             len: 0,
-            k: (0..c.num_hidden_layers)
-                .map(|_| vec![0.0; capacity * kw])
-                .collect(),
-            v: (0..c.num_hidden_layers)
-                .map(|_| vec![0.0; capacity * vw])
-                .collect(),
+            kind: model.kv_cache,
+            store: match model.kv_cache {
+                KvKind::F32 => Store::F32(Rows::new(layers, kw, vw)),
+                KvKind::Bf16 => Store::Bf16(Rows::new(layers, kw, vw)),
+            },
         }
     }
 
@@ -41,8 +114,9 @@ impl KvCache {
         )
     }
 
-    /// Bytes of `KvCache::new(model, capacity)` for a model of `config`, computable before
-    /// allocating (saturating: an overflow reads as `usize::MAX`).
+    /// Bytes of `KvCache::new(model, capacity)` for a model of `config` with f32 rows (a
+    /// bf16 cache takes half), computable before allocating (saturating: an overflow reads as
+    /// `usize::MAX`).
     pub fn bytes_for(config: &ModelConfig, capacity: usize) -> usize {
         let (kw, vw) = Self::widths(config);
         let capacity = capacity.min(config.max_position_embeddings);
@@ -58,6 +132,9 @@ impl KvCache {
     }
 
     pub fn bytes(&self) -> usize {
-        4 * self.k.iter().chain(&self.v).map(|x| x.len()).sum::<usize>()
+        match &self.store {
+            Store::F32(r) => f32::BYTES * r.len(),
+            Store::Bf16(r) => bf16::BYTES * r.len(),
+        }
     }
 }

@@ -11,5 +11,5 @@ pub mod model;
 pub mod quant_weights;
 pub mod retrofit;
 
-pub use kv_cache::KvCache;
+pub use kv_cache::{KvCache, KvKind};
 pub use model::{Model, Workspace};

@@ -42,6 +42,9 @@ pub struct Model {
     /// The linear layers and LM head in Q8_0/Q4_0 blocks (`quantize`, inference only), which
     /// every forward pass then multiplies by. Not part of a checkpoint.
     pub quant: Option<std::sync::Arc<QuantWeights>>,
+    /// The element type of the KV caches made for this model (`KvCache::new`): f32, or bf16
+    /// (`--kv-cache bf16`). Not part of a checkpoint.
+    pub kv_cache: super::kv_cache::KvKind,
 }
 
 /// Everything a forward and backward pass over up to B×T tokens writes, allocated once.
@@ -120,6 +123,7 @@ impl Model {
             rope,
             precision: Precision::F32,
             quant: None,
+            kv_cache: Default::default(),
         })
     }
 

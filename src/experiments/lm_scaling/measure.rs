@@ -5,6 +5,7 @@ use crate::config::{AttentionKind, ModelConfig};
 use crate::error::{Error, Result};
 use crate::experiments::common::{final_loss, kind_name};
 use crate::experiments::corpus::{fill_windows, split, val_starts};
+use crate::kernels::quant::QuantKind;
 use crate::model::{Model, Workspace};
 use crate::train::in_memory::{train_short, Trained};
 use crate::util::thousands;
@@ -62,6 +63,48 @@ pub struct LmRun {
     pub losses: Vec<f32>,
     /// mean loss over the validation windows (nats per byte)
     pub val_loss: f64,
+    /// the same loss with the model quantised to each of the plan's `quant` formats (the
+    /// kinds' own runs; none for a variant's)
+    pub quant: Vec<QuantLoss>,
+}
+
+/// A model's validation loss with its linear layers and LM head quantised (weights in GGUF
+/// blocks, each product's input quantised to int8 per block: `Model::quantize`, as
+/// `eval --quant`).
+#[derive(Clone, Debug, Serialize)]
+pub struct QuantLoss {
+    pub format: &'static str,
+    pub val_loss: f64,
+    /// parameters held in blocks, and in linear layers and the LM head all told (a matrix
+    /// whose width is not a multiple of 32 stays f32)
+    pub quantised_params: usize,
+    pub matrix_params: usize,
+}
+
+/// `window_loss` of `model` quantised to each of `formats`.
+fn quantised_losses(
+    model: &Model,
+    formats: &[QuantKind],
+    val: (&[u8], &[usize], usize, usize),
+) -> Result<Vec<QuantLoss>> {
+    let (bytes, starts, t, batch) = val;
+    let mut out = Vec::with_capacity(formats.len());
+    for &kind in formats {
+        let mut q = model.clone();
+        let kept = q.quantize(kind);
+        let quantised_params = q.quant.as_ref().map_or(0, |w| w.params());
+        let kept_params: usize = kept
+            .iter()
+            .filter_map(|n| q.layout.find(n).map(|s| s.range().len()))
+            .sum();
+        out.push(QuantLoss {
+            format: kind.as_str(),
+            val_loss: window_loss(&q, bytes, starts, t, batch)?,
+            quantised_params,
+            matrix_params: quantised_params + kept_params,
+        });
+    }
+    Ok(out)
 }
 
 impl LmRun {
@@ -131,6 +174,12 @@ pub fn run_lm(
             let t0 = Instant::now();
             let Trained { model, losses, .. } = train_lm(plan, config.clone(), train, seed)?;
             let val_loss = window_loss(&model, val, &starts, t, plan.train.batch)?;
+            let formats = if variant.is_none() {
+                &plan.quant[..]
+            } else {
+                &[]
+            };
+            let quant = quantised_losses(&model, formats, (val, &starts, t, plan.train.batch))?;
             let r = LmRun {
                 label: label.clone(),
                 kind: config.attention,
@@ -141,6 +190,7 @@ pub fn run_lm(
                 seconds: t0.elapsed().as_secs_f64(),
                 losses,
                 val_loss,
+                quant,
             };
             note(&format!(
                 "lm {label} size {size} ({} params) seed {seed}: {} steps in {:.0} s, final train loss {:.3}, validation loss {:.3}",

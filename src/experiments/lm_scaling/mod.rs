@@ -23,6 +23,6 @@ pub mod plan;
 pub mod render;
 
 pub use fit::{kind_fit, param_ratio, ratios, LogFit};
-pub use measure::{run_lm, train_lm, window_loss, LmRun};
+pub use measure::{run_lm, train_lm, window_loss, LmRun, QuantLoss};
 pub use plan::{LmPlan, PaperSays, Variant};
 pub use render::{lm_json, lm_section, plot_scaling, PAPER_RATIO, SCALING_PLOT};

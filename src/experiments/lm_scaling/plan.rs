@@ -4,6 +4,7 @@
 use crate::config::{swiglu_width, AttentionKind, ModelConfig};
 use crate::error::{Error, Result};
 use crate::experiments::common::matched_config;
+use crate::kernels::quant::QuantKind;
 use crate::train::in_memory::ShortRun;
 use crate::util::thousands;
 use serde::Serialize;
@@ -45,6 +46,9 @@ pub struct LmPlan {
     pub train: ShortRun,
     /// validation windows, evenly spaced over the validation bytes (`val_starts`)
     pub val_windows: usize,
+    /// formats each kind's own models are also scored in, quantised as `eval --quant` does
+    /// (`Model::quantize`); none unless the caller asks (`difftx repro` asks for all)
+    pub quant: Vec<QuantKind>,
 }
 
 impl LmPlan {
@@ -63,6 +67,7 @@ impl LmPlan {
                 warmup: 4,
             },
             val_windows: 16,
+            quant: Vec::new(),
         }
     }
 
@@ -89,6 +94,7 @@ impl LmPlan {
                 warmup: 40,
             },
             val_windows: 512,
+            quant: Vec::new(),
         }
     }
 

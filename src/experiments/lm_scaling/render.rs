@@ -546,6 +546,7 @@ mod tests {
                         seconds: 1.0,
                         losses: vec![3.0; 20],
                         val_loss: val,
+                        quant: Vec::new(),
                     });
                 }
             }

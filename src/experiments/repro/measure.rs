@@ -8,6 +8,7 @@ use crate::experiments::attention_stats::{
     allocation, attention_logits, head_row, hidden_states, Allocation, Magnitudes,
 };
 use crate::experiments::common::{final_loss, kind_name, mean_std};
+use crate::experiments::lm_scaling::LmRun;
 use crate::experiments::needle::{retrieval_grid, Cell, NeedleTask};
 use crate::model::{Model, Workspace};
 use crate::train::in_memory::{train_short, Trained};
@@ -349,4 +350,63 @@ mod tests {
             assert!((run(k)[0] - (256f32).ln()).abs() < 0.2);
         }
     }
+}
+
+/// The language models' validation loss with weights and activations quantised (paper §3.7's
+/// low-bit claim at the weight and activation level): one row per kind, size and format, over
+/// the seeds.
+#[derive(Clone, Debug, Serialize)]
+pub struct WeightQuantRow {
+    pub kind: &'static str,
+    /// index into the LM plan's sizes
+    pub size: usize,
+    pub params: usize,
+    pub format: &'static str,
+    /// per seed: the f32 loss, the quantised loss, and the increase in percent of the f32 loss
+    pub f32_loss: Vec<f64>,
+    pub loss: Vec<f64>,
+    pub increase_pct: Vec<f64>,
+    /// share of the linear layers' and LM head's parameters held in blocks (the rest stay
+    /// f32: their width is not a multiple of 32)
+    pub quantised_share: f64,
+}
+
+/// A row for every kind, size and format of the kinds' own LM runs that were scored quantised
+/// (`LmRun::quant`), the seeds gathered, in the order kind, size, format.
+pub fn weight_quant_rows(lm: &[LmRun]) -> Vec<WeightQuantRow> {
+    let mut rows: Vec<WeightQuantRow> = Vec::new();
+    for r in lm.iter().filter(|r| r.variant.is_none()) {
+        for q in &r.quant {
+            let at = rows.iter().position(|w| {
+                w.kind == r.kind.as_str() && w.size == r.size && w.format == q.format
+            });
+            let i = at.unwrap_or_else(|| {
+                rows.push(WeightQuantRow {
+                    kind: r.kind.as_str(),
+                    size: r.size,
+                    params: r.params,
+                    format: q.format,
+                    f32_loss: Vec::new(),
+                    loss: Vec::new(),
+                    increase_pct: Vec::new(),
+                    quantised_share: q.quantised_params as f64 / q.matrix_params.max(1) as f64,
+                });
+                rows.len() - 1
+            });
+            let w = &mut rows[i];
+            w.f32_loss.push(r.val_loss);
+            w.loss.push(q.val_loss);
+            w.increase_pct
+                .push(100.0 * (q.val_loss - r.val_loss) / r.val_loss);
+        }
+    }
+    rows.sort_by_key(|w| (kind_index(w.kind), w.size, w.format));
+    rows
+}
+
+fn kind_index(name: &str) -> usize {
+    AttentionKind::ALL
+        .iter()
+        .position(|k| k.as_str() == name)
+        .unwrap_or(usize::MAX)
 }

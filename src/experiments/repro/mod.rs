@@ -20,7 +20,10 @@ pub mod plan;
 pub mod render;
 pub mod run;
 
-pub use measure::{head_lambda_stats, measure, train_needle, HeadLambda, KindRun, Measurements};
+pub use measure::{
+    head_lambda_stats, measure, train_needle, weight_quant_rows, HeadLambda, KindRun, Measurements,
+    WeightQuantRow,
+};
 pub use plan::{NeedleLoss, ReproPlan};
 pub use render::{
     render_report, results_json, HEATMAP_FILE, ICL_PLOT, LOWBIT_PLOT, NEEDLES_PLOT, REPORT_FILE,

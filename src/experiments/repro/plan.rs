@@ -7,6 +7,7 @@ use crate::experiments::common::matched_config;
 use crate::experiments::icl::IclPlan;
 use crate::experiments::lm_scaling::{LmPlan, PaperSays, Variant};
 use crate::experiments::needle::{NeedleTask, DEPTHS};
+use crate::kernels::quant::QuantKind;
 use crate::train::in_memory::ShortRun;
 use crate::util::thousands;
 
@@ -95,7 +96,10 @@ impl ReproPlan {
             lowbit_bits: vec![16, 8, 6, 4],
             lowbit_per_cell: 8,
             needle_counts: vec![1, 2],
-            lm: LmPlan::quick(),
+            lm: LmPlan {
+                quant: QuantKind::ALL.to_vec(),
+                ..LmPlan::quick()
+            },
             icl: IclPlan::quick(),
         }
     }
@@ -134,7 +138,10 @@ impl ReproPlan {
             lowbit_bits: vec![16, 8, 6, 4],
             lowbit_per_cell: 16,
             needle_counts: vec![1, 2, 3],
-            lm: LmPlan::full(),
+            lm: LmPlan {
+                quant: QuantKind::ALL.to_vec(),
+                ..LmPlan::full()
+            },
             icl: IclPlan::full(),
         }
     }

@@ -1,7 +1,7 @@
 //! `difftx repro` end to end: every model of the plan trained and measured, then the run folder
 //! written from the measurements.
 
-use super::measure::{measure, train_needle, KindRun};
+use super::measure::{measure, train_needle, weight_quant_rows, KindRun};
 use super::plan::ReproPlan;
 use super::render::{
     render_report, write_heatmap, write_line_plots, write_results, HEATMAP_FILE, ICL_PLOT,
@@ -43,7 +43,8 @@ pub fn run_repro(
     )?;
     let wall = started.elapsed().as_secs_f64();
     write_run(plan, out, &runs, &icl, &lm)?;
-    let mut report = render_report(plan, &runs, command, wall);
+    let wq = weight_quant_rows(&lm);
+    let mut report = render_report(plan, &runs, &wq, command, wall);
     report.push('\n');
     report.push_str(&icl_section(&plan.icl, &icl));
     report.push_str(&format!("\n![accuracy against shots]({ICL_PLOT})\n"));
