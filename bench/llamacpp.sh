@@ -15,7 +15,8 @@
 # llama.cpp is built from the source vendored in PyPI's llama-cpp-python sdist (so only PyPI is
 # needed): cmake and ninja come from pip, the build is native (-DGGML_NATIVE=ON), Release.
 # Environment: LLAMACPP_DIR (default $HOME/.cache/difftx/llama.cpp), THREADS (default 2),
-# PRESET (default medium; its context must hold 512 + 128 tokens), JOBS (build parallelism,
+# PRESET (default medium; its context must hold 512 + 128 tokens), KV (difftx's --kv-cache,
+# default f32; llama.cpp's own cache is f16, so KV=bf16 compares caches of equal width), JOBS (build parallelism,
 # default 2). Not part of CI. On a shared, loaded machine run it as
 # `OMP_WAIT_POLICY=passive bench/llamacpp.sh bench`: llama.cpp's OpenMP threads otherwise spin
 # for each other and its decode drops ten-fold (docs/BENCHMARKS.md); difftx uses no OpenMP.
@@ -74,7 +75,10 @@ for f in "${formats[@]}"; do
   "$bin" export --model "$tmp/model" --format gguf --quant "$f" --out "$tmp/$f.gguf" 2>/dev/null
 done
 # difftx's switch for a format: f32 is the default, bf16 is --bf16, the others --quant NAME
-difftx_flags() { case $1 in f32) ;; bf16) echo --bf16 ;; *) echo --quant "$1" ;; esac; }
+difftx_flags() {
+  case $1 in f32) ;; bf16) echo --bf16 ;; *) echo --quant "$1" ;; esac
+  echo --kv-cache "${KV:-f32}"
+}
 field() { python3 -c "import json,sys; print(json.loads(sys.argv[1])[sys.argv[2]])" "$1" "$2"; }
 # llama-bench's JSON: the tokens/s of (n_prompt, n_gen, n_depth)
 llama_ts() { python3 -c "
@@ -94,7 +98,7 @@ declare -A L D
 for r in $(seq "$rounds"); do
   for f in "${formats[@]}"; do
     lb=$("$llama/llama-bench" -m "$tmp/$f.gguf" -p 512 -n 128 -d 0,512 -t "$threads" -r 3 -o json 2>/dev/null)
-    read -r -a fl <<< "$(difftx_flags "$f")"
+    read -r -a fl <<< "$(difftx_flags "$f" | tr '\n' ' ')"
     d0=$("$bin" --threads "$threads" bench decode "${fl[@]}" --model "$tmp/model" --prompt-len 1 --new-tokens 128 --reps 3 --json)
     d512=$("$bin" --threads "$threads" bench decode "${fl[@]}" --model "$tmp/model" --prompt-len 512 --new-tokens 128 --reps 3 --json)
     vals=("$(llama_ts "$lb" 0 128 0)" "$(field "$d0" decode_tokens_per_s)"
@@ -107,7 +111,7 @@ for r in $(seq "$rounds"); do
       "$f" "$r" "${vals[@]}"
   done
 done
-echo "preset $preset (standard), $threads threads, llama.cpp from $(basename "$(ls "$LLAMACPP_DIR"/download/*.tar.gz | head -1)")"
+echo "preset $preset (standard), $threads threads, difftx KV cache ${KV:-f32}, llama.cpp from $(basename "$(ls "$LLAMACPP_DIR"/download/*.tar.gz | head -1)")"
 for f in "${formats[@]}"; do
   summary "$f decode at depth 0 (tg128)" "${L[$f,tg0]}" "${D[$f,tg0]}"
   summary "$f decode at depth 512 (tg128 @ d512)" "${L[$f,tg512]}" "${D[$f,tg512]}"
