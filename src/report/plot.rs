@@ -311,7 +311,7 @@ pub fn plot_runs(series: &[Series], axes: &LossAxes, out: &Path) -> Result<()> {
     if let Some((label, per)) = axes.top {
         draw_top_axis(&root, &chart, label, xmax, per, ymax).map_err(err)?;
     }
-    draw_curves(&mut chart, &trains, series, &entries).map_err(err)?;
+    draw_curves(&mut chart, &trains, series, &entries, ymax).map_err(err)?;
     draw_legend_below(&lower, &entries).map_err(err)?;
     root.present().map_err(|e| err(e.to_string()))?;
     Ok(())
@@ -362,6 +362,7 @@ fn draw_curves<'a, DB, X, Y>(
     trains: &[Vec<(f64, f64)>],
     series: &[Series],
     entries: &[(String, Look, bool)],
+    top: f64,
 ) -> std::result::Result<(), String>
 where
     DB: DrawingBackend + 'a,
@@ -371,15 +372,51 @@ where
     let mut e = entries.iter();
     for (i, s) in series.iter().enumerate() {
         if let Some((_, l, _)) = e.next() {
-            draw_looked(chart, &trains[i], l, false)?;
+            for part in below(&trains[i], top) {
+                draw_looked(chart, &part, l, false)?;
+            }
         }
         if !s.val.is_empty() {
             if let Some((_, l, _)) = e.next() {
-                draw_looked(chart, &s.val, l, true)?;
+                for part in below(&s.val, top) {
+                    draw_looked(chart, &part, l, true)?;
+                }
             }
         }
     }
     Ok(())
+}
+
+/// The parts of a line at or below `top`, the chart's upper edge: a part that comes down from
+/// above starts on the edge where the line crosses it, and one that rises above ends there, so
+/// that the loss of the first steps (left above the range) does not run flat along the edge.
+fn below(xy: &[(f64, f64)], top: f64) -> Vec<Vec<(f64, f64)>> {
+    let edge = |a: (f64, f64), b: (f64, f64)| {
+        let t = (top - a.1) / (b.1 - a.1);
+        (a.0 + t * (b.0 - a.0), top)
+    };
+    let (mut parts, mut part) = (Vec::new(), Vec::new());
+    let mut prev: Option<(f64, f64)> = None;
+    for &p in xy {
+        let inside = p.1 <= top;
+        match prev {
+            Some(q) if (q.1 <= top) != inside && q.1.is_finite() && p.1.is_finite() => {
+                part.push(edge(q, p));
+                if inside {
+                    part.push(p);
+                } else {
+                    parts.push(std::mem::take(&mut part));
+                }
+            }
+            _ if inside => part.push(p),
+            _ => {}
+        }
+        prev = Some(p);
+    }
+    if !part.is_empty() {
+        parts.push(part);
+    }
+    parts
 }
 
 /// The grid, ticks and axis names of a chart on `Axis` coordinates, in the house style (the
@@ -405,6 +442,34 @@ pub(crate) fn draw_grid<DB: DrawingBackend>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_line_above_the_top_enters_and_leaves_on_the_edge() {
+        // falls from 5 to 1 through the top at 3 (crossing at x = 1.5), spikes to 4 between
+        // x = 3 and 5 (crossings at 3.5 and 4.5), ends below
+        let xy = [
+            (0.0, 5.0),
+            (1.0, 4.0),
+            (2.0, 2.0),
+            (3.0, 2.0),
+            (4.0, 4.0),
+            (5.0, 2.0),
+            (6.0, 1.0),
+        ];
+        let parts = below(&xy, 3.0);
+        assert_eq!(
+            parts,
+            vec![
+                vec![(1.5, 3.0), (2.0, 2.0), (3.0, 2.0), (3.5, 3.0)],
+                vec![(4.5, 3.0), (5.0, 2.0), (6.0, 1.0)],
+            ]
+        );
+        assert_eq!(
+            below(&[(0.0, 1.0), (1.0, 2.0)], 3.0),
+            vec![vec![(0.0, 1.0), (1.0, 2.0)]]
+        );
+        assert!(below(&[(0.0, 4.0), (1.0, 5.0)], 3.0).is_empty());
+    }
 
     #[test]
     fn plot_writes_a_png_with_drawn_text_and_curves() {
