@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The full `difftx repro` run behind docs/REPRO.md: installs what it needs (Debian's `fortunes`
 # corpus for the language-modelling part), builds difftx and runs the full plan into
-# runs/repro (about 35 minutes on 2 idle cores; docs/REPRO.md took 2102 s), then copies the report and its plots to docs/.
+# runs/repro (about 30 minutes on 2 idle cores; docs/REPRO.md took 1587 s), then copies the report and its plots to docs/.
 #   scripts/repro.sh            # full run
 #   OUT=/tmp/r scripts/repro.sh --quick   # any extra arguments go to `difftx repro`
 set -euo pipefail
