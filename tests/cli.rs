@@ -34,6 +34,24 @@ fn eval(m: &Path, data: &Path) -> Output {
     ])
 }
 
+/// `difftx eval --model m --data data --json`, which must succeed: its one JSON object.
+fn eval_json(m: &Path, data: &Path) -> serde_json::Value {
+    let out = difftx(&[
+        "eval",
+        "--model",
+        m.to_str().unwrap(),
+        "--data",
+        data.to_str().unwrap(),
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("one JSON object on stdout")
+}
+
 fn init_model(dir: &Path, attention: &str) -> PathBuf {
     let m = dir.join(format!("m_{attention}"));
     let out = difftx(&[
@@ -98,21 +116,7 @@ fn eval_prints_loss_json_near_log_vocab_for_a_fresh_model() {
     for kind in ["standard", "diff_v1", "diff_v2"] {
         let m = init_model(tmp.path(), kind);
         let data = text_file(tmp.path(), "a.txt", &TEXT.repeat(5));
-        let out = difftx(&[
-            "eval",
-            "--model",
-            m.to_str().unwrap(),
-            "--data",
-            data.to_str().unwrap(),
-            "--json",
-        ]);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let v: serde_json::Value =
-            serde_json::from_slice(&out.stdout).expect("one JSON object on stdout");
+        let v = eval_json(&m, &data);
         let loss = v["loss"].as_f64().unwrap();
         // A freshly initialised byte-level model is close to uniform over 256 ids.
         assert!((loss - 256f64.ln()).abs() < 0.1, "{kind}: loss {loss}");
@@ -1130,23 +1134,7 @@ fn diff_v2_hugging_face_export_evaluates_and_generates_like_the_original() {
         assert!(hf.join(f).exists(), "{f} missing");
     }
     let data = text_file(tmp.path(), "a.txt", &TEXT.repeat(2));
-    let loss = |m: &Path| {
-        let out = difftx(&[
-            "eval",
-            "--model",
-            m.to_str().unwrap(),
-            "--data",
-            data.to_str().unwrap(),
-            "--json",
-        ]);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).unwrap()
-    };
-    assert_eq!(loss(&hf), loss(&native));
+    assert_eq!(eval_json(&hf, &data), eval_json(&native, &data));
     let gen = |m: &Path| {
         let args = [
             "generate",
