@@ -686,6 +686,35 @@ fn bench_matmul_cold_reports_each_backend_and_refuses_empty_sizes() {
     );
 }
 
+/// `bench decode --batch 5` decodes five sequences together and counts all their tokens; a
+/// batch of 0 is a one-line error.
+#[test]
+fn bench_decode_batches_sequences_and_refuses_a_batch_of_zero() {
+    let args = |batch: &'static str| {
+        let mut a = vec!["--threads", "1", "bench", "decode", "--preset", "tiny"];
+        a.extend(["--prompt-len", "8", "--new-tokens", "6", "--reps", "1"]);
+        a.extend(["--batch", batch, "--json"]);
+        a
+    };
+    let out = difftx(&args("5"));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    assert_eq!(r["batch"], 5, "{r}");
+    let (tps, secs) = (
+        r["decode_tokens_per_s"].as_f64().unwrap(),
+        r["decode_s_median"].as_f64().unwrap(),
+    );
+    assert!(
+        (tps * secs - 30.0).abs() < 1e-6,
+        "5 sequences × 6 tokens: {r}"
+    );
+    fails_with(&difftx(&args("0")), &["--batch", "positive"]);
+}
+
 #[test]
 fn a_training_run_folder_serves_as_its_newest_checkpoint() {
     let tmp = tempfile::tempdir().unwrap();

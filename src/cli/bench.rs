@@ -17,7 +17,8 @@ pub enum BenchCmd {
     /// GFLOP/s of one matrix product, difftx's f32 kernel against the `gemm` crate (and bf16
     /// where the CPU has AVX512_BF16), alternating.
     Matmul(BenchMatmulArgs),
-    /// Prefill and batch-1 greedy decode tokens/s (compare with bench/hf_decode.py).
+    /// Prefill and greedy decode tokens/s, at batch 1 or --batch N (compare with
+    /// bench/hf_decode.py and llama-bench).
     Decode(BenchDecodeArgs),
     /// One layer's attention kernel, forward and backward, on a preset's head layout.
     Attention(BenchAttentionArgs),
@@ -227,6 +228,11 @@ pub struct BenchDecodeArgs {
     /// Timed repetitions; the median is reported.
     #[arg(long, default_value_t = 3)]
     pub reps: usize,
+    /// Sequences decoded together (each its own seeded random prompt), with the products that
+    /// `serve --parallel N` uses (a sequence's numbers do not depend on the others); tokens/s
+    /// counts every sequence's tokens.
+    #[arg(long, default_value_t = 1)]
+    pub batch: usize,
     /// Also measure read bandwidth, of main memory and of a buffer the size of the weights and
     /// KV cache (cache-resident where it fits), and compare each token's time with reading
     /// those bytes once at each rate.
@@ -499,34 +505,38 @@ fn decode(a: BenchDecodeArgs, precision: Precision) -> Result<()> {
     let new_tokens = a
         .new_tokens
         .unwrap_or(128.min(ctx.saturating_sub(prompt_len)).max(1));
-    let r = difftx::experiments::bench::bench_decode(&model, prompt_len, new_tokens, a.reps)?;
+    let r =
+        difftx::experiments::bench::bench_decode(&model, prompt_len, new_tokens, a.reps, a.batch)?;
     if a.json {
         println!("{}", serde_json::to_string(&r)?);
     } else {
-        // what a step reads: the weights, and the cache rows it attends to (the mean step's)
-        let bw_bytes = r.weight_bytes + r.kv_bytes_per_token;
+        // what a step reads: the weights, and the cache rows each sequence attends to (the
+        // mean step's)
+        let kv_step = r.kv_bytes_per_token * r.batch as u64;
+        let bw_bytes = r.weight_bytes + kv_step;
         let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
         println!(
-            "{} ({} params), {} threads, {} weights, {} KV cache: prefill {} tokens {:.0} tokens/s; decode {} tokens at batch 1 {:.1} tokens/s ({:.2} ms/token; reads ≥ {:.1} MiB/token, {:.2} MiB of it the KV cache)",
+            "{} ({} params), {} threads, {} weights, {} KV cache: prefill {} tokens {:.0} tokens/s; decode {} tokens at batch {} {:.1} tokens/s ({:.2} ms/step; a step reads ≥ {:.1} MiB, {:.2} MiB of it the KV cache)",
             r.attention,
             r.params,
             r.threads,
             r.precision,
             r.kv_cache,
-            r.prompt_len,
+            r.batch * r.prompt_len,
             r.prefill_tokens_per_s,
-            r.new_tokens,
+            r.batch * r.new_tokens,
+            r.batch,
             r.decode_tokens_per_s,
-            1e3 / r.decode_tokens_per_s,
+            1e3 * r.batch as f64 / r.decode_tokens_per_s,
             mib(bw_bytes),
-            mib(r.kv_bytes_per_token)
+            mib(kv_step)
         );
         if a.bandwidth {
-            let ms = 1e3 / r.decode_tokens_per_s;
+            let ms = 1e3 * r.batch as f64 / r.decode_tokens_per_s;
             let bound_ms = |gbs: f64| bw_bytes as f64 / (gbs * 1e9) * 1e3;
             let gbs = difftx::experiments::bench::memory_read_gbs();
             println!(
-                "decode {ms:.3} ms/token; memory reads at {gbs:.1} GB/s would take {:.3} ms for the weights and the KV rows a step reads: {:.2}× that bound",
+                "decode {ms:.3} ms/step; memory reads at {gbs:.1} GB/s would take {:.3} ms for the weights and the KV rows a step reads: {:.2}× that bound",
                 bound_ms(gbs),
                 ms / bound_ms(gbs)
             );

@@ -276,27 +276,31 @@ pub struct DecodeBench {
     pub weight_bytes: u64,
     /// "bf16" when decoding read bf16 weights (`--bf16`), "q8_0" or "q4_0" with `--quant`
     pub precision: &'static str,
-    /// the KV cache at the end of decoding, in its element type
+    /// the KV caches at the end of decoding (all `batch` of them), in their element type
     pub kv_cache_bytes: u64,
     /// "f32" or "bf16" (`--kv-cache`)
     pub kv_cache: &'static str,
-    /// cache bytes a decoding step reads, the mean over the steps: every cached row once
+    /// cache bytes a decoding step reads for one sequence, the mean over the steps: every
+    /// cached row once
     pub kv_bytes_per_token: u64,
 }
 
-/// Greedy decoding at batch 1 after a seeded random prompt of `prompt_len` tokens, `reps`
-/// times after one warm-up; medians of the prefill time and of the time for `new_tokens` steps.
+/// Greedy decoding of `batch` sequences together after seeded random prompts of `prompt_len`
+/// tokens each, `reps` times after one warm-up; medians of the prefill time and of the time
+/// for `new_tokens` steps. Past one sequence the products are the server's batch-invariant
+/// ones (`set_batch_invariant`), so that this measures what `serve --parallel` decodes.
 pub fn bench_decode(
     model: &Model,
     prompt_len: usize,
     new_tokens: usize,
     reps: usize,
+    batch: usize,
 ) -> Result<DecodeBench> {
     use crate::infer::{generate, GenerateOptions, Sampling};
     let ctx = model.config.max_position_embeddings;
-    if prompt_len == 0 || new_tokens == 0 {
+    if prompt_len == 0 || new_tokens == 0 || batch == 0 {
         return Err(Error::Invalid(
-            "--prompt-len and --new-tokens must be positive".into(),
+            "--prompt-len, --new-tokens and --batch must be positive".into(),
         ));
     }
     if prompt_len + new_tokens > ctx {
@@ -305,8 +309,12 @@ pub fn bench_decode(
         )));
     }
     let mut rng = ChaCha8Rng::seed_from_u64(0);
-    let prompt: Vec<u32> = (0..prompt_len)
-        .map(|_| rng.random_range(0..model.config.vocab_size as u32))
+    let prompts: Vec<Vec<u32>> = (0..batch)
+        .map(|_| {
+            (0..prompt_len)
+                .map(|_| rng.random_range(0..model.config.vocab_size as u32))
+                .collect()
+        })
         .collect();
     let opts = GenerateOptions {
         max_new_tokens: new_tokens + 1, // the first new token comes from the prefill
@@ -315,14 +323,23 @@ pub fn bench_decode(
         eos: None,
         truncate_prompt: false,
     };
-    let run = || generate(model, std::slice::from_ref(&prompt), &opts, |_, _| {});
-    run()?;
-    let (mut pre, mut dec) = (Vec::new(), Vec::new());
-    for _ in 0..reps.max(1) {
-        let g = run()?;
-        pre.push(g.prefill_seconds);
-        dec.push(g.decode_seconds);
+    let timed = || -> Result<(Vec<f64>, Vec<f64>)> {
+        let run = || generate(model, &prompts, &opts, |_, _| {});
+        run()?;
+        let (mut pre, mut dec) = (Vec::new(), Vec::new());
+        for _ in 0..reps.max(1) {
+            let g = run()?;
+            pre.push(g.prefill_seconds);
+            dec.push(g.decode_seconds);
+        }
+        Ok((pre, dec))
+    };
+    if batch > 1 {
+        crate::kernels::gemm::linear::set_batch_invariant(batch);
     }
+    let result = timed();
+    crate::kernels::gemm::linear::set_batch_invariant(0);
+    let (mut pre, mut dec) = result?;
     let med = |v: &mut Vec<f64>| {
         v.sort_by(|a, b| a.total_cmp(b));
         v[v.len() / 2]
@@ -339,14 +356,14 @@ pub fn bench_decode(
         attention: c.attention.to_string(),
         params: model.num_params(),
         threads: rayon::current_num_threads(),
-        batch: 1,
+        batch,
         prompt_len,
         new_tokens,
         reps: reps.max(1),
         prefill_s_median: p,
-        prefill_tokens_per_s: prompt_len as f64 / p,
+        prefill_tokens_per_s: (batch * prompt_len) as f64 / p,
         decode_s_median: d,
-        decode_tokens_per_s: new_tokens as f64 / d,
+        decode_tokens_per_s: (batch * new_tokens) as f64 / d,
         // with --bf16 the matrix products of decoding read 2 bytes a weight, with --quant
         // their blocks
         weight_bytes: match &model.quant {
@@ -360,7 +377,7 @@ pub fn bench_decode(
             Some(q) => q.kind.as_str(),
             None => precision(model.precision),
         },
-        kv_cache_bytes: (kv_per_token * (prompt_len + new_tokens)) as u64,
+        kv_cache_bytes: (batch * kv_per_token * (prompt_len + new_tokens)) as u64,
         kv_cache: model.kv_cache.as_str(),
         kv_bytes_per_token: (kv_per_token as f64 * rows_read) as u64,
     })

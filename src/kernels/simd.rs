@@ -188,19 +188,7 @@ pub(crate) unsafe fn dot_rows16<T: Elem>(
                         }
                     }
                 }
-                transpose16(&mut acc);
-                // Summed in halves (a tree of four levels), not as one chain of fifteen additions.
-                let mut n = 16;
-                while n > 1 {
-                    n /= 2;
-                    for i in 0..n {
-                        acc[i] = _mm512_castps_si512(_mm512_add_ps(
-                            _mm512_castsi512_ps(acc[i]),
-                            _mm512_castsi512_ps(acc[i + n]),
-                        ));
-                    }
-                }
-                _mm512_castsi512_ps(acc[0])
+                sum_lanes16(acc)
             }
         }
         if h == 16 {
@@ -209,6 +197,76 @@ pub(crate) unsafe fn dot_rows16<T: Elem>(
             sums::<false, T>(x, w, rs, h)
         }
     }
+}
+
+/// Lane i is the sum of the sixteen lanes of `acc[i]`: one 16 × 16 transpose, then the
+/// registers summed in halves (a tree of four levels, not a chain of fifteen additions). Every
+/// dot product of `dot_rows16` and `dot_grid` ends here, so each sums in the same order.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+pub(crate) fn sum_lanes16(mut acc: [std::arch::x86_64::__m512i; 16]) -> std::arch::x86_64::__m512 {
+    use std::arch::x86_64::*;
+    transpose16(&mut acc);
+    let mut n = 16;
+    while n > 1 {
+        n /= 2;
+        for i in 0..n {
+            acc[i] = _mm512_castps_si512(_mm512_add_ps(
+                _mm512_castsi512_ps(acc[i]),
+                _mm512_castsi512_ps(acc[i + n]),
+            ));
+        }
+    }
+    _mm512_castsi512_ps(acc[0])
+}
+
+/// Lane r·O + o is x_r · w_o for R input rows `xs` and O weight rows `ws` (R·O = 16), each `len`
+/// long: one accumulator per pair, FMAs over blocks of 16 columns, then `sum_lanes16`. Each
+/// lane is summed exactly as `dot_rows16` sums its rows, so a product's outputs do not depend
+/// on how its rows and outputs were grouped: decoding gives a sequence the same numbers
+/// whether it runs alone (1 × 16) or in a batch (4 × 4), and a batch reads each weight once
+/// for four rows. With `ahead` > 0, each step also asks for the cache line `ahead` values past
+/// each weight row's (the rows a caller reads next, so that their loads from memory overlap
+/// this block's arithmetic; a hint, which reads nothing).
+///
+/// # Safety
+/// AVX-512F; every pointer has `len` values in bounds.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+pub(crate) unsafe fn dot_grid<const R: usize, const O: usize, T: Elem>(
+    xs: [*const f32; R],
+    ws: [*const T; O],
+    len: usize,
+    ahead: usize,
+) -> std::arch::x86_64::__m512 {
+    use std::arch::x86_64::*;
+    debug_assert_eq!(R * O, 16);
+    let mut acc = [_mm512_setzero_si512(); 16];
+    for p in (0..len).step_by(16) {
+        let m = lane_mask(len - p);
+        // (loops, not closures: a closure would not inherit this fn's target features)
+        let (mut xv, mut wv) = ([_mm512_setzero_ps(); R], [_mm512_setzero_ps(); O]);
+        for r in 0..R {
+            // SAFETY: p < len, and the masked loads read no further than len (the contract).
+            xv[r] = unsafe { _mm512_maskz_loadu_ps(m, xs[r].add(p)) };
+        }
+        for o in 0..O {
+            // SAFETY: as above.
+            wv[o] = unsafe { load16(ws[o].add(p), len - p) };
+            if ahead > 0 {
+                _mm_prefetch::<_MM_HINT_T0>(ws[o].wrapping_add(ahead + p) as *const i8);
+            }
+        }
+        for r in 0..R {
+            for o in 0..O {
+                let a = &mut acc[r * O + o];
+                *a = _mm512_castps_si512(_mm512_fmadd_ps(wv[o], xv[r], _mm512_castsi512_ps(*a)));
+            }
+        }
+    }
+    sum_lanes16(acc)
 }
 
 /// Σ a·b with 64 independent partial sums in four vector registers, so that neither the

@@ -430,18 +430,36 @@ impl Layer<'_> {
         caches: &mut [KvCache],
         pos0: &[usize],
     ) {
+        use rayon::prelude::*;
         let (d, s) = (self.d, &self.d.shape);
         let (qw, ow) = (d.q_width(), d.o_width());
-        for (bi, cache) in caches.iter_mut().enumerate() {
-            let (o, lse, q) = (
-                &mut o[bi * t * ow..(bi + 1) * t * ow],
-                &mut lse[bi * s.nq * t..(bi + 1) * s.nq * t],
-                &qkv.0[bi * t * qw..(bi + 1) * t * qw],
-            );
+        // (sequence, ((its cache, its o), its lse))
+        type Seq<'a> = (usize, ((&'a mut KvCache, &'a mut [f32]), &'a mut [f32]));
+        let one = |(bi, ((cache, o), lse)): Seq| {
+            let q = &qkv.0[bi * t * qw..(bi + 1) * t * qw];
             match &mut cache.store {
                 Store::F32(rows) => self.attend_rows(o, lse, q, qkv, rows, bi, t, pos0[bi]),
                 Store::Bf16(rows) => self.attend_rows(o, lse, q, qkv, rows, bi, t, pos0[bi]),
             }
+        };
+        let b = caches.len();
+        let (o, lse) = (&mut o[..b * t * ow], &mut lse[..b * s.nq * t]);
+        if t == 1 && b > 1 {
+            // a batch's decoding step: the sequences in one parallel region, not one region
+            // each (a sequence's numbers do not depend on it: its chunks are its own)
+            caches
+                .par_iter_mut()
+                .zip(o.par_chunks_mut(t * ow))
+                .zip(lse.par_chunks_mut(s.nq * t))
+                .enumerate()
+                .for_each(one);
+        } else {
+            caches
+                .iter_mut()
+                .zip(o.chunks_mut(t * ow))
+                .zip(lse.chunks_mut(s.nq * t))
+                .enumerate()
+                .for_each(one);
         }
     }
 

@@ -210,7 +210,7 @@ fn load_and_run(
     rx: std::sync::mpsc::Receiver<Task>,
 ) -> std::result::Result<(), String> {
     // a request's numbers must not depend on the batch beside it (see `set_batch_invariant`)
-    crate::kernels::gemm::linear::set_batch_invariant(true);
+    crate::kernels::gemm::linear::set_batch_invariant(eopts.parallel);
     let (model, dir) = load()?;
     let tok = Tokenizer::for_model(&dir, &model.config).map_err(|e| e.to_string())?;
     let chat = chat::ChatTemplate::for_model(&dir).map_err(|e| e.to_string())?;

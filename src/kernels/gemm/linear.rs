@@ -7,7 +7,7 @@ use crate::kernels::quant::{QuantAct, QuantMatrix};
 use crate::kernels::Grad;
 use rayon::prelude::*;
 use std::ops::Range;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// A linear layer's weight (OC, C) as in torch `Linear`, and optionally the bf16 copies that
 /// inference reads with `--bf16` (see `Workspace::keep_bf16_weights`): its rows, which
@@ -53,7 +53,7 @@ pub fn matmul_forward<'a>(
         let x = QuantAct::new(inp, n, c, q.kind);
         return crate::kernels::quant::matmul(out, &x, q, accumulate);
     }
-    if n <= gemv_rows() {
+    if n <= gemv_rows(&w) {
         return gemv(&[Gemv::new(out, inp, w, n, c, oc, accumulate)]);
     }
     #[cfg(target_arch = "x86_64")]
@@ -108,7 +108,7 @@ pub fn matmul_forward_each(
         let engine = crate::kernels::quant::Engine::detect();
         return crate::kernels::quant::matmul_on(engine, &mut qparts, &x, false);
     }
-    if n <= gemv_rows() {
+    if parts.iter().all(|p| n <= gemv_rows(&p.1)) {
         let jobs: Vec<Gemv> = parts
             .iter_mut()
             .map(|(out, w, oc)| Gemv::new(out, inp, *w, n, c, *oc, false))
@@ -139,24 +139,27 @@ pub fn matmul_forward_each(
 /// row is read once and dotted with every input row, with no packing.
 const GEMV_ROWS: usize = 4;
 
-/// Whether products of few rows take the matrix-vector path (see `set_batch_invariant`).
-static GEMV_ON: AtomicBool = AtomicBool::new(true);
+/// 0, or the most rows that the server decodes at once (see `set_batch_invariant`).
+static INVARIANT_ROWS: AtomicUsize = AtomicUsize::new(0);
 
-/// With `on`, every product runs as the packed one, whatever its number of rows: a row's
-/// output is then the same to the last bit whether it is multiplied alone or with others
-/// (the packed product sums each output in the same order for any number of rows, while the
-/// matrix-vector path sums in another order). The server turns it on, so that a request's
-/// numbers do not depend on how many others decode beside it; it costs single-sequence decode
-/// speed (the weights are packed on every product). Process-wide.
-pub fn set_batch_invariant(on: bool) {
-    GEMV_ON.store(!on, Ordering::Relaxed);
+/// With `rows` > 0, a product's every output is the same to the last bit whatever the number
+/// of input rows beside its own, up to `rows` of them and beyond: products of f32 weights
+/// with at most `max(rows, GEMV_ROWS)` input rows all take the matrix-vector path's `dot_grid`
+/// sums (each output summed in one order, however rows and outputs are grouped), and bf16
+/// tiles always take the packed product (which sums each output in one order for any number
+/// of rows). The server turns it on with its `--parallel`, so that a request's numbers do not
+/// depend on how many others decode beside it; longer inputs (prefill chunks) take the packed
+/// product as usual, which is deterministic for a given chunk. 0 turns it off. Process-wide.
+pub fn set_batch_invariant(rows: usize) {
+    INVARIANT_ROWS.store(rows, Ordering::Relaxed);
 }
 
-fn gemv_rows() -> usize {
-    if GEMV_ON.load(Ordering::Relaxed) {
-        GEMV_ROWS
-    } else {
-        0
+/// Up to how many input rows a product with weight `w` takes the matrix-vector path.
+fn gemv_rows(w: &Weight) -> usize {
+    match INVARIANT_ROWS.load(Ordering::Relaxed) {
+        0 => GEMV_ROWS,
+        _ if w.tiles.is_some() => 0,
+        rows => rows.max(GEMV_ROWS),
     }
 }
 
@@ -168,8 +171,8 @@ const GEMV_CHUNK: usize = 64;
 /// projections at the bench preset, 128 × 256, ran on one thread and cost decode 15%).
 const GEMV_PARALLEL_THRESHOLD: usize = PARALLEL_THRESHOLD / 4;
 
-/// One matrix-vector product of decoding: out (n, oc) (+)= x (n, c) · wᵀ for n ≤ GEMV_ROWS, in
-/// tasks of GEMV_CHUNK outputs (`run`).
+/// One matrix-vector product of decoding: out (n, oc) (+)= x (n, c) · wᵀ for few rows n
+/// (`gemv_rows`), in tasks of GEMV_CHUNK outputs (`run`).
 struct Gemv<'a> {
     out: crate::kernels::SharedMut,
     /// `out` stays borrowed while the tasks write it through the raw pointer.
@@ -192,7 +195,7 @@ impl<'a> Gemv<'a> {
         oc: usize,
         accumulate: bool,
     ) -> Self {
-        assert!(n <= GEMV_ROWS && out.len() >= n * oc && x.len() >= n * c);
+        assert!(out.len() >= n * oc && x.len() >= n * c);
         assert!(w.f32.len() >= oc * c, "matmul_forward: weight too small");
         Gemv {
             out: crate::kernels::SharedMut::new(out),
@@ -211,37 +214,88 @@ impl<'a> Gemv<'a> {
     }
 
     /// Outputs ti·GEMV_CHUNK.. of every row. The weight's form picks the kernel: its bf16 tiles
-    /// (`--bf16`), f32 rows sixteen at a time for one input row, else a dot per output
+    /// (`--bf16`, at most GEMV_ROWS rows), f32 rows in `dot_grid` blocks, else a dot per output
     /// over its bf16 or f32 row.
     fn run(&self, ti: usize) {
         let outs = ti * GEMV_CHUNK..((ti + 1) * GEMV_CHUNK).min(self.oc);
         let (x, n, c) = (self.x, self.n, self.c);
         #[cfg(target_arch = "x86_64")]
         if let Some(tiles) = self.w.tiles {
+            assert!(n <= GEMV_ROWS);
             // SAFETY: AVX-512F is present wherever tiles exist.
             return self.blocks16(outs, |o0, _| unsafe {
                 super::bf16::tile_row_sums(x, tiles, o0, n, c)
             });
         }
         #[cfg(target_arch = "x86_64")]
-        if n == 1 && self.w.bf16.is_none() && super::cpu::avx512f() {
-            use std::arch::x86_64::_mm512_setzero_ps;
-            let w = self.w.f32;
-            // SAFETY: AVX-512F was detected; rows o0..o0+h of w are in bounds (Gemv::new).
-            return self.blocks16(outs, |o0, h| unsafe {
-                let z = _mm512_setzero_ps();
-                [
-                    crate::kernels::dot_rows16(&x[..c], w.as_ptr().add(o0 * c), c, h),
-                    z,
-                    z,
-                    z,
-                ]
-            });
+        if self.w.bf16.is_none() && super::cpu::avx512f() {
+            return self.grid(outs);
         }
         match self.w.bf16 {
             Some(wb) => self.dots(outs, wb, crate::kernels::dot_bf16),
             None => self.dots(outs, self.w.f32, crate::kernels::dot),
         }
+    }
+
+    /// The outputs `outs` of every row, sixteen outputs at a time, each block in `dot_grid`s:
+    /// four rows by four outputs while four rows are left (each weight row read once for
+    /// four input rows), then two by eight or one by sixteen. Rows and outputs past the end
+    /// repeat the last one, and their sums are dropped. From four rows, the first rows of a
+    /// block fetch the next block's weights as they go.
+    #[cfg(target_arch = "x86_64")]
+    fn grid(&self, outs: Range<usize>) {
+        for o0 in outs.clone().step_by(16) {
+            let h = 16.min(outs.end - o0);
+            // (a lone row is bound by memory, and the hardware's prefetching serves it better)
+            let ahead = if o0 + 16 < outs.end && self.n >= 4 {
+                16 * self.c
+            } else {
+                0
+            };
+            let mut r0 = 0;
+            while r0 < self.n {
+                let ahead = if r0 == 0 { ahead } else { 0 };
+                r0 += match self.n - r0 {
+                    1 => self.grid_block::<1, 16>(r0, o0, h, ahead),
+                    2 => self.grid_block::<2, 8>(r0, o0, h, ahead),
+                    _ => self.grid_block::<4, 4>(r0, o0, h, ahead),
+                };
+            }
+        }
+    }
+
+    /// Rows r0..r0 + R by outputs o0..o0 + h, O outputs at a time; returns the rows done.
+    /// With `ahead` > 0 the weight rows `ahead` values on are fetched as it goes.
+    #[cfg(target_arch = "x86_64")]
+    fn grid_block<const R: usize, const O: usize>(
+        &self,
+        r0: usize,
+        o0: usize,
+        h: usize,
+        ahead: usize,
+    ) -> usize {
+        let (n, c, w) = (self.n, self.c, self.w.f32);
+        let rows = R.min(n - r0);
+        let xs = std::array::from_fn(|i| self.x[(r0 + i).min(n - 1) * c..].as_ptr());
+        for s in (0..h).step_by(O) {
+            let ws = std::array::from_fn(|j| w[(o0 + (s + j).min(h - 1)) * c..].as_ptr());
+            let mut sums = [0f32; 16];
+            // SAFETY: AVX-512F was detected (`run`); every row pointer has c values in bounds
+            // (rows < n of x, outputs < oc of w: `Gemv::new`).
+            unsafe {
+                let v = crate::kernels::dot_grid::<R, O, f32>(xs, ws, c, ahead);
+                std::arch::x86_64::_mm512_storeu_ps(sums.as_mut_ptr(), v);
+            }
+            for i in 0..rows {
+                for j in 0..O.min(h - s) {
+                    // SAFETY: output o0 + s + j belongs to this task alone.
+                    let y = unsafe { self.out.slice((r0 + i) * self.oc + o0 + s + j, 1) };
+                    let v = sums[i * O + j];
+                    y[0] = if self.accumulate { y[0] + v } else { v };
+                }
+            }
+        }
+        rows
     }
 
     /// The outputs `outs`, one `dot` of a weight row (f32 or bf16) per output and input row.
@@ -349,6 +403,43 @@ mod tests {
             (1, 5, 3),
         ] {
             check_matmul(n, c, oc);
+        }
+    }
+
+    /// The matrix-vector path gives each row the same bits whether it is multiplied alone or
+    /// among up to 21 others (what the server's batch invariance rests on), over ragged widths
+    /// (tails of the 16-column blocks, of the 16-output blocks, of the 64-output tasks) and
+    /// with accumulation; and the sums are right (against f64).
+    #[test]
+    fn matrix_vector_rows_get_the_same_bits_alone_or_in_a_batch() {
+        use crate::testutil::randn;
+        for (c, oc) in [(37, 70), (512, 130), (16, 17), (100, 3), (1, 64)] {
+            let (w, x, base) = (
+                randn(oc * c, 1, 1.0),
+                randn(22 * c, 2, 1.0),
+                randn(22 * oc, 3, 1.0),
+            );
+            for accumulate in [false, true] {
+                let run = |rows: std::ops::Range<usize>| {
+                    let n = rows.len();
+                    let mut out = base[rows.start * oc..rows.end * oc].to_vec();
+                    let xs = &x[rows.start * c..rows.end * c];
+                    gemv(&[Gemv::new(&mut out, xs, w[..].into(), n, c, oc, accumulate)]);
+                    out
+                };
+                let alone: Vec<f32> = (0..22).flat_map(|r| run(r..r + 1)).collect();
+                for n in [2, 3, 4, 5, 7, 16, 22] {
+                    assert_eq!(run(0..n), alone[..n * oc], "c {c} oc {oc} n {n}");
+                }
+                for (i, &y) in alone.iter().enumerate() {
+                    let (r, o) = (i / oc, i % oc);
+                    let dot: f64 = (0..c)
+                        .map(|k| x[r * c + k] as f64 * w[o * c + k] as f64)
+                        .sum();
+                    let want = dot + if accumulate { base[i] as f64 } else { 0.0 };
+                    assert!((y as f64 - want).abs() < 1e-4 * (1.0 + c as f64).sqrt());
+                }
+            }
         }
     }
 
