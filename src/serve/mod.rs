@@ -230,6 +230,6 @@ fn load_and_run(
         "difftx serve: model ready ({} parameters)",
         model.num_params()
     );
-    engine.run(&rx);
+    engine.run(rx);
     Ok(())
 }
