@@ -111,7 +111,7 @@ fn digest(a: BenchDigestArgs) -> Result<()> {
 /// The model a benchmark builds: a preset of one attention kind, its batch and context.
 #[derive(Args)]
 pub struct BenchShape {
-    /// tiny, bench, small or medium (`difftx presets` shows each shape)
+    /// tiny, bench, small, medium or large (`difftx presets` shows each shape)
     #[arg(long, default_value = "bench")]
     pub preset: Preset,
     /// standard, diff_v1 or diff_v2

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 
 #[derive(Args)]
 pub struct InitArgs {
-    /// Model size: tiny, bench, small or medium (`difftx presets` shows each shape).
+    /// Model size: tiny, bench, small, medium or large (`difftx presets` shows each shape).
     #[arg(long, default_value = "tiny")]
     pub preset: Preset,
     /// standard, diff_v1 or diff_v2
