@@ -68,6 +68,9 @@ unsafe fn dots<const MR: usize>(
 ) -> [[f32; NR]; MR] {
     let (nb, kind) = (w.blocks(), w.kind);
     let wrow = wr.map(|o| w.row(o));
+    // decoding (one input row) is bound by how fast the weights stream in: each step asks
+    // for the same group of the weight rows two tiles on (rows are contiguous)
+    let fetch = if MR == 1 { 2 * NR * wrow[0].0.len() } else { 0 };
     let xrow = xr.map(|r| x.row(r));
     let mut acc = [[_mm512_setzero_ps(); NR]; MR];
     let lanes = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
@@ -100,6 +103,15 @@ unsafe fn dots<const MR: usize>(
             let idx = _mm512_add_epi32(lanes, _mm512_set1_epi32((GROUP * g) as i32));
             // SAFETY: the group lies inside each (padded) weight row.
             let wv = wrow.map(|(q, _)| unsafe { weights(kind, q, b) });
+            if fetch > 0 {
+                let qb = GROUP * kind.quant_bytes();
+                for (q, _) in wrow {
+                    let at = q.as_ptr().wrapping_add(b * kind.quant_bytes() + fetch);
+                    for line in (0..qb).step_by(64) {
+                        _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(line).cast());
+                    }
+                }
+            }
             let dwl = dw.map(|d| _mm512_permutexvar_ps(idx, d));
             for j in 0..MR {
                 // SAFETY: the input rows are padded to whole groups of sixteen blocks.
