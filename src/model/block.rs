@@ -444,23 +444,14 @@ impl Layer<'_> {
         };
         let b = caches.len();
         let (o, lse) = (&mut o[..b * t * ow], &mut lse[..b * s.nq * t]);
-        if t == 1 && b > 1 {
-            // a batch's decoding step: the sequences in one parallel region, not one region
-            // each (a sequence's numbers do not depend on it: its chunks are its own)
-            caches
-                .par_iter_mut()
-                .zip(o.par_chunks_mut(t * ow))
-                .zip(lse.par_chunks_mut(s.nq * t))
-                .enumerate()
-                .for_each(one);
-        } else {
-            caches
-                .iter_mut()
-                .zip(o.chunks_mut(t * ow))
-                .zip(lse.chunks_mut(s.nq * t))
-                .enumerate()
-                .for_each(one);
-        }
+        // the sequences in one parallel region (a batch's decoding step: not one region per
+        // sequence); a sequence's numbers do not depend on it, its chunks are its own
+        caches
+            .par_iter_mut()
+            .zip(o.par_chunks_mut(t * ow))
+            .zip(lse.par_chunks_mut(s.nq * t))
+            .enumerate()
+            .for_each(one);
     }
 
     /// `cached_attention` for sequence bi, whose cache holds `rows`: its t new keys and values
