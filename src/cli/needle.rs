@@ -59,7 +59,7 @@ pub struct NeedleArgs {
     /// Episodes evaluated at once.
     #[arg(long, default_value_t = 8)]
     pub batch: usize,
-    /// Print one JSON object {"model", "needles", "queries", "digits", "filler", "episodes",
+    /// Print one JSON object {"model", "needles", "queries", "digits", "filler", "episodes", "seed",
     /// "accuracy", "all_queries_accuracy", "cells": [{"len", "depth", "correct", "total", "accuracy", "all_correct",
     /// "all_total"}]} on stdout.
     #[arg(long)]
