@@ -43,6 +43,9 @@ enum Cmd {
     /// Train standard, diff_v1 and diff_v2 at matched parameters on the same multi-needle data
     /// and measure the paper's claims side by side: OUT/REPRO.md, OUT/needle_heatmap.png.
     Repro(cli::repro::ReproArgs),
+    /// Score a model on multi-needle retrieval (the task `repro` trains on): accuracy per
+    /// context length × depth of the needle asked for.
+    Needle(cli::needle::NeedleArgs),
     /// Draw one head's attention over a prompt: A1, A2 and A1 − λA2 side by side for the diff
     /// kinds, the softmax map for standard.
     AttentionMap(cli::attention_map::AttentionMapArgs),
@@ -136,6 +139,7 @@ fn try_main(cli: Cli, name: &str) -> Result<()> {
         Cmd::Eval(a) => cli::eval::run(a, precision),
         Cmd::Generate(a) => cli::generate::run(a, precision),
         Cmd::Repro(a) => cli::repro::run(a),
+        Cmd::Needle(a) => cli::needle::run(a, precision),
         Cmd::AttentionMap(a) => cli::attention_map::run(a, precision),
         Cmd::Export(a) => cli::export::run(a),
         Cmd::Init(a) => cli::init::run(a),

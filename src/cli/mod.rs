@@ -8,6 +8,7 @@ pub mod eval;
 pub mod export;
 pub mod generate;
 pub mod init;
+pub mod needle;
 pub mod plot;
 pub mod presets;
 pub mod progress;

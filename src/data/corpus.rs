@@ -2,6 +2,7 @@
 //! once into a cached token file, split into training and validation, and sampled as random
 //! windows by a seeded generator.
 
+use super::needle::{NeedleLoss, NeedleTask};
 use super::tokenizer::{Coverage, Tokenizer};
 use super::tokens::{TokenFile, TokenSlice, TokenStore, TokenWriter};
 use crate::error::{Error, Result};
@@ -437,6 +438,21 @@ impl WindowSampler {
             data.copy_to(s + 1, &mut y[i * t..(i + 1) * t]);
         }
         self.drawn += b as u64;
+    }
+
+    /// Fills `b` rows with fresh needle episodes of `t` tokens (`needle::fill_rows`), drawn
+    /// from the sampler's own generator, so that a resumed run continues the same sequence.
+    pub fn fill_episodes(
+        &mut self,
+        task: &NeedleTask,
+        loss: NeedleLoss,
+        (x, y): (&mut [u32], &mut [u32]),
+        b: usize,
+        t: usize,
+    ) -> Result<()> {
+        super::needle::fill_rows(task, loss, &mut self.rng, (x, y), b, t)?;
+        self.drawn += b as u64;
+        Ok(())
     }
 }
 

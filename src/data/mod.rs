@@ -1,6 +1,7 @@
 //! Text in, tokens out: tokenizers, token files, corpora, batches.
 
 pub mod corpus;
+pub mod needle;
 pub mod tokenizer;
 pub mod tokens;
 

@@ -6,11 +6,13 @@
 //! given again must agree with it (or the resumed run would not be the same run).
 
 use crate::config::{AttentionKind, ModelConfig, Preset};
+use crate::data::needle::{Filler, NeedleLoss, NeedleTask};
 use crate::data::DataSpec;
 use crate::error::{Error, Result};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// Every setting of `difftx train`; `None` / empty means "not given". The TOML keys are the
 /// flag names with underscores (`--max-position-embeddings` is `max_position_embeddings`).
@@ -34,6 +36,21 @@ pub struct TrainOptions {
     /// follows it [default: byte-level, 256 ids].
     #[cfg_attr(feature = "cli", arg(long, value_name = "FILE"))]
     pub tokenizer: Option<PathBuf>,
+    /// Train on needle-retrieval episodes over the training text instead of plain windows:
+    /// each window is a stretch of the text with N sentences "the magic number of CITY is
+    /// NUMBER." inserted at random depths, then all N asked for ("what is the magic number of
+    /// CITY? NUMBER"). `difftx needle` scores a model on the task. Byte-level tokenizer only;
+    /// validation stays on plain windows of the text [default: 0, plain windows].
+    #[cfg_attr(feature = "cli", arg(long, value_name = "N"))]
+    pub needles: Option<usize>,
+    /// With --needles: digits of each NUMBER (1–9) [default: 2].
+    #[cfg_attr(feature = "cli", arg(long, value_name = "D"))]
+    pub needle_digits: Option<usize>,
+    /// With --needles: the bytes the loss is on: `everything` (the text is learned too),
+    /// `queries` (the queries and answers) or `answers` (the answer digits only)
+    /// [default: everything].
+    #[cfg_attr(feature = "cli", arg(long, value_name = "WHICH"))]
+    pub needle_loss: Option<String>,
 
     // ---- model ----
     /// Start from this model's weights (fine-tuning): a native or Hugging Face model
@@ -179,6 +196,35 @@ pub struct TrainConfig {
     /// bf16 matrix products (`--bf16`); runs recorded before the flag existed were f32
     #[serde(default)]
     pub bf16: bool,
+    /// needle episodes over the training text (`--needles`); 0: plain windows
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub needle: Option<NeedleTraining>,
+}
+
+/// A `--needles` run's task: N needles of `digits` digits, all N queried, the loss on `loss`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct NeedleTraining {
+    pub needles: usize,
+    pub digits: usize,
+    /// `answers`, `queries` or `everything` (NeedleLoss's names)
+    pub loss: String,
+}
+
+impl NeedleTraining {
+    /// The task over `text` (the training bytes) and its loss.
+    pub fn task(&self, text: Arc<Vec<u8>>) -> Result<(NeedleTask, NeedleLoss)> {
+        let loss = self
+            .loss
+            .parse()
+            .map_err(|e: String| Error::Invalid(format!("--needle-loss: {e}")))?;
+        let task = NeedleTask {
+            needles: self.needles,
+            queries: self.needles,
+            digits: self.digits,
+            filler: Filler::Text(text),
+        };
+        Ok((task, loss))
+    }
 }
 
 /// A resolved run: what checkpoints record and a resumed run must match.
@@ -329,6 +375,7 @@ impl TrainOptions {
             ckpt_every: self.ckpt_every.unwrap_or(500),
             keep_last: self.keep_last.unwrap_or(3),
             bf16: self.bf16.unwrap_or(false),
+            needle: self.needle_training(m.max_position_embeddings)?,
         };
         train.validate()?;
         Ok(RunConfig {
@@ -343,6 +390,46 @@ impl TrainOptions {
             tokenizer: self.tokenizer.clone(),
             init_from: self.init_from.clone(),
         })
+    }
+}
+
+impl TrainOptions {
+    /// The `--needles` task, checked against the tokenizer and the window length T: None
+    /// without --needles (and then neither --needle-digits nor --needle-loss may be given).
+    fn needle_training(&self, t: usize) -> Result<Option<NeedleTraining>> {
+        let bad = |m: String| Err(Error::Invalid(m));
+        let n = self.needles.unwrap_or(0);
+        if n == 0 {
+            if self.needle_digits.is_some() || self.needle_loss.is_some() {
+                return bad("--needle-digits and --needle-loss need --needles N".into());
+            }
+            return Ok(None);
+        }
+        if let Some(tok) = &self.tokenizer {
+            return bad(format!(
+                "--needles needs the byte-level tokenizer (episodes are bytes), not {}",
+                tok.display()
+            ));
+        }
+        let nt = NeedleTraining {
+            needles: n,
+            digits: self.needle_digits.unwrap_or(2),
+            loss: self
+                .needle_loss
+                .clone()
+                .unwrap_or_else(|| NeedleLoss::Everything.as_str().into()),
+        };
+        let (task, _) = nt.task(Arc::new(Vec::new()))?;
+        task.validate()
+            .map_err(|e| Error::Invalid(format!("--needles: {e}")))?;
+        if task.min_len() > t {
+            return bad(format!(
+                "--needles {n}: an episode of {n} needles of {} digits needs windows of at least {} tokens; the context is {t}",
+                nt.digits,
+                task.min_len()
+            ));
+        }
+        Ok(Some(nt))
     }
 }
 
@@ -455,6 +542,9 @@ impl RunConfig {
             ckpt_every: Some(t.ckpt_every),
             keep_last: Some(t.keep_last),
             bf16: Some(t.bf16),
+            needles: t.needle.as_ref().map(|n| n.needles),
+            needle_digits: t.needle.as_ref().map(|n| n.digits),
+            needle_loss: t.needle.as_ref().map(|n| n.loss.clone()),
         }
     }
 

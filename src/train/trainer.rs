@@ -18,6 +18,7 @@ use super::metrics::{MetricsLog, StepReport, METRICS_FILE};
 use super::options::{RunConfig, TrainOptions};
 use super::step::Optimizer;
 use crate::config::AttentionKind;
+use crate::data::needle::{NeedleLoss, NeedleTask};
 use crate::data::{Dataset, TokenSlice, Tokenizer, WindowSampler};
 use crate::error::{Error, Result};
 use crate::kernels::adamw::AdamWParams;
@@ -455,6 +456,43 @@ fn write_run_file(run: &RunConfig, out: &Path, params: usize) -> Result<()> {
     )
 }
 
+/// What a run trains on: random windows of the training tokens, or needle episodes over
+/// them (`--needles`).
+enum Batches<'a> {
+    Windows(&'a TokenSlice),
+    Needles(NeedleTask, NeedleLoss),
+}
+
+impl<'a> Batches<'a> {
+    /// The run's batches over `data`: a `--needles` run's filler is the training split's bytes.
+    fn new(run: &RunConfig, data: &'a Dataset) -> Result<Self> {
+        let Some(nt) = &run.train.needle else {
+            return Ok(Batches::Windows(&data.train));
+        };
+        let text: Vec<u8> = data.train.to_vec().into_iter().map(|id| id as u8).collect();
+        let (task, loss) = nt.task(std::sync::Arc::new(text))?;
+        Ok(Batches::Needles(task, loss))
+    }
+
+    /// `b` rows of inputs and targets of `t` tokens from the sampler.
+    fn fill(
+        &self,
+        s: &mut WindowSampler,
+        x: &mut [u32],
+        y: &mut [u32],
+        b: usize,
+        t: usize,
+    ) -> Result<()> {
+        match self {
+            Batches::Windows(train) => {
+                s.fill(train, x, y, b, t);
+                Ok(())
+            }
+            Batches::Needles(task, loss) => s.fill_episodes(task, *loss, (x, y), b, t),
+        }
+    }
+}
+
 /// One optimizer step: `grad_accum` micro-batches of fresh windows, their mean gradient,
 /// clipping and AdamW at `lr`. Returns the mean loss and the gradient norm; a non-finite
 /// loss or gradient stops the run, naming where it first appeared.
@@ -462,7 +500,7 @@ fn optimizer_step(
     st: &mut RunState,
     bufs: &mut LoopBuffers,
     run: &RunConfig,
-    data: &Dataset,
+    batches: &Batches,
     lr: f32,
     ckpt: &Checkpointer,
 ) -> Result<(f32, f32)> {
@@ -481,7 +519,7 @@ fn optimizer_step(
         opt.zero_grad();
         let mut loss_sum = 0f32;
         for _ in 0..tc.grad_accum {
-            sampler.fill(&data.train, x, y, b, t);
+            batches.fill(sampler, x, y, b, t)?;
             let loss = opt.accumulate(model, ws, x, y, b, t)?;
             if !loss.is_finite() {
                 return Err(Error::Invalid(format!(
@@ -565,6 +603,7 @@ pub fn train(
         },
     };
     let tokens_per_step = tc.tokens_per_step(t);
+    let batches = Batches::new(run, data)?;
     let (mut last_loss, mut last_val) = (f32::NAN, None);
 
     observer.start(first_step, tc.steps);
@@ -572,7 +611,7 @@ pub fn train(
         // 4. One optimizer step at the schedule's learning rate
         let t0 = Instant::now();
         let lr = tc.lr_at(st.step);
-        let (loss, grad_norm) = optimizer_step(&mut st, &mut bufs, run, data, lr, &ckpt)?;
+        let (loss, grad_norm) = optimizer_step(&mut st, &mut bufs, run, &batches, lr, &ckpt)?;
         st.step += 1;
         st.tokens_seen += tokens_per_step;
         let step = st.step;

@@ -68,6 +68,14 @@ impl Cell {
     }
 }
 
+/// Retrieval accuracy over `cells`: the episodes whose needle at the depth was answered, of
+/// all episodes.
+pub fn accuracy(cells: &[Cell]) -> f64 {
+    let c: usize = cells.iter().map(|c| c.correct).sum();
+    let t: usize = cells.iter().map(|c| c.total).sum();
+    c as f64 / t.max(1) as f64
+}
+
 /// The seed of the episodes of cell (length, depth index) in an evaluation seeded `seed`:
 /// every model evaluated with the same seed sees the same episodes.
 pub fn cell_seed(seed: u64, len: usize, depth_index: usize) -> u64 {

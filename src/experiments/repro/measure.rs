@@ -1,15 +1,16 @@
 //! One model of the needle experiment trained and measured: retrieval, attention allocation,
 //! activation outliers, low-bit attention, accuracy against N and diff_v2's λ.
 
-use super::plan::{NeedleLoss, ReproPlan};
+use super::plan::ReproPlan;
 use crate::config::{AttentionKind, ModelConfig};
+use crate::data::needle::fill_rows;
 use crate::error::{Error, Result};
 use crate::experiments::attention_stats::{
     allocation, attention_logits, head_row, hidden_states, Allocation, Magnitudes,
 };
 use crate::experiments::common::{final_loss, kind_name, mean_std};
 use crate::experiments::lm_scaling::LmRun;
-use crate::experiments::needle::{retrieval_grid, Cell, NeedleTask};
+use crate::experiments::needle::{accuracy, retrieval_grid, Cell, NeedleTask};
 use crate::model::{Model, Workspace};
 use crate::train::in_memory::{train_short, Trained};
 use rand::{Rng, SeedableRng};
@@ -66,7 +67,7 @@ impl KindRun {
     }
 
     pub fn overall_accuracy(&self) -> f64 {
-        accuracy_of(&self.measured.cells)
+        accuracy(&self.measured.cells)
     }
 }
 
@@ -91,17 +92,7 @@ pub fn train_needle(
     }
     let fill = |rng: &mut ChaCha8Rng, x: &mut [u32], y: &mut [u32]| -> Result<usize> {
         let t = 16 * rng.random_range(lo..=hi);
-        for r in 0..b {
-            let depth: f64 = rng.random();
-            let e = task.episode(rng, t, depth)?;
-            x[r * t..(r + 1) * t].copy_from_slice(&e.tokens[..t]);
-            let targets = match plan.loss {
-                NeedleLoss::Answers => e.answer_targets(),
-                NeedleLoss::QueriesAndAnswers => e.query_targets(),
-                NeedleLoss::Everything => e.tokens[1..].to_vec(),
-            };
-            y[r * t..(r + 1) * t].copy_from_slice(&targets);
-        }
+        fill_rows(task, plan.loss, rng, (x, y), b, t)?;
         Ok(t)
     };
     train_short(config, &plan.train, seed, TRAIN_STREAM, fill, on_step)
@@ -122,12 +113,6 @@ pub struct Measurements {
     pub by_needles: Vec<(usize, f64)>,
     /// diff_v2: σ(lambda_proj x) per (layer, head) over the outlier episodes' tokens
     pub head_lambdas: Vec<HeadLambda>,
-}
-
-fn accuracy_of(cells: &[Cell]) -> f64 {
-    let c: usize = cells.iter().map(|c| c.correct).sum();
-    let t: usize = cells.iter().map(|c| c.total).sum();
-    c as f64 / t.max(1) as f64
 }
 
 /// Retrieval, allocation, outliers and low-bit retrieval of one trained model.
@@ -178,7 +163,7 @@ fn lowbit_accuracy(model: &Model, plan: &ReproPlan, task: &NeedleTask) -> Result
             plan.train.batch,
             bits,
         )?;
-        lowbit.push((bits.unwrap_or(0), accuracy_of(&cells)));
+        lowbit.push((bits.unwrap_or(0), accuracy(&cells)));
     }
     Ok(lowbit)
 }

@@ -2,6 +2,7 @@
 //! of the in-context learning and language-modelling experiments it also runs.
 
 use crate::config::{swiglu_width, AttentionKind, ModelConfig};
+pub use crate::data::needle::NeedleLoss;
 use crate::error::{Error, Result};
 use crate::experiments::common::matched_config;
 use crate::experiments::icl::IclPlan;
@@ -10,17 +11,6 @@ use crate::experiments::needle::{NeedleTask, DEPTHS};
 use crate::kernels::quant::QuantKind;
 use crate::train::in_memory::ShortRun;
 use crate::util::thousands;
-
-/// Which bytes of a needle episode the training loss is on (the others are `IGNORE`d).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum NeedleLoss {
-    /// the answer digits of every query
-    Answers,
-    /// every byte after the haystack: the queries and their answers
-    QueriesAndAnswers,
-    /// every byte
-    Everything,
-}
 
 /// Everything a repro run does; `quick()` and `full()` are the two plans the CLI offers.
 #[derive(Clone, Debug, PartialEq)]
@@ -262,11 +252,7 @@ impl ReproPlan {
                 self.needles,
                 self.digits,
                 self.queries,
-                match self.loss {
-                    NeedleLoss::Answers => "the answers",
-                    NeedleLoss::QueriesAndAnswers => "the queries and answers",
-                    NeedleLoss::Everything => "every byte",
-                },
+                self.loss.describe(),
                 self.language_seed,
                 self.lengths,
                 self.depths.iter().map(|d| format!("{:.0}%", d * 100.0)).collect::<Vec<_>>(),

@@ -13,6 +13,9 @@
 //! Filler comes from a seeded synthetic language (Zipf-distributed pseudo-words built from
 //! consonant–vowel syllables) or from consecutive bytes of a text. Tokens are bytes, so the
 //! task needs the byte-level vocabulary.
+//!
+//! `fill_rows` makes a training batch of episodes: `difftx repro` trains on them
+//! (experiments/repro), and so does `difftx train --needles N` over its own text.
 
 use crate::error::{Error, Result};
 use crate::kernels::cross_entropy::IGNORE;
@@ -95,6 +98,53 @@ impl SyntheticLanguage {
             out.push(b' ');
         }
         out
+    }
+}
+
+/// Which bytes of a needle episode the training loss is on (the others are `IGNORE`d).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NeedleLoss {
+    /// the answer digits of every query
+    Answers,
+    /// every byte after the haystack: the queries and their answers
+    QueriesAndAnswers,
+    /// every byte
+    Everything,
+}
+
+impl NeedleLoss {
+    pub const ALL: [NeedleLoss; 3] = [
+        NeedleLoss::Answers,
+        NeedleLoss::QueriesAndAnswers,
+        NeedleLoss::Everything,
+    ];
+
+    /// The name `--needle-loss` takes.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NeedleLoss::Answers => "answers",
+            NeedleLoss::QueriesAndAnswers => "queries",
+            NeedleLoss::Everything => "everything",
+        }
+    }
+
+    /// In words, for reports.
+    pub fn describe(self) -> &'static str {
+        match self {
+            NeedleLoss::Answers => "the answers",
+            NeedleLoss::QueriesAndAnswers => "the queries and answers",
+            NeedleLoss::Everything => "every byte",
+        }
+    }
+}
+
+impl std::str::FromStr for NeedleLoss {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        NeedleLoss::ALL
+            .into_iter()
+            .find(|l| l.as_str() == s)
+            .ok_or_else(|| format!("unknown needle loss `{s}` (answers, queries or everything)"))
     }
 }
 
@@ -190,6 +240,35 @@ impl Episode {
         y[..self.context].fill(IGNORE);
         y
     }
+
+    /// The targets of `loss`.
+    pub fn targets(&self, loss: NeedleLoss) -> Vec<u32> {
+        match loss {
+            NeedleLoss::Answers => self.answer_targets(),
+            NeedleLoss::QueriesAndAnswers => self.query_targets(),
+            NeedleLoss::Everything => self.tokens[1..].to_vec(),
+        }
+    }
+}
+
+/// A training batch: `b` fresh episodes of `t` input tokens, each with its queried needle at
+/// a uniform random depth, written into `x[..b·t]` (inputs) and `y[..b·t]` (the targets of
+/// `loss`). Everything is drawn from `rng`, so the batch depends only on its state.
+pub fn fill_rows(
+    task: &NeedleTask,
+    loss: NeedleLoss,
+    rng: &mut ChaCha8Rng,
+    (x, y): (&mut [u32], &mut [u32]),
+    b: usize,
+    t: usize,
+) -> Result<()> {
+    for r in 0..b {
+        let depth: f64 = rng.random();
+        let e = task.episode(rng, t, depth)?;
+        x[r * t..(r + 1) * t].copy_from_slice(&e.tokens[..t]);
+        y[r * t..(r + 1) * t].copy_from_slice(&e.targets(loss));
+    }
+    Ok(())
 }
 
 fn needle_text(city: &str, number: &str) -> String {
@@ -260,7 +339,8 @@ impl NeedleTask {
             + self.queries * (query_text(&lc).len() + self.digits)
     }
 
-    fn check(&self) -> Result<()> {
+    /// Checks N, R and the digits, naming the first that is out of range.
+    pub fn validate(&self) -> Result<()> {
         if self.needles == 0 || self.needles > CITIES.len() {
             return Err(Error::Invalid(format!(
                 "needles ({}) must be between 1 and {}",
@@ -285,7 +365,7 @@ impl NeedleTask {
 
     /// An episode of `t` input tokens with the queried needle at `depth` ∈ [0, 1].
     pub fn episode(&self, rng: &mut ChaCha8Rng, t: usize, depth: f64) -> Result<Episode> {
-        self.check()?;
+        self.validate()?;
         if !(0.0..=1.0).contains(&depth) {
             return Err(Error::Invalid(format!("depth {depth} is outside [0, 1]")));
         }
