@@ -70,7 +70,14 @@ ctx=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['max_posit
 for q in "${formats[@]}"; do
   read -r -a fl <<< "$(difftx_flags "$q")"
   e=$("$bin" --threads "$threads" eval "${fl[@]}" --model "$model" --data "$text" --json 2>/dev/null)
-  "$llama/llama-perplexity" -m "$tmp/$q.gguf" -f "$text" -c "$ctx" -b "$ctx" -t "$threads" > "$tmp/ppl.log" 2>&1 || true
+  # llama-perplexity (ggml 0.25.3) sometimes exits 0 without printing its last chunk and the
+  # final estimate (2 of 3 runs by hand on a loaded machine; it logs through a worker
+  # thread): up to three tries, each scoring the same text the same way.
+  for try in 1 2 3; do
+    "$llama/llama-perplexity" -m "$tmp/$q.gguf" -f "$text" -c "$ctx" -b "$ctx" -t "$threads" > "$tmp/ppl.log" 2>&1 || true
+    grep -q 'Final estimate' "$tmp/ppl.log" && break
+    echo "llama-perplexity on the $q file: no final estimate (try $try of 3)" >&2
+  done
   if ! p=$(grep -o 'Final estimate: PPL = [0-9.]* +/- [0-9.]*' "$tmp/ppl.log"); then
     p="no estimate"; ppl_missing=1
     echo "llama-perplexity on the $q file gave no estimate; its last lines:" >&2; tail -5 "$tmp/ppl.log" >&2
