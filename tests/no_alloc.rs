@@ -89,9 +89,11 @@ fn training_steps_allocate_nothing_after_warm_up() {
 
 /// Decoding steps (one token through `forward_cached`, the step `generate` and `serve` run)
 /// after warm-up: a bf16 KV cache adds no allocation per step to what an f32 one makes, for
-/// every kind. Not zero: the f32 decode step itself allocates about four times a step
-/// (measured 120–121 in 30 steps, varying by one between runs), which predates the bf16 cache
-/// and is left for its own change; the bound allows that jitter (3), not one a step (30).
+/// every kind. Not zero: the f32 decode step itself allocates twice a layer, the `Vec<Gemv>`
+/// that `kernels::gemm::linear::matmul_forward_each` collects for the q/k/v and the gate/up
+/// products (traced 2026-11-25: 61, 121 and 240 in 30 steps at 1, 2 and 4 layers, so 120–121
+/// for these 2-layer models, varying by one between runs), which predates the bf16 cache and
+/// is left for its own change; the bound allows that jitter (3), not one a step (30).
 #[test]
 fn a_bf16_kv_cache_adds_no_allocations_to_decoding_steps() {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());

@@ -133,23 +133,42 @@ pub enum Engine {
     Portable,
 }
 
+/// Set by `force_portable`: `Engine::detect` then answers `Portable` on any CPU.
+static FORCED_PORTABLE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// With `on`, every quantised product runs on the `Portable` engine, whatever the CPU has:
+/// what `--quant` runs on a CPU without AVX512-VNNI, on this one (tests compare the two).
+/// Process-wide; turn it on or off only while no quantised product runs.
+pub fn force_portable(on: bool) {
+    FORCED_PORTABLE.store(on, std::sync::atomic::Ordering::SeqCst);
+}
+
 impl Engine {
-    /// `Vnni` where the CPU has AVX512-VNNI (with AVX-512F/BW), else `Portable`.
+    /// `Vnni` where the CPU has AVX512-VNNI (with AVX-512F/BW), else `Portable`; always
+    /// `Portable` under `force_portable(true)`.
     pub fn detect() -> Engine {
-        #[cfg(target_arch = "x86_64")]
-        {
-            static OK: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-            let ok = *OK.get_or_init(|| {
-                is_x86_feature_detected!("avx512f")
-                    && is_x86_feature_detected!("avx512bw")
-                    && is_x86_feature_detected!("avx512vnni")
-            });
-            if ok {
-                return Engine::Vnni;
-            }
+        let forced = FORCED_PORTABLE.load(std::sync::atomic::Ordering::SeqCst);
+        if cpu_has_vnni() && !forced {
+            Engine::Vnni
+        } else {
+            Engine::Portable
         }
-        Engine::Portable
     }
+}
+
+/// Whether this CPU has AVX512-VNNI with AVX-512F/BW (detected once).
+fn cpu_has_vnni() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        static OK: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *OK.get_or_init(|| {
+            is_x86_feature_detected!("avx512f")
+                && is_x86_feature_detected!("avx512bw")
+                && is_x86_feature_detected!("avx512vnni")
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
 }
 
 /// An input (n, cols) quantised per block of 32 to int8, as Q8_0 quantises (`d = max|x|/127`,
@@ -241,14 +260,14 @@ pub fn matmul(out: &mut [f32], x: &QuantAct, w: &QuantMatrix, accumulate: bool) 
 
 /// out = x · wᵀ for each (out, w) of `parts`, weights that read the same input (q, k and v;
 /// gate and up), in one parallel region, on a chosen engine (`Vnni` only where the CPU has
-/// it: `Engine::detect`).
+/// it).
 pub fn matmul_on(
     engine: Engine,
     parts: &mut [(&mut [f32], &QuantMatrix)],
     x: &QuantAct,
     accumulate: bool,
 ) {
-    assert!(engine == Engine::Portable || Engine::detect() == Engine::Vnni);
+    assert!(engine == Engine::Portable || cpu_has_vnni());
     let n = x.n;
     let act_chunk = if n <= GEMV_ROWS { GEMV_ROWS } else { ACT_CHUNK };
     let ti = n.div_ceil(act_chunk);
