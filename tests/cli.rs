@@ -1,27 +1,11 @@
 //! The command line on good and bad input: every bad input is one line on stderr that names
 //! the file and the key or tensor, exit code 1, and no panic.
 
+mod common;
+use common::*;
 use safetensors::{Dtype, SafeTensors};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-
-fn difftx(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_difftx"))
-        .args(args)
-        .output()
-        .expect("run difftx")
-}
-
-/// Asserts a clean failure: exit 1, one stderr line containing every `needle`.
-fn fails_with(out: &Output, needles: &[&str]) {
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "stderr: {err}");
-    assert_eq!(err.trim_end().lines().count(), 1, "not one line: {err}");
-    assert!(!err.contains("panicked"), "{err}");
-    for n in needles {
-        assert!(err.contains(n), "`{n}` not in: {err}");
-    }
-}
+use std::process::Output;
 
 /// `difftx eval --model m --data data`
 fn eval(m: &Path, data: &Path) -> Output {

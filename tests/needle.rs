@@ -1,33 +1,10 @@
 //! `difftx needle` (a given model's multi-needle retrieval) and `difftx train --needles N`
 //! (training on needle episodes over the training text), end to end through the binary.
 
+mod common;
+use common::*;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-
-fn difftx(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_difftx"))
-        .args(args)
-        .output()
-        .expect("run difftx")
-}
-
-fn ok(out: &Output) -> String {
-    let err = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(out.status.success(), "{err}");
-    err
-}
-
-/// Asserts a clean failure: exit 1, one stderr line containing every `needle`.
-fn fails_with(out: &Output, needles: &[&str]) {
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "stderr: {err}");
-    assert_eq!(err.trim_end().lines().count(), 1, "not one line: {err}");
-    assert!(!err.contains("panicked"), "{err}");
-    for n in needles {
-        assert!(err.contains(n), "`{n}` not in: {err}");
-    }
-}
 
 fn s(p: &Path) -> &str {
     p.to_str().unwrap()

@@ -1,14 +1,8 @@
 //! `difftx repro` through the binary: the quick smoke run writes a report with a row for every
 //! kind and a heatmap; bad input fails with one line.
 
-use std::process::{Command, Output};
-
-fn difftx(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_difftx"))
-        .args(args)
-        .output()
-        .expect("run difftx")
-}
+mod common;
+use common::*;
 
 #[test]
 fn quick_repro_writes_a_report_with_a_row_for_every_kind() {

@@ -2,6 +2,8 @@
 //! SIGTERM, non-finite losses, failed checkpoint writes, bad input, token-file reuse,
 //! tokenizer training and plots.
 
+mod common;
+use common::*;
 use rand::{Rng, SeedableRng};
 use serde_json::Value;
 use std::os::unix::fs::PermissionsExt;
@@ -11,46 +13,6 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 const DEMO: &str = include_str!("../data/demo.txt");
-
-fn bin() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_difftx"))
-}
-
-fn difftx(args: &[&str]) -> Output {
-    bin().args(args).output().expect("run difftx")
-}
-
-fn ok(out: &Output) -> String {
-    let err = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(out.status.success(), "exit {:?}: {err}", out.status.code());
-    err
-}
-
-/// Asserts a clean failure before training starts: exit 1, nothing on stderr but one line
-/// containing every `needle`.
-fn fails_with(out: &Output, needles: &[&str]) {
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(err.trim_end().lines().count(), 1, "not one line: {err}");
-    fails_at_the_end_with(out, needles);
-}
-
-/// Asserts a clean failure during training: exit 1, the last stderr line is the error (the
-/// run's progress notes may come before it) and contains every `needle`.
-fn fails_at_the_end_with(out: &Output, needles: &[&str]) {
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "stderr: {err}");
-    assert!(!err.contains("panicked"), "{err}");
-    let last = err.trim_end().lines().last().unwrap_or_default();
-    assert!(last.starts_with("error: "), "{err}");
-    assert_eq!(
-        err.lines().filter(|l| l.starts_with("error")).count(),
-        1,
-        "{err}"
-    );
-    for n in needles {
-        assert!(last.contains(n), "`{n}` not in: {err}");
-    }
-}
 
 fn text_file(dir: &Path, name: &str, text: &str) -> PathBuf {
     let p = dir.join(name);
