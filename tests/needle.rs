@@ -62,17 +62,19 @@ fn needle_run<'a>(data: &'a str, out: &'a str, steps: &'a str) -> Vec<&'a str> {
     ]
 }
 
-/// metrics.jsonl without the wall-clock field.
-fn metrics(out: &Path) -> Vec<Value> {
-    std::fs::read_to_string(out.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| {
-            let mut v: Value = serde_json::from_str(l).unwrap();
-            v.as_object_mut().unwrap().remove("tokens_per_s");
-            v
-        })
-        .collect()
+/// A 300-token BPE tokenizer trained on `data`, in `dir` (a model that is not byte-level).
+fn bpe_tokenizer(dir: &Path, data: &Path) -> PathBuf {
+    let tok = dir.join("tok.json");
+    let args = [
+        "tokenizer",
+        "train",
+        "--data",
+        s(data),
+        "--vocab-size",
+        "300",
+    ];
+    ok(&difftx(&[&args[..], &["--out", s(&tok)]].concat()));
+    tok
 }
 
 #[test]
@@ -201,18 +203,8 @@ fn needle_refuses_bad_input_in_one_line() {
         &["--filler", "short.txt", "9 bytes"],
     );
     // a model with a tokenizer.json is not byte-level
-    let tok = tmp.path().join("tok.json");
     let data = text(tmp.path());
-    ok(&difftx(&[
-        "tokenizer",
-        "train",
-        "--data",
-        s(&data),
-        "--vocab-size",
-        "300",
-        "--out",
-        s(&tok),
-    ]));
+    let tok = bpe_tokenizer(tmp.path(), &data);
     std::fs::copy(&tok, m.join("tokenizer.json")).unwrap();
     fails_with(
         &difftx(&["needle", "--model", s(&m)]),
@@ -241,7 +233,7 @@ fn training_on_needles_resumes_exactly_and_refuses_bad_settings() {
         "--resume",
     ]));
     assert!(again.contains("(resumed at 3)"), "{again}");
-    let (a, b) = (metrics(&straight), metrics(&resumed));
+    let (a, b) = (loss_log(&straight), loss_log(&resumed));
     assert_eq!(a.len(), 6);
     assert_eq!(a, b[..6].to_vec());
     let w =
@@ -276,7 +268,7 @@ fn training_on_needles_resumes_exactly_and_refuses_bad_settings() {
     args.truncate(args.len() - 2);
     assert_eq!(args.last(), Some(&"1"), "--needles 2 was last");
     ok(&difftx(&args));
-    assert_ne!(metrics(&plain)[0]["loss"], a[0]["loss"]);
+    assert_ne!(loss_log(&plain)[0]["loss"], a[0]["loss"]);
     // bad settings: one line each, nothing written
     let bad = tmp.path().join("bad");
     let run = |extra: &[&str]| {
@@ -298,17 +290,7 @@ fn training_on_needles_resumes_exactly_and_refuses_bad_settings() {
     );
     fails_with(&run(&["--needles", "25"]), &["--needles", "needles (25)"]);
     fails_with(&run(&["--needle-digits", "12"]), &["digits (12)"]);
-    let tok = tmp.path().join("tok.json");
-    ok(&difftx(&[
-        "tokenizer",
-        "train",
-        "--data",
-        s(&data),
-        "--vocab-size",
-        "300",
-        "--out",
-        s(&tok),
-    ]));
+    let tok = bpe_tokenizer(tmp.path(), &data);
     fails_with(
         &run(&["--tokenizer", s(&tok)]),
         &["--needles needs the byte-level", "tok.json"],

@@ -70,19 +70,6 @@ fn checkpoints(out: &Path) -> Vec<String> {
     v
 }
 
-/// metrics.jsonl without the wall-clock field, one JSON value per line.
-fn loss_log(out: &Path) -> Vec<Value> {
-    std::fs::read_to_string(out.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| {
-            let mut v: Value = serde_json::from_str(l).unwrap();
-            v.as_object_mut().unwrap().remove("tokens_per_s");
-            v
-        })
-        .collect()
-}
-
 /// What a process killed inside a write leaves behind: a checkpoint being staged
 /// (`checkpoints/.tmp-step-…`) or deleted (`.del-…`), or a file being replaced
 /// (`….tmp`, `util::write_atomic`), each as (name, inode, modification time) so that a

@@ -2,6 +2,8 @@
 //! clean one-line failure.
 #![allow(dead_code)] // each test file uses its own share of these
 
+use serde_json::Value;
+use std::path::Path;
 use std::process::{Command, Output};
 
 /// The difftx binary, ready for arguments.
@@ -45,4 +47,17 @@ pub fn fails_at_the_end_with(out: &Output, needles: &[&str]) {
     for n in needles {
         assert!(last.contains(n), "`{n}` not in: {err}");
     }
+}
+
+/// A run's metrics.jsonl without the wall-clock field, one JSON value per line.
+pub fn loss_log(out: &Path) -> Vec<Value> {
+    std::fs::read_to_string(out.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let mut v: Value = serde_json::from_str(l).unwrap();
+            v.as_object_mut().unwrap().remove("tokens_per_s");
+            v
+        })
+        .collect()
 }
