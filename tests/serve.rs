@@ -603,10 +603,10 @@ fn a_full_queue_answers_429_and_the_rest_complete() {
         statuses.iter().all(|&c| c == 200 || c == 429),
         "{statuses:?}"
     );
-    assert!(
-        statuses.iter().filter(|&&c| c == 200).count() >= 2,
-        "{statuses:?}"
-    );
+    // at least the first runs to the end; whether a second got in depends on timing: on two
+    // loaded cores the other seven can all arrive before the engine takes the first from the
+    // queue (seen once in a clean-clone CI run), so one 200 is all that is sure
+    assert!(statuses.contains(&200), "{statuses:?}");
     assert!(s
         .get("/metrics")
         .1
