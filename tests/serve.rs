@@ -362,7 +362,16 @@ fn prompt_of(i: usize) -> String {
 
 #[test]
 fn sixteen_concurrent_requests_each_equal_the_request_alone() {
-    let s = start(&["--parallel", "16", "--prefill-chunk", "16"]);
+    sixteen_concurrent_equal_alone(&[]);
+    // bf16 weights too, where the CPU multiplies in bf16 (AVX512_BF16)
+    let cpu = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    if cpu.contains("avx512_bf16") {
+        sixteen_concurrent_equal_alone(&["--bf16"]);
+    }
+}
+
+fn sixteen_concurrent_equal_alone(extra: &[&str]) {
+    let s = start(&[&["--parallel", "16", "--prefill-chunk", "16"], extra].concat());
     let body = |i: usize| json!({"prompt": prompt_of(i), "max_tokens": 40, "temperature": 0, "logprobs": 0});
     let alone: Vec<Value> = (0..16).map(|i| s.complete(body(i))).collect();
     let base = s.base.clone();
@@ -385,9 +394,9 @@ fn sixteen_concurrent_requests_each_equal_the_request_alone() {
     });
     for i in 0..16 {
         let (a, b) = (&alone[i]["choices"][0], &together[i]["choices"][0]);
-        assert_eq!(a["text"], b["text"], "prompt {i}");
+        assert_eq!(a["text"], b["text"], "prompt {i} {extra:?}");
         // the same tokens with the same log-probabilities, to the last bit
-        assert_eq!(a["logprobs"], b["logprobs"], "prompt {i}");
+        assert_eq!(a["logprobs"], b["logprobs"], "prompt {i} {extra:?}");
     }
 }
 
