@@ -28,11 +28,7 @@ fn eval_json(m: &Path, data: &Path) -> serde_json::Value {
         data.to_str().unwrap(),
         "--json",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    ok(&out);
     serde_json::from_slice(&out.stdout).expect("one JSON object on stdout")
 }
 
@@ -47,11 +43,7 @@ fn init_model(dir: &Path, attention: &str) -> PathBuf {
         "--out",
         m.to_str().unwrap(),
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    ok(&out);
     without_manifest(&m);
     m
 }
@@ -298,11 +290,7 @@ fn diff_v1_ablations_save_load_and_refuse_hugging_face_export() {
     let m = tmp.path().join("ablation");
     let (ms, hf) = (m.to_str().unwrap(), tmp.path().join("hf"));
     let out = difftx(&["init", "--no-subln", "--lambda-init", "0.8", "--out", ms]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    ok(&out);
     let cfg: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(m.join("config.json")).unwrap()).unwrap();
     assert_eq!(
@@ -442,11 +430,7 @@ fn eval_uses_the_model_directorys_tokenizer_json() {
     fails_with(&run(), &["no tokenizer.json", "vocab_size 6"]);
     std::fs::write(m.join("tokenizer.json"), word_tokenizer(&words)).unwrap();
     let out = run();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    ok(&out);
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     // 8 words predict 7 next tokens; bytes would have given 30.
     assert_eq!(v["tokens"].as_u64(), Some(7));
@@ -555,11 +539,7 @@ fn generate_writes_only_the_continuation_to_stdout() {
         "0",
         "--stats",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    ok(&out);
     // transformers' greedy continuation (it ends at the end-of-text token), as text
     let want = exp["generate"]["new_text"].as_str().unwrap();
     let got = String::from_utf8_lossy(&out.stdout);
@@ -596,11 +576,7 @@ fn generate_writes_only_the_continuation_to_stdout() {
         "--max-new-tokens",
         "3",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    ok(&out);
     fails_with(
         &difftx(&[
             "generate",
@@ -645,11 +621,7 @@ fn bench_matmul_cold_reports_each_backend_and_refuses_empty_sizes() {
         "--cold",
         "--json",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    ok(&out);
     let text = String::from_utf8_lossy(&out.stdout);
     let rows: Vec<serde_json::Value> = text
         .lines()
@@ -681,11 +653,7 @@ fn bench_decode_batches_sequences_and_refuses_a_batch_of_zero() {
         a
     };
     let out = difftx(&args("5"));
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    ok(&out);
     let r: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
     assert_eq!(r["batch"], 5, "{r}");
     let (tps, secs) = (
@@ -726,19 +694,11 @@ fn a_training_run_folder_serves_as_its_newest_checkpoint() {
         "--val-fraction",
         "0.1",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    ok(&out);
     // the same loss as the checkpoint's own directory, and a line saying which one
     let by_run = eval(&run, &data);
     let by_dir = eval(&run.join("checkpoints/step-00000004"), &data);
-    assert!(
-        by_run.status.success(),
-        "{}",
-        String::from_utf8_lossy(&by_run.stderr)
-    );
+    ok(&by_run);
     assert_eq!(by_run.stdout, by_dir.stdout);
     let err = String::from_utf8_lossy(&by_run.stderr);
     assert!(
@@ -754,11 +714,7 @@ fn a_training_run_folder_serves_as_its_newest_checkpoint() {
         "--max-new-tokens",
         "3",
     ]);
-    assert!(
-        gen.status.success(),
-        "{}",
-        String::from_utf8_lossy(&gen.stderr)
-    );
+    ok(&gen);
     let png = tmp.path().join("map.png");
     let dump = tmp.path().join("map.json");
     let map = difftx(&[
@@ -776,11 +732,7 @@ fn a_training_run_folder_serves_as_its_newest_checkpoint() {
         "--dump",
         dump.to_str().unwrap(),
     ]);
-    assert!(
-        map.status.success(),
-        "{}",
-        String::from_utf8_lossy(&map.stderr)
-    );
+    ok(&map);
     // the raw maps: tokens, and rows of A1 (softmax: each sums to 1), A2 and A1 − λ·A2
     let maps: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&dump).unwrap()).unwrap();
@@ -806,11 +758,7 @@ fn a_training_run_folder_serves_as_its_newest_checkpoint() {
     }
     let hf = tmp.path().join("hf");
     let exp = difftx(&["export", "--model", r, "--out", hf.to_str().unwrap()]);
-    assert!(
-        exp.status.success(),
-        "{}",
-        String::from_utf8_lossy(&exp.stderr)
-    );
+    ok(&exp);
     assert!(hf.join("config.json").is_file());
     // a run folder whose checkpoints are all incomplete is one line naming it
     std::fs::remove_dir_all(run.join("checkpoints")).unwrap();
@@ -840,11 +788,7 @@ fn generate_json_gives_one_object_per_prompt_and_a_batch_has_separators() {
         v
     };
     let out = difftx(&args(&["--json"]));
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    ok(&out);
     let text = String::from_utf8(out.stdout).unwrap();
     let objs: Vec<serde_json::Value> = text
         .lines()
@@ -1015,12 +959,7 @@ fn gguf_export_refuses_diff_kinds_unknown_quants_and_foreign_tokenizers_in_one_l
     );
     assert!(!out.exists());
     std::fs::remove_file(m.join("tokenizer.json")).unwrap();
-    let ok = export(&m, &["--quant", "bf16"]);
-    assert!(
-        ok.status.success(),
-        "{}",
-        String::from_utf8_lossy(&ok.stderr)
-    );
+    ok(&export(&m, &["--quant", "bf16"]));
     assert!(out.exists());
 }
 
@@ -1161,11 +1100,7 @@ fn diff_v2_hugging_face_export_evaluates_and_generates_like_the_original() {
             "0",
         ];
         let out = difftx(&args);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        ok(&out);
         out.stdout
     };
     assert_eq!(gen(&hf), gen(&native));

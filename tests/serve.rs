@@ -3,27 +3,25 @@
 
 #![cfg(feature = "serve")]
 
+mod common;
+use common::{bin, ok};
 use reqwest::blocking::{Client, Response};
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
-
-fn difftx() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_difftx"))
-}
 
 /// A tiny diff_v1 model (context 128, byte-level tokenizer) in `dir`.
 fn tiny_model(dir: &Path) -> PathBuf {
     let out = dir.join("tiny");
-    let s = difftx()
+    let s = bin()
         .args(["init", "--preset", "tiny", "--seed", "3", "--out"])
         .arg(&out)
         .output()
         .unwrap();
-    assert!(s.status.success(), "{}", String::from_utf8_lossy(&s.stderr));
+    ok(&s);
     out
 }
 
@@ -45,7 +43,7 @@ impl Drop for Server {
 fn start(extra: &[&str]) -> Server {
     let dir = tempfile::tempdir().unwrap();
     let model = tiny_model(dir.path());
-    let mut child = difftx()
+    let mut child = bin()
         .args(["--threads", "2", "serve", "--port", "0", "--model"])
         .arg(&model)
         .args(extra)
@@ -296,18 +294,14 @@ fn echo_logprobs_equal_eval_losses() {
     let sample = "A differential transformer cancels attention noise.";
     let file = s._dir.path().join("sample.txt");
     std::fs::write(&file, sample).unwrap();
-    let out = difftx()
+    let out = bin()
         .args(["eval", "--json", "--model"])
         .arg(&s.model)
         .arg("--data")
         .arg(&file)
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    ok(&out);
     let eval: Value = serde_json::from_slice(&out.stdout).unwrap();
     let v = s.complete(
         json!({"prompt": sample, "max_tokens": 0, "echo": true, "logprobs": 1, "temperature": 0}),
@@ -771,7 +765,7 @@ fn clients_that_hang_up_mid_stream_cost_the_server_nothing() {
 fn a_quantised_server_continues_as_quantised_generate_does() {
     let s = start(&["--quant", "q8_0"]);
     let prompt = "The cat sat on";
-    let out = difftx()
+    let out = bin()
         .args([
             "generate",
             "--json",
@@ -784,11 +778,7 @@ fn a_quantised_server_continues_as_quantised_generate_does() {
         .arg(&s.model)
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    ok(&out);
     let gen: Value = serde_json::from_slice(&out.stdout).unwrap();
     let v = s.complete(json!({"prompt": prompt, "max_tokens": 24, "temperature": 0}));
     assert_eq!(v["usage"]["completion_tokens"], 24, "{v}");
@@ -882,7 +872,7 @@ fn attention_maps_are_causal_rows_and_equal_the_cli_dump() {
     }
     // the same numbers as `difftx attention-map --dump` for the same prompt and layer
     let dump = s._dir.path().join("maps.json");
-    let out = difftx()
+    let out = bin()
         .args([
             "--threads",
             "2",
@@ -899,11 +889,7 @@ fn attention_maps_are_causal_rows_and_equal_the_cli_dump() {
         .arg(&dump)
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    ok(&out);
     let cli: Value = serde_json::from_slice(&std::fs::read(&dump).unwrap()).unwrap();
     for (m, c) in maps.iter().zip(cli.as_array().unwrap()) {
         assert_eq!((&m["head"], &c["tokens"]), (&c["head"], &v["tokens"]));
