@@ -7,27 +7,15 @@ use safetensors::{Dtype, SafeTensors};
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
-/// `difftx eval --model m --data data`
-fn eval(m: &Path, data: &Path) -> Output {
-    difftx(&[
-        "eval",
-        "--model",
-        m.to_str().unwrap(),
-        "--data",
-        data.to_str().unwrap(),
-    ])
+/// `difftx eval --model m --data data` and the `extra` flags
+fn eval(m: &Path, data: &Path, extra: &[&str]) -> Output {
+    let (m, data) = (m.to_str().unwrap(), data.to_str().unwrap());
+    difftx(&[&["eval", "--model", m, "--data", data], extra].concat())
 }
 
 /// `difftx eval --model m --data data --json`, which must succeed: its one JSON object.
 fn eval_json(m: &Path, data: &Path) -> serde_json::Value {
-    let out = difftx(&[
-        "eval",
-        "--model",
-        m.to_str().unwrap(),
-        "--data",
-        data.to_str().unwrap(),
-        "--json",
-    ]);
+    let out = eval(m, data, &["--json"]);
     ok(&out);
     serde_json::from_slice(&out.stdout).expect("one JSON object on stdout")
 }
@@ -129,16 +117,16 @@ fn missing_or_malformed_config_is_named() {
     let data = text_file(tmp.path(), "a.txt", TEXT);
     let cfg = m.join("config.json");
     std::fs::write(&cfg, "{\"model_type\": \"difftx\", ").unwrap();
-    fails_with(&eval(&m, &data), &["config.json", "malformed JSON"]);
+    fails_with(&eval(&m, &data, &[]), &["config.json", "malformed JSON"]);
     let good =
         serde_json::json!({"model_type": "difftx", "attention": "diff_v1", "vocab_size": 256});
     std::fs::write(&cfg, good.to_string()).unwrap();
     fails_with(
-        &eval(&m, &data),
+        &eval(&m, &data, &[]),
         &["config.json", "missing key `hidden_size`"],
     );
     std::fs::remove_file(&cfg).unwrap();
-    fails_with(&eval(&m, &data), &["config.json", "No such file"]);
+    fails_with(&eval(&m, &data, &[]), &["config.json", "No such file"]);
 }
 
 #[test]
@@ -152,7 +140,7 @@ fn impossible_config_names_the_key() {
     v["head_dim"] = 31.into();
     std::fs::write(&cfg, v.to_string()).unwrap();
     fails_with(
-        &eval(&m, &data),
+        &eval(&m, &data, &[]),
         &["config.json", "head_dim (31) must be even"],
     );
 }
@@ -161,7 +149,7 @@ fn impossible_config_names_the_key() {
 fn bad_tensors_are_named() {
     let tmp = tempfile::tempdir().unwrap();
     let data = text_file(tmp.path(), "a.txt", TEXT);
-    let run = |m: &Path| eval(m, &data);
+    let run = |m: &Path| eval(m, &data, &[]);
 
     let m = init_model(tmp.path(), "diff_v1");
     rewrite_weights(&m, |ts| {
@@ -243,7 +231,7 @@ fn truncated_checkpoint_is_named() {
     let bytes = std::fs::read(&w).unwrap();
     std::fs::write(&w, &bytes[..bytes.len() / 2]).unwrap();
     fails_with(
-        &eval(&m, &data),
+        &eval(&m, &data, &[]),
         &["model.safetensors", "not a complete safetensors file"],
     );
 }
@@ -313,7 +301,7 @@ fn diff_v1_ablations_save_load_and_refuse_hugging_face_export() {
         .specs
         .iter()
         .all(|s| !s.name.contains("subln")));
-    assert!(eval(&m, &data).status.success());
+    assert!(eval(&m, &data, &[]).status.success());
     // DiffLlama has neither setting: export names the first and writes nothing.
     let export = |m: &Path| {
         difftx(&[
@@ -336,7 +324,7 @@ fn diff_v1_ablations_save_load_and_refuse_hugging_face_export() {
     with_subln.as_object_mut().unwrap().remove("subln");
     std::fs::write(m.join("config.json"), with_subln.to_string()).unwrap();
     fails_with(
-        &eval(&m, &data),
+        &eval(&m, &data, &[]),
         &["missing tensor `model.layers.0.self_attn.subln.weight`"],
     );
     let paper = init_model(tmp.path(), "diff_v1");
@@ -346,7 +334,7 @@ fn diff_v1_ablations_save_load_and_refuse_hugging_face_export() {
     v["subln"] = false.into();
     std::fs::write(&c, v.to_string()).unwrap();
     fails_with(
-        &eval(&paper, &data),
+        &eval(&paper, &data, &[]),
         &[
             "model.safetensors",
             "unexpected tensor `model.layers.0.self_attn.subln.weight`",
@@ -416,16 +404,7 @@ fn eval_uses_the_model_directorys_tokenizer_json() {
     let m = tmp.path().join("m");
     difftx::Model::init(c, 0).unwrap().save(&m).unwrap();
     let data = text_file(tmp.path(), "a.txt", "the cat sat on the mat the cat");
-    let run = || {
-        difftx(&[
-            "eval",
-            "--model",
-            m.to_str().unwrap(),
-            "--data",
-            data.to_str().unwrap(),
-            "--json",
-        ])
-    };
+    let run = || eval(&m, &data, &["--json"]);
     // Without tokenizer.json a 6-word vocabulary cannot hold bytes.
     fails_with(&run(), &["no tokenizer.json", "vocab_size 6"]);
     std::fs::write(m.join("tokenizer.json"), word_tokenizer(&words)).unwrap();
@@ -483,7 +462,7 @@ fn hugging_face_directory_errors_are_named() {
         }
         d
     };
-    let run = |m: &Path| eval(m, &data);
+    let run = |m: &Path| eval(m, &data, &[]);
     let edit_config = |m: &Path, f: &dyn Fn(&mut serde_json::Value)| {
         let p = m.join("config.json");
         let mut v: serde_json::Value =
@@ -696,8 +675,8 @@ fn a_training_run_folder_serves_as_its_newest_checkpoint() {
     ]);
     ok(&out);
     // the same loss as the checkpoint's own directory, and a line saying which one
-    let by_run = eval(&run, &data);
-    let by_dir = eval(&run.join("checkpoints/step-00000004"), &data);
+    let by_run = eval(&run, &data, &[]);
+    let by_dir = eval(&run.join("checkpoints/step-00000004"), &data, &[]);
     ok(&by_run);
     assert_eq!(by_run.stdout, by_dir.stdout);
     let err = String::from_utf8_lossy(&by_run.stderr);
@@ -764,7 +743,7 @@ fn a_training_run_folder_serves_as_its_newest_checkpoint() {
     std::fs::remove_dir_all(run.join("checkpoints")).unwrap();
     std::fs::create_dir_all(run.join("checkpoints/.tmp-step-00000002")).unwrap();
     fails_with(
-        &eval(&run, &data),
+        &eval(&run, &data, &[]),
         &["run", "without a complete checkpoint"],
     );
 }
@@ -874,9 +853,8 @@ fn quant_names_the_matrices_it_leaves_f32() {
     let m = tmp.path().join("m");
     difftx::Model::init(c, 0).unwrap().save(&m).unwrap();
     let data = text_file(tmp.path(), "a.txt", "the cat sat on the mat");
-    let (m, data) = (m.to_str().unwrap(), data.to_str().unwrap());
-    let f32_loss = eval(Path::new(m), Path::new(data));
-    let o = difftx(&["eval", "--model", m, "--data", data, "--quant", "q4_0"]);
+    let f32_loss = eval(&m, &data, &[]);
+    let o = eval(&m, &data, &["--quant", "q4_0"]);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "{err}");
     let line: Vec<&str> = err.lines().filter(|l| l.contains("stay f32")).collect();
@@ -979,7 +957,7 @@ fn a_damaged_file_of_a_directory_with_a_manifest_is_named_by_every_loading_comma
     let commands = |m: &Path| {
         let (ms, again) = (m.to_str().unwrap(), tmp.path().join("again"));
         [
-            eval(m, &data),
+            eval(m, &data, &[]),
             difftx(&["generate", "--model", ms, "--prompt", "a"]),
             difftx(&["export", "--model", ms, "--out", again.to_str().unwrap()]),
             difftx(&[
@@ -1026,7 +1004,7 @@ fn a_damaged_file_of_a_directory_with_a_manifest_is_named_by_every_loading_comma
     }
     // 3. Without a manifest the directory loads as before (an older run, a download)
     std::fs::remove_file(hf.join("manifest.json")).unwrap();
-    assert!(eval(&hf, &data).status.success());
+    assert!(eval(&hf, &data, &[]).status.success());
 }
 
 #[test]
@@ -1111,5 +1089,8 @@ fn diff_v2_hugging_face_export_evaluates_and_generates_like_the_original() {
     cfg["num_key_value_heads"] = 3.into();
     std::fs::write(&cfg_path, cfg.to_string()).unwrap();
     without_manifest(&hf);
-    fails_with(&eval(&hf, &data), &["config.json", "num_key_value_heads"]);
+    fails_with(
+        &eval(&hf, &data, &[]),
+        &["config.json", "num_key_value_heads"],
+    );
 }
