@@ -141,67 +141,28 @@ pub(crate) unsafe fn load16<T: Elem>(p: *const T, n: usize) -> std::arch::x86_64
     }
 }
 
-/// Lane i is Σ_p x[p]·w[i·rs + p] for the rows i < h ≤ 16 (0 past h): one accumulator
-/// register per row, then one 16 × 16 transpose turns the sixteen registers into the sixteen
-/// sums, instead of reducing each row's partial sums apart. Serves the batch-1 matrix-vector
-/// products (rows of a weight) and decoding's attention scores (a key head's cached rows).
+/// Lane i is Σ_p x[p]·w[i·rs + p] for the rows i < h ≤ 16 (lanes past h repeat row h − 1):
+/// `dot_grid`'s one input row by sixteen weight rows. Serves decoding's attention scores (a
+/// key head's cached rows).
 ///
 /// # Safety
 /// AVX-512F; rows 0..h of w, each x.len() long at stride rs, are in bounds.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
+#[inline]
 pub(crate) unsafe fn dot_rows16<T: Elem>(
     x: &[f32],
     w: *const T,
     rs: usize,
     h: usize,
 ) -> std::arch::x86_64::__m512 {
-    // SAFETY: `sums` has this fn's contract, which the caller guarantees.
-    unsafe {
-        use std::arch::x86_64::*;
-        /// With ALL the row loop has a fixed count, so the sixteen sums stay in registers.
-        ///
-        /// # Safety
-        /// As for `dot_rows16`.
-        #[inline(always)]
-        unsafe fn sums<const ALL: bool, T: Elem>(
-            x: &[f32],
-            w: *const T,
-            rs: usize,
-            h: usize,
-        ) -> __m512 {
-            // SAFETY: AVX-512F and rows 0..h of w, each x.len() long at stride rs, in bounds
-            // are `dot_rows16`'s contract: the masked loads read p < x.len() of x and of rows i < h.
-            unsafe {
-                let mut acc = [_mm512_setzero_si512(); 16];
-                for p in (0..x.len()).step_by(16) {
-                    let m = lane_mask(x.len() - p);
-                    let xv = _mm512_maskz_loadu_ps(m, x.as_ptr().add(p));
-                    for (i, a) in acc.iter_mut().enumerate() {
-                        if ALL || i < h {
-                            let wv = load16(w.add(i * rs + p), x.len() - p);
-                            *a = _mm512_castps_si512(_mm512_fmadd_ps(
-                                wv,
-                                xv,
-                                _mm512_castsi512_ps(*a),
-                            ));
-                        }
-                    }
-                }
-                sum_lanes16(acc)
-            }
-        }
-        if h == 16 {
-            sums::<true, T>(x, w, rs, h)
-        } else {
-            sums::<false, T>(x, w, rs, h)
-        }
-    }
+    let ws: [*const T; 16] = std::array::from_fn(|i| w.wrapping_add(i.min(h - 1) * rs));
+    // SAFETY: every row pointer is one of rows 0..h, in bounds by the contract.
+    unsafe { dot_grid::<1, 16, T>([x.as_ptr()], ws, x.len(), 0) }
 }
 
 /// Lane i is the sum of the sixteen lanes of `acc[i]`: one 16 × 16 transpose, then the
-/// registers summed in halves (a tree of four levels, not a chain of fifteen additions). Every
-/// dot product of `dot_rows16` and `dot_grid` ends here, so each sums in the same order.
+/// registers summed in halves (a tree of four levels, not a chain of fifteen additions).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 #[inline]
@@ -222,9 +183,10 @@ pub(crate) fn sum_lanes16(mut acc: [std::arch::x86_64::__m512i; 16]) -> std::arc
 }
 
 /// Lane r·O + o is x_r · w_o for R input rows `xs` and O weight rows `ws` (R·O = 16), each `len`
-/// long: one accumulator per pair, FMAs over blocks of 16 columns, then `sum_lanes16`. Each
-/// lane is summed exactly as `dot_rows16` sums its rows, so a product's outputs do not depend
-/// on how its rows and outputs were grouped: decoding gives a sequence the same numbers
+/// long: one accumulator per pair, FMAs over blocks of 16 columns, then `sum_lanes16` (one
+/// 16 × 16 transpose instead of reducing each pair's partial sums apart). Each lane is summed
+/// in the same order whatever R and O, so a product's outputs do not depend on how its rows
+/// and outputs were grouped: decoding gives a sequence the same numbers
 /// whether it runs alone (1 × 16) or in a batch (4 × 4), and a batch reads each weight once
 /// for four rows. With `ahead` > 0, each step also asks for the cache line `ahead` values past
 /// each weight row's (the rows a caller reads next, so that their loads from memory overlap
