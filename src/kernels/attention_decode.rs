@@ -3,9 +3,9 @@
 //! The tile kernel (attention.rs) parallelises over key heads and streams each head's cached
 //! rows as a strided column, transposed into a tile first. With one query there is nothing to
 //! reuse a tile for, so here the cached positions are cut into chunks instead
-//! (flash-decoding): a task reads its chunk's key and value rows for every head, keeps a
-//! partial softmax (max, sum, weighted values) per head, and the partials are merged at the
-//! end. The chunks do not depend on the thread count, so neither do the results.
+//! (flash-decoding): a task reads its chunk's key and value rows for every head, block by
+//! block in memory order, keeps a partial softmax (max, sum, weighted values) per head, and
+//! the partials are merged at the end. The chunks do not depend on the thread count, so neither do the results.
 //!
 //! The cache holds f32 or bf16 keys and values (`Elem`, `--kv-cache bf16`): bf16 rows are
 //! widened to f32 as they are loaded (on AVX-512 a zero-extension and a shift, `load16`),
@@ -18,6 +18,8 @@ use rayon::prelude::*;
 
 /// Cached positions per task: two 16-row score blocks.
 const CHUNK: usize = 32;
+/// Cached rows a block: one 16-row score block.
+const ROWS: usize = 16;
 
 thread_local! {
     static PARTIALS: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
@@ -67,10 +69,9 @@ pub(crate) fn attention_decode_on<T: Elem>(
     let AttnShape { nq, dk, dv, .. } = *s;
     assert!(visible >= 1 && visible <= tkv);
     let chunks = visible.div_ceil(CHUNK);
-    // Per (sequence, chunk, head): the chunk's max score, its sum of exp(score − max) and
-    // the values weighted by those exps.
-    let part = dv + 2;
-    let group = query_group(s);
+    // Per (sequence, chunk, head): the values weighted by exp(score − max), the chunk's max
+    // score and its sum of exp(score − max), then room for the chunk's scores.
+    let part = dv + 2 + CHUNK;
     super::with_thread_buffer(&PARTIALS, |buf| {
         let partials = SharedMut::new(super::ensure(buf, b * chunks * nq * part));
         let run = |task: usize| {
@@ -80,15 +81,7 @@ pub(crate) fn attention_decode_on<T: Elem>(
             // SAFETY: task (bi, ci) alone writes its nq partials.
             let out = unsafe { partials.slice(task * nq * part, nq * part) };
             let (q, row0) = (&q[bi * nq * dk..], bi * tkv + t0);
-            // A GQA group's query heads (diff_v2's) together, each cached row loaded once.
-            for j in (0..nq).step_by(group) {
-                let rows = Rows { k, v, row0, len };
-                match group {
-                    4 => heads_partials::<4, T>(simd, out, q, &rows, s, j),
-                    2 => heads_partials::<2, T>(simd, out, q, &rows, s, j),
-                    _ => heads_partials::<1, T>(simd, out, q, &rows, s, j),
-                }
-            }
+            chunk_partials(simd, out, q, &Rows { k, v, row0, len }, s);
         };
         if chunks * b > 1 {
             (0..b * chunks).into_par_iter().for_each(run);
@@ -174,43 +167,116 @@ struct Rows<'a, T> {
     len: usize,
 }
 
-/// For the Q query heads j from j0, which read the same key and value heads, into
-/// out[j·(DV + 2)..]: Σ_t e^(s_t − m)·v_t, then m and Σ_t e^(s_t − m), over the chunk's
-/// rows (s_t the scaled scores, m their max). Out of line, each Q compiled on its
-/// own: inlined together into their caller, the three shared one register allocation, and
-/// standard's single heads decoded 4–5% slower.
+impl<T> Rows<'_, T> {
+    /// The cached rows `t..t + ROWS` of the chunk (every head's, contiguous) in k (`keys`) or
+    /// v, asked for into L2 (`prefetch_l2`) in memory order, a block ahead of the heads that
+    /// read them each as a strided column: runs too short for the hardware prefetcher.
+    fn prefetch(&self, s: &AttnShape, keys: bool, t: usize) {
+        if t >= self.len {
+            return;
+        }
+        let rows = ROWS.min(self.len - t);
+        let (x, w) = match keys {
+            true => (self.k.as_ptr(), s.nk * s.dk),
+            false => (self.v.as_ptr(), s.nv * s.dv),
+        };
+        let at = x.wrapping_add((self.row0 + t) * w);
+        super::prefetch_l2(at.cast(), rows * w * std::mem::size_of::<T>());
+    }
+}
+
+/// A task's partials, out (NQ, DV + 2 + CHUNK): each phase walks the chunk's cached rows a
+/// block of `ROWS` at a time, every head over one block before the next (memory order), and
+/// asks for the next block's rows while the heads read this one (from DRAM, 1.3–1.5× the
+/// head-by-head walk over the whole chunk). A GQA group's query heads (diff_v2's) go
+/// together, each cached row loaded once for them.
+fn chunk_partials<T: Elem>(simd: bool, out: &mut [f32], q: &[f32], r: &Rows<T>, s: &AttnShape) {
+    let AttnShape { nq, dk, dv, .. } = *s;
+    let (part, group) = (dv + 2 + CHUNK, query_group(s));
+    let scale = 1.0 / (dk as f32).sqrt();
+    // 1. every head's scores, into out[j][dv + 2..]
+    r.prefetch(s, true, 0);
+    for t in (0..r.len).step_by(ROWS) {
+        match t + ROWS < r.len {
+            true => r.prefetch(s, true, t + ROWS),
+            false => r.prefetch(s, false, 0),
+        }
+        for j in (0..nq).step_by(group) {
+            let heads = &mut out[j * part..(j + group) * part];
+            match group {
+                4 => scores_block::<4, T>(simd, heads, q, r, s, j, t),
+                2 => scores_block::<2, T>(simd, heads, q, r, s, j, t),
+                _ => scores_block::<1, T>(simd, heads, q, r, s, j, t),
+            }
+        }
+    }
+    // 2. each head's max m and Σ exp(score − m), the scores turned into those exps
+    for o in out.chunks_exact_mut(part) {
+        let (stats, sc) = o[dv..].split_at_mut(2);
+        let sc = &mut sc[..r.len];
+        let m = map_lanes(sc, |_, x| x * scale, MAX);
+        stats[0] = m;
+        stats[1] = map_lanes(sc, |_, x| exp_nonpos(x - m), SUM);
+    }
+    // 3. every head's values weighted by its exps, into out[j][..dv]
+    for t in (0..r.len).step_by(ROWS) {
+        r.prefetch(s, false, t + ROWS);
+        for j in (0..nq).step_by(group) {
+            let heads = &mut out[j * part..(j + group) * part];
+            match group {
+                4 => values_block::<4, T>(simd, heads, r, s, j, t),
+                2 => values_block::<2, T>(simd, heads, r, s, j, t),
+                _ => values_block::<1, T>(simd, heads, r, s, j, t),
+            }
+        }
+    }
+}
+
+/// Phase 1 for the Q query heads from j0, which read one key head (`heads`: their partials),
+/// over the block of cached rows from t. Out of line, each Q compiled on its own: inlined
+/// together into their caller, the three shared one register allocation, and standard's
+/// single heads decoded 4–5% slower.
 #[inline(never)]
-fn heads_partials<const Q: usize, T: Elem>(
+fn scores_block<const Q: usize, T: Elem>(
     simd: bool,
-    out: &mut [f32],
+    heads: &mut [f32],
     q: &[f32],
     r: &Rows<T>,
     s: &AttnShape,
     j0: usize,
+    t: usize,
 ) {
-    let AttnShape { nk, nv, dk, dv, .. } = *s;
-    let (row0, len) = (r.row0, r.len);
-    let (kh, vh) = (s.k_head(j0), s.v_head(j0));
-    let scale = 1.0 / (dk as f32).sqrt();
-    let mut scores = [[0f32; CHUNK]; Q];
-    let qs: [&[f32]; Q] = std::array::from_fn(|i| &q[(j0 + i) * dk..(j0 + i + 1) * dk]);
-    {
-        let mut sc = scores.iter_mut();
-        let sc: [&mut [f32]; Q] = std::array::from_fn(|_| &mut sc.next().unwrap()[..len]);
-        key_scores(simd, sc, qs, &r.k[(row0 * nk + kh) * dk..], nk * dk);
-    }
-    let mut outs = out[j0 * (dv + 2)..(j0 + Q) * (dv + 2)].chunks_exact_mut(dv + 2);
-    let mut outs: [&mut [f32]; Q] = std::array::from_fn(|_| outs.next().unwrap());
-    for (o, sc) in outs.iter_mut().zip(scores.iter_mut()) {
-        let sc = &mut sc[..len];
-        let m = map_lanes(sc, |_, x| x * scale, MAX);
-        let l = map_lanes(sc, |_, x| exp_nonpos(x - m), SUM);
-        o[dv] = m;
-        o[dv + 1] = l;
-    }
-    let accs: [&mut [f32]; Q] = outs.map(|o| &mut o[..dv]);
-    let ps: [&[f32]; Q] = std::array::from_fn(|i| &scores[i][..len]);
-    weighted_rows(simd, accs, ps, &r.v[(row0 * nv + vh) * dv..], nv * dv);
+    let (t1, at) = (ROWS.min(r.len - t), s.dv + 2 + t);
+    let mut parts = heads.chunks_exact_mut(s.dv + 2 + CHUNK);
+    let sc: [&mut [f32]; Q] = std::array::from_fn(|_| &mut parts.next().unwrap()[at..at + t1]);
+    let qs: [&[f32]; Q] = std::array::from_fn(|i| &q[(j0 + i) * s.dk..(j0 + i + 1) * s.dk]);
+    let k = &r.k[((r.row0 + t) * s.nk + s.k_head(j0)) * s.dk..];
+    key_scores(simd, sc, qs, k, s.nk * s.dk);
+}
+
+/// Phase 3 for the Q query heads from j0, which read one value head, over the block of cached
+/// rows from t: the first block sets each head's sums, later ones add to them.
+#[inline(never)]
+fn values_block<const Q: usize, T: Elem>(
+    simd: bool,
+    heads: &mut [f32],
+    r: &Rows<T>,
+    s: &AttnShape,
+    j0: usize,
+    t: usize,
+) {
+    let (t1, dv) = (ROWS.min(r.len - t), s.dv);
+    let mut parts = heads
+        .chunks_exact_mut(dv + 2 + CHUNK)
+        .map(|o| o.split_at_mut(dv + 2));
+    let mut ps: [&[f32]; Q] = [&[]; Q];
+    let accs: [&mut [f32]; Q] = std::array::from_fn(|i| {
+        let (acc, sc) = parts.next().unwrap();
+        ps[i] = &sc[t..t + t1];
+        &mut acc[..dv]
+    });
+    let v = &r.v[((r.row0 + t) * s.nv + s.v_head(j0)) * dv..];
+    weighted_rows(simd, accs, ps, v, s.nv * dv, t > 0);
 }
 
 /// scores[i][t] = qs[i] · k[t·rs..t·rs + qs[i].len()], each row of k loaded once for all the qs
@@ -303,24 +369,28 @@ unsafe fn group_scores16<const Q: usize, T: Elem>(
     }
 }
 
-/// accs[i] = Σ_t ps[i][t] · v[t·rs..t·rs + accs[i].len()], each row of v loaded once for all
+/// accs[i] = Σ_t ps[i][t] · v[t·rs..t·rs + accs[i].len()] (with `add`, accs[i] += it), each
+/// row of v loaded once for all
 fn weighted_rows<const Q: usize, T: Elem>(
     simd: bool,
     accs: [&mut [f32]; Q],
     ps: [&[f32]; Q],
     v: &[T],
     rs: usize,
+    add: bool,
 ) {
     let (w, len) = (accs[0].len(), ps[0].len());
     assert!(v.len() >= (len - 1) * rs + w);
     #[cfg(target_arch = "x86_64")]
     if simd {
         // SAFETY: AVX-512F is present; rows t < len of v are in bounds (asserted above).
-        unsafe { weighted_rows_avx512(accs, ps, v, rs) };
+        unsafe { weighted_rows_avx512(accs, ps, v, rs, add) };
         return;
     }
     for (acc, p) in accs.into_iter().zip(ps) {
-        acc.fill(0.0);
+        if !add {
+            acc.fill(0.0);
+        }
         for (t, &pt) in p.iter().enumerate() {
             axpy_elems(acc, pt, &v[t * rs..t * rs + w]);
         }
@@ -341,6 +411,7 @@ unsafe fn weighted_rows_avx512<const Q: usize, T: Elem>(
     ps: [&[f32]; Q],
     v: &[T],
     rs: usize,
+    add: bool,
 ) {
     // SAFETY: `weighted_columns` has this fn's contract
     // (AVX-512F, rows of v in bounds) and is called with c0 + cols ≤ w columns.
@@ -350,10 +421,10 @@ unsafe fn weighted_rows_avx512<const Q: usize, T: Elem>(
             let cols = (w - c0).min(64);
             let (a, p) = (&mut accs, &ps);
             match cols.div_ceil(16) {
-                1 => weighted_columns::<1, Q, T>(a, p, v, rs, c0, cols),
-                2 => weighted_columns::<2, Q, T>(a, p, v, rs, c0, cols),
-                3 => weighted_columns::<3, Q, T>(a, p, v, rs, c0, cols),
-                _ => weighted_columns::<4, Q, T>(a, p, v, rs, c0, cols),
+                1 => weighted_columns::<1, Q, T>(a, p, v, rs, c0, cols, add),
+                2 => weighted_columns::<2, Q, T>(a, p, v, rs, c0, cols, add),
+                3 => weighted_columns::<3, Q, T>(a, p, v, rs, c0, cols, add),
+                _ => weighted_columns::<4, Q, T>(a, p, v, rs, c0, cols, add),
             }
         }
     }
@@ -374,6 +445,7 @@ unsafe fn weighted_columns<const N: usize, const Q: usize, T: Elem>(
     rs: usize,
     c0: usize,
     cols: usize,
+    add: bool,
 ) {
     // SAFETY: AVX-512F and rows t < ps[0].len() of v in bounds
     // at stride rs are the caller's contract; the loads and stores are masked to the cols
@@ -383,6 +455,13 @@ unsafe fn weighted_columns<const N: usize, const Q: usize, T: Elem>(
         let masks: [__mmask16; N] =
             std::array::from_fn(|i| super::lane_mask(cols.saturating_sub(16 * i)));
         let mut sums = [[_mm512_setzero_ps(); N]; Q];
+        if add {
+            for (s, acc) in sums.iter_mut().zip(accs.iter()) {
+                for i in 0..N {
+                    s[i] = _mm512_maskz_loadu_ps(masks[i], acc.as_ptr().add(c0 + 16 * i));
+                }
+            }
+        }
         for t in 0..ps[0].len() {
             let row = v.as_ptr().add(t * rs + c0);
             let mut pv = [_mm512_setzero_ps(); Q];

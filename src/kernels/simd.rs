@@ -19,6 +19,23 @@ pub(crate) fn prefetch(at: *const f32, n: usize) {
     let _ = (at, n);
 }
 
+/// Asks for `bytes` bytes from `at` into L2 (PREFETCHT1), one request per 128-byte pair of
+/// lines (the L2 fetches a line's pair with it): for a block read a while later, in memory
+/// order, that L1 could not hold beside the one being read. Cannot fault, as `prefetch`.
+#[inline]
+pub(crate) fn prefetch_l2(at: *const u8, bytes: usize) {
+    #[cfg(target_arch = "x86_64")]
+    for pair in (0..bytes).step_by(128) {
+        // SAFETY: PREFETCHT1 (SSE, part of x86_64) reads nothing and cannot fault.
+        unsafe {
+            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
+            _mm_prefetch::<_MM_HINT_T1>(at.wrapping_add(pair) as *const i8)
+        };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (at, bytes);
+}
+
 /// The first `n` of 16 lanes (all of them from 16 on): the mask of a ragged AVX-512 load or
 /// store.
 #[cfg(target_arch = "x86_64")]
