@@ -6,8 +6,8 @@
 #                                               at each FORMAT (default: f32 bf16; any name that
 #                                               `difftx export --format gguf --quant` takes), then
 #                                               per round and format run `llama-bench -p 512 -n 128
-#                                               -d 0,512` and `difftx bench decode` (prompt 1 and
-#                                               512, 128 new tokens) one after the other at the same
+#                                               -d 0,DEPTH` and `difftx bench decode` (prompt 1 and
+#                                               DEPTH, 128 new tokens) one after the other at the same
 #                                               threads, and print medians and difftx/llama.cpp ratios
 #
 # difftx runs a format as: f32 the default, bf16 with --bf16, any other NAME with --quant NAME.
@@ -15,7 +15,9 @@
 # llama.cpp is built from the source vendored in PyPI's llama-cpp-python sdist (so only PyPI is
 # needed): cmake and ninja come from pip, the build is native (-DGGML_NATIVE=ON), Release.
 # Environment: LLAMACPP_DIR (default $HOME/.cache/difftx/llama.cpp), THREADS (default 2),
-# PRESET (default medium; its context must hold 512 + 128 tokens), KV (difftx's --kv-cache,
+# PRESET (default medium; its context must hold DEPTH + 128 tokens), VOCAB (the model's
+# vocabulary, default 256; 32000 sizes the LM head as a real tokenizer's), DEPTH (the second
+# decode depth, default 512; 2048 at PRESET=large), KV (difftx's --kv-cache,
 # default f32; llama.cpp's own cache is f16, so KV=bf16 compares caches of equal width), JOBS (build parallelism,
 # default 2). Not part of CI. On a shared, loaded machine run it as
 # `OMP_WAIT_POLICY=passive bench/llamacpp.sh bench`: llama.cpp's OpenMP threads otherwise spin
@@ -66,11 +68,13 @@ rounds=${1:-3}; shift || true
 formats=("$@"); [ ${#formats[@]} -gt 0 ] || formats=(f32 bf16)
 threads=${THREADS:-2}
 preset=${PRESET:-medium}
+depth=${DEPTH:-512}
 cargo build --release --quiet
 bin=target/release/difftx
 llama=$LLAMACPP_DIR/build/bin
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
-"$bin" init --preset "$preset" --attention standard --out "$tmp/model" 2>/dev/null
+vocab=${VOCAB:-256}
+"$bin" init --preset "$preset" --attention standard --vocab-size "$vocab" --out "$tmp/model" 2>/dev/null
 for f in "${formats[@]}"; do
   "$bin" export --model "$tmp/model" --format gguf --quant "$f" --out "$tmp/$f.gguf" 2>/dev/null
 done
@@ -97,23 +101,26 @@ PY
 declare -A L D
 for r in $(seq "$rounds"); do
   for f in "${formats[@]}"; do
-    lb=$("$llama/llama-bench" -m "$tmp/$f.gguf" -p 512 -n 128 -d 0,512 -t "$threads" -r 3 -o json 2>/dev/null)
+    lb=$("$llama/llama-bench" -m "$tmp/$f.gguf" -p 512 -n 128 -d "0,$depth" -t "$threads" -r 3 -o json 2>/dev/null)
     read -r -a fl <<< "$(difftx_flags "$f" | tr '\n' ' ')"
-    d0=$("$bin" --threads "$threads" bench decode "${fl[@]}" --model "$tmp/model" --prompt-len 1 --new-tokens 128 --reps 3 --json)
-    d512=$("$bin" --threads "$threads" bench decode "${fl[@]}" --model "$tmp/model" --prompt-len 512 --new-tokens 128 --reps 3 --json)
+    run() { "$bin" --threads "$threads" bench decode "${fl[@]}" --model "$tmp/model" --reps 3 --json "$@"; }
+    d0=$(run --prompt-len 1 --new-tokens 128)
+    dd=$(run --prompt-len "$depth" --new-tokens 128)
+    # prefill 512 from the depth run when it is 512, else from a run of its own
+    p512=$dd; [ "$depth" = 512 ] || p512=$(run --prompt-len 512 --new-tokens 8)
     vals=("$(llama_ts "$lb" 0 128 0)" "$(field "$d0" decode_tokens_per_s)"
-          "$(llama_ts "$lb" 0 128 512)" "$(field "$d512" decode_tokens_per_s)"
-          "$(llama_ts "$lb" 512 0 0)" "$(field "$d512" prefill_tokens_per_s)")
+          "$(llama_ts "$lb" 0 128 "$depth")" "$(field "$dd" decode_tokens_per_s)"
+          "$(llama_ts "$lb" 512 0 0)" "$(field "$p512" prefill_tokens_per_s)")
     L[$f,tg0]+=" ${vals[0]}"; D[$f,tg0]+=" ${vals[1]}"
-    L[$f,tg512]+=" ${vals[2]}"; D[$f,tg512]+=" ${vals[3]}"
+    L[$f,tgd]+=" ${vals[2]}"; D[$f,tgd]+=" ${vals[3]}"
     L[$f,pp512]+=" ${vals[4]}"; D[$f,pp512]+=" ${vals[5]}"
-    printf '%s round %s (llama.cpp / difftx tok/s): decode d0 %.0f / %.0f, decode d512 %.0f / %.0f, prefill 512 %.0f / %.0f\n' \
+    printf "%s round %s (llama.cpp / difftx tok/s): decode d0 %.0f / %.0f, decode d$depth %.0f / %.0f, prefill 512 %.0f / %.0f\n" \
       "$f" "$r" "${vals[@]}"
   done
 done
-echo "preset $preset (standard), $threads threads, difftx KV cache ${KV:-f32}, llama.cpp from $(basename "$(ls "$LLAMACPP_DIR"/download/*.tar.gz | head -1)")"
+echo "preset $preset (standard, vocabulary $vocab), $threads threads, difftx KV cache ${KV:-f32}, llama.cpp from $(basename "$(ls "$LLAMACPP_DIR"/download/*.tar.gz | head -1)")"
 for f in "${formats[@]}"; do
   summary "$f decode at depth 0 (tg128)" "${L[$f,tg0]}" "${D[$f,tg0]}"
-  summary "$f decode at depth 512 (tg128 @ d512)" "${L[$f,tg512]}" "${D[$f,tg512]}"
+  summary "$f decode at depth $depth (tg128 @ d$depth)" "${L[$f,tgd]}" "${D[$f,tgd]}"
   summary "$f prefill 512 (pp512)" "${L[$f,pp512]}" "${D[$f,pp512]}"
 done

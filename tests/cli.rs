@@ -271,6 +271,47 @@ fn a_saved_model_loads_back_bit_identical() {
     assert_eq!(a.config, fresh.config);
 }
 
+/// `init --vocab-size` sizes the embedding and the LM head (for speed measurements at a real
+/// tokenizer's size); zero is refused in one line.
+#[test]
+fn init_sizes_the_vocabulary_on_request() {
+    let tmp = tempfile::tempdir().unwrap();
+    let m = tmp.path().join("wide");
+    ok(&difftx(&[
+        "init",
+        "--attention",
+        "standard",
+        "--vocab-size",
+        "300",
+        "--out",
+        m.to_str().unwrap(),
+    ]));
+    let wide = difftx::Model::load(&m).unwrap();
+    assert_eq!(wide.config.vocab_size, 300);
+    let bytes = difftx::Model::init(
+        difftx::ModelConfig {
+            vocab_size: 256,
+            ..wide.config.clone()
+        },
+        0,
+    )
+    .unwrap();
+    // 44 more rows of the embedding and (untied) of the LM head
+    let per_row = wide.config.hidden_size
+        * if wide.config.tie_word_embeddings {
+            1
+        } else {
+            2
+        };
+    assert_eq!(wide.num_params() - bytes.num_params(), 44 * per_row);
+    let zero = tmp.path().join("zero");
+    fails_with(
+        &difftx(&["init", "--vocab-size", "0", "--out", zero.to_str().unwrap()]),
+        &["--vocab-size must be at least 1"],
+    );
+    assert!(!zero.exists());
+}
+
 #[test]
 fn diff_v1_ablations_save_load_and_refuse_hugging_face_export() {
     let tmp = tempfile::tempdir().unwrap();

@@ -24,16 +24,26 @@ pub struct InitArgs {
     /// diff_v1 ablation (paper Table 6): no per-head RMSNorm (subln) and no (1 − λ_init) scale.
     #[arg(long)]
     pub no_subln: bool,
+    /// Vocabulary size [default: the preset's 256 bytes]. A model with more ids than its
+    /// byte tokenizer holds is for speed measurements: 32000 sizes the LM head as a real
+    /// tokenizer's would (`export --format gguf` pads the token list with unused tokens).
+    #[arg(long, value_name = "N")]
+    pub vocab_size: Option<usize>,
     /// Output model directory.
     #[arg(long)]
     pub out: PathBuf,
 }
 
 pub fn run(a: InitArgs) -> Result<()> {
+    let preset = ModelConfig::preset(a.preset, a.attention);
+    if a.vocab_size == Some(0) {
+        anyhow::bail!("--vocab-size must be at least 1");
+    }
     let config = ModelConfig {
         lambda_init: a.lambda_init,
         subln: !a.no_subln,
-        ..ModelConfig::preset(a.preset, a.attention)
+        vocab_size: a.vocab_size.unwrap_or(preset.vocab_size),
+        ..preset
     };
     let model = Model::init(config, a.seed)?;
     model.save(&a.out)?;
