@@ -402,38 +402,67 @@ unsafe fn block_dot(
     // < h (clamped to BLOCK) masked to the first w columns.
     unsafe {
         let h = h.min(BLOCK);
-        let (m0, m1) = (lane_mask(w), lane_mask(w.saturating_sub(TR)));
         for g in 0..h.div_ceil(DOT_ROWS) {
-            // rows g·8 .. g·8 + 8 of the block: half of A tile row g / 2
+            // rows g·8 .. g·8 + 8 of the block: half of A tile row g / 2; a last group of
+            // fewer rows in as many registers as it needs (a lone row: decoding under batch
+            // invariance), each row's sums the same either way
             let a = a[g / 2].add((g % 2) * DOT_ROWS * TK) as *const i32;
-            let mut acc = [_mm512_setzero_ps(); 2 * DOT_ROWS];
-            for kt in 0..kts {
-                let (at, o) = (a.add(kt * TILE / 2), kt * TILE);
-                for q in 0..TR {
-                    let b0: __m512bh = std::mem::transmute(_mm512_loadu_si512(
-                        b[0].add(o + 2 * TR * q) as *const _,
-                    ));
-                    let b1: __m512bh = std::mem::transmute(_mm512_loadu_si512(
-                        b[1].add(o + 2 * TR * q) as *const _,
-                    ));
-                    for r in 0..DOT_ROWS {
-                        let pair: __m512bh =
-                            std::mem::transmute(_mm512_set1_epi32(*at.add(r * TR + q)));
-                        acc[2 * r] = _mm512_dpbf16_ps(acc[2 * r], pair, b0);
-                        acc[2 * r + 1] = _mm512_dpbf16_ps(acc[2 * r + 1], pair, b1);
-                    }
+            let c = c.add(g * DOT_ROWS * ldc);
+            match h - g * DOT_ROWS {
+                1 => dot_rows::<1>(a, b, kts, c, ldc, 1, w, accumulate),
+                2 => dot_rows::<2>(a, b, kts, c, ldc, 2, w, accumulate),
+                r @ 3..=4 => dot_rows::<4>(a, b, kts, c, ldc, r, w, accumulate),
+                r => dot_rows::<DOT_ROWS>(a, b, kts, c, ldc, r.min(DOT_ROWS), w, accumulate),
+            }
+        }
+    }
+}
+
+/// `block_dot` for R ≤ 8 rows of A from `a` (rows at TK apart within each tile), of which
+/// the first `h` are stored: 2R accumulators, B's two registers reused R times.
+///
+/// # Safety
+/// As for `block_dot`, with `a` inside A's packed tiles and c valid for h rows.
+#[target_feature(enable = "avx512f,avx512bf16")]
+#[allow(clippy::too_many_arguments)]
+#[inline]
+unsafe fn dot_rows<const R: usize>(
+    a: *const i32,
+    b: [*const u16; 2],
+    kts: usize,
+    c: *mut f32,
+    ldc: usize,
+    h: usize,
+    w: usize,
+    accumulate: bool,
+) {
+    // SAFETY: as for `block_dot` (r < R ≤ DOT_ROWS stays inside the group's tile rows).
+    unsafe {
+        let (m0, m1) = (lane_mask(w), lane_mask(w.saturating_sub(TR)));
+        let mut acc = [[_mm512_setzero_ps(); 2]; R];
+        for kt in 0..kts {
+            let (at, o) = (a.add(kt * TILE / 2), kt * TILE);
+            for q in 0..TR {
+                let b0: __m512bh =
+                    std::mem::transmute(_mm512_loadu_si512(b[0].add(o + 2 * TR * q) as *const _));
+                let b1: __m512bh =
+                    std::mem::transmute(_mm512_loadu_si512(b[1].add(o + 2 * TR * q) as *const _));
+                for (r, acc) in acc.iter_mut().enumerate() {
+                    let pair: __m512bh =
+                        std::mem::transmute(_mm512_set1_epi32(*at.add(r * TR + q)));
+                    acc[0] = _mm512_dpbf16_ps(acc[0], pair, b0);
+                    acc[1] = _mm512_dpbf16_ps(acc[1], pair, b1);
                 }
             }
-            for r in 0..DOT_ROWS.min(h - g * DOT_ROWS) {
-                let row = c.add((g * DOT_ROWS + r) * ldc);
-                let (mut x0, mut x1) = (acc[2 * r], acc[2 * r + 1]);
-                if accumulate {
-                    x0 = _mm512_add_ps(x0, _mm512_maskz_loadu_ps(m0, row));
-                    x1 = _mm512_add_ps(x1, _mm512_maskz_loadu_ps(m1, row.add(TR)));
-                }
-                _mm512_mask_storeu_ps(row, m0, x0);
-                _mm512_mask_storeu_ps(row.add(TR), m1, x1);
+        }
+        for (r, &[mut x0, mut x1]) in acc.iter().enumerate().take(h) {
+            let row = c.add(r * ldc);
+            if accumulate {
+                x0 = _mm512_add_ps(x0, _mm512_maskz_loadu_ps(m0, row));
+                x1 = _mm512_add_ps(x1, _mm512_maskz_loadu_ps(m1, row.add(TR)));
             }
+            _mm512_mask_storeu_ps(row, m0, x0);
+            _mm512_mask_storeu_ps(row.add(TR), m1, x1);
         }
     }
 }
@@ -601,7 +630,8 @@ impl<'a> PackedB<'a> {
 }
 
 /// C (+)= A · B, 32 × 32 blocks of C at a time: a task per two tile rows of A, which it
-/// packs itself.
+/// packs itself, and where A has fewer such rows than there are threads (a decoding step's
+/// few rows), per run of C's column blocks as well. A block's sums do not depend on the split.
 ///
 /// # Safety
 /// As for `gemm_shared`.
@@ -624,7 +654,15 @@ unsafe fn products(d: Dims, a: Mat, b: PackedB, out: SharedOut, threads: usize) 
         "bf16 products: packed B too small"
     );
     let (row, amx) = (kts * TILE, amx());
-    let row_block = |bi: usize| {
+    let (blocks, col_blocks) = (m.div_ceil(BLOCK), n.div_ceil(BLOCK));
+    let splits = match blocks < threads {
+        true => (4 * threads).div_ceil(blocks).min(col_blocks),
+        false => 1,
+    };
+    let per_split = col_blocks.div_ceil(splits);
+    let task = |t: usize| {
+        let (bi, js) = (t / splits, t % splits);
+        let cols = js * per_split..((js + 1) * per_split).min(col_blocks);
         // Each task packs its own two tile rows of A, which then stay in L1 for its products.
         with_thread_buffer(&PACK_A, |pa| {
             let a_rows = crate::kernels::ensure(pa, 2 * row);
@@ -638,7 +676,7 @@ unsafe fn products(d: Dims, a: Mat, b: PackedB, out: SharedOut, threads: usize) 
                 let a = &*a_rows;
                 for kc in (0..kts).step_by(KC_TILES) {
                     let kn = KC_TILES.min(kts - kc);
-                    for bj in 0..n.div_ceil(BLOCK) {
+                    for bj in cols.clone() {
                         let (j0, b) = (bj * BLOCK, pb.as_ptr().add(2 * bj * b_row));
                         let block = if amx { block } else { block_dot };
                         block(
@@ -659,20 +697,69 @@ unsafe fn products(d: Dims, a: Mat, b: PackedB, out: SharedOut, threads: usize) 
             }
         })
     };
-    let blocks = m.div_ceil(BLOCK);
-    if threads > 1 && blocks > 1 {
-        (0..blocks)
+    let tasks = blocks * splits;
+    if threads > 1 && tasks > 1 {
+        (0..tasks)
             .into_par_iter()
-            .for_each_init(TileSession::begin, |_, bi| row_block(bi));
+            .for_each_init(TileSession::begin, |_, t| task(t));
     } else {
         let _tiles = TileSession::begin();
-        (0..blocks).for_each(row_block);
+        (0..tasks).for_each(task);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Batch invariance (the server's): each row of a packed product gets the same bits alone
+    /// as among up to 40 others, on one thread or two (the few-row groups of `block_dot` and
+    /// the column split of `products` included), with and without accumulation.
+    #[test]
+    fn each_row_gets_the_same_bits_alone_or_among_others() {
+        if !available() {
+            eprintln!("skipped: this CPU has no AVX512_BF16");
+            return;
+        }
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .unwrap();
+        for (c, oc) in [(70, 45), (128, 200)] {
+            let w: Vec<f32> = (0..oc * c)
+                .map(|i| ((i * 29 % 83) as f32 - 41.0) / 11.0)
+                .collect();
+            let packed = pack_weight(&w, oc, c);
+            let pw = PackedB::weight(&packed, oc, c);
+            for n in [2, 3, 5, 9, 17, 41] {
+                let x: Vec<f32> = (0..n * c)
+                    .map(|i| ((i * 13 % 97) as f32 - 48.0) / 9.0)
+                    .collect();
+                for (threads, accumulate) in [(1, false), (2, false), (2, true)] {
+                    let run = |rows: &[f32], m: usize| {
+                        // each row starts from the same values (accumulate), by column
+                        let mut y: Vec<f32> = (0..m * oc).map(|i| (i % oc % 7) as f32).collect();
+                        let out = Out::new(&mut y, oc, accumulate);
+                        let d = Dims::new(m, oc, c);
+                        pool.install(|| gemm_packed(d, Mat::rows(rows, c), &pw, out, threads));
+                        y
+                    };
+                    let all = run(&x, n);
+                    for r in 0..n {
+                        let alone = run(&x[r * c..(r + 1) * c], 1);
+                        for (o, (a, b)) in alone.iter().zip(&all[r * oc..(r + 1) * oc]).enumerate()
+                        {
+                            assert_eq!(
+                                a.to_bits(),
+                                b.to_bits(),
+                                "{n} rows, {threads} threads: ({r}, {o}): {a} vs {b}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
 
     /// A pre-packed weight gives the same bits as packing it on the fly.
     #[test]
