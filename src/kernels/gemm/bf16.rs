@@ -424,6 +424,7 @@ unsafe fn block_dot(
 /// # Safety
 /// As for `block_dot`, with `a` inside A's packed tiles and c valid for h rows.
 #[target_feature(enable = "avx512f,avx512bf16")]
+// `block_dot`'s operands, for one group of its rows
 #[allow(clippy::too_many_arguments)]
 #[inline]
 unsafe fn dot_rows<const R: usize>(
