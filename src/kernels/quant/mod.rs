@@ -27,7 +27,36 @@ pub struct QuantMatrix {
     pub rows: usize,
     pub cols: usize,
     /// the tiles, one after another
-    data: Vec<u8>,
+    data: Lines,
+}
+
+/// Bytes in whole cache lines, the first at a multiple of 64 (a `Vec<u8>` this large starts 16
+/// bytes into a page), so that no 64-byte load of a tile straddles two lines: straddling ones
+/// made the products of weights in cache (Q8_0) about 6% slower.
+#[derive(Clone, Debug)]
+struct Lines(Vec<Line>);
+
+#[derive(Clone, Copy, Debug)]
+#[repr(C, align(64))]
+struct Line([u8; 64]);
+
+impl Lines {
+    /// `n` zero bytes, a multiple of 64.
+    fn zeroed(n: usize) -> Lines {
+        assert!(n.is_multiple_of(64), "Lines: {n} bytes is not whole lines");
+        Lines(vec![Line([0; 64]); n / 64])
+    }
+
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: `Line` is 64 bytes without padding (repr(C) of [u8; 64]); the vector holds
+        // len() of them.
+        unsafe { std::slice::from_raw_parts(self.0.as_ptr().cast(), 64 * self.0.len()) }
+    }
+
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as for `bytes`, borrowed mutably.
+        unsafe { std::slice::from_raw_parts_mut(self.0.as_mut_ptr().cast(), 64 * self.0.len()) }
+    }
 }
 
 /// Blocks the VNNI engine multiplies at once: four, each split in halves of 16 elements.
@@ -65,7 +94,7 @@ impl Tiling {
         }
     }
 
-    /// Bytes of a tile.
+    /// Bytes of a tile: whole cache lines (`TILE_ROWS` · 4k blocks of 18 or 34 bytes).
     pub fn bytes(self) -> usize {
         TILE_ROWS * self.padded * (2 + self.qb)
     }
@@ -89,9 +118,10 @@ impl QuantMatrix {
             return None;
         }
         let tl = Tiling::new(kind, cols);
-        let mut data = vec![0u8; rows.div_ceil(TILE_ROWS) * tl.bytes()];
+        let mut data = Lines::zeroed(rows.div_ceil(TILE_ROWS) * tl.bytes());
         // 1. each row's blocks (tiles in parallel), placed in the engines' layout
-        data.par_chunks_mut(tl.bytes())
+        data.bytes_mut()
+            .par_chunks_mut(tl.bytes())
             .zip(w.par_chunks(TILE_ROWS * cols))
             .for_each(|(tile, w)| {
                 let mut blk = [0u8; BLOCK];
@@ -156,13 +186,13 @@ impl QuantMatrix {
 
     /// Bytes the products read: quants and scales.
     pub fn bytes(&self) -> usize {
-        self.data.len()
+        self.data.bytes().len()
     }
 
     /// Tile t: rows t · `TILE_ROWS` on.
     fn tile(&self, t: usize) -> &[u8] {
         let n = self.tiling().bytes();
-        &self.data[t * n..(t + 1) * n]
+        &self.data.bytes()[t * n..(t + 1) * n]
     }
 
     /// Row r's scale of block b, as f16 bits.
