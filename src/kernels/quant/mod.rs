@@ -285,11 +285,18 @@ impl QuantAct {
         let offset = offset(kind) as f32;
         let qd = a.qs.chunks_mut(stride * BLOCK).zip(a.d.chunks_mut(stride));
         let rows = qd.zip(a.corr.chunks_mut(stride).zip(x.chunks(cols)));
+        let row = |((q, d), (c, x)): ((&mut [i8], &mut [f32]), (&mut [f32], &[f32]))| {
+            #[cfg(target_arch = "x86_64")]
+            if cpu_has_vnni() {
+                // SAFETY: the CPU has AVX-512F/BW (with VNNI).
+                return unsafe { vnni::quantize_row(&x[..cols], q, d, c, offset) };
+            }
+            quantize_row(&x[..cols], q, d, c, offset)
+        };
         if n > 1 && n * cols >= 1 << 14 {
-            rows.par_bridge()
-                .for_each(|((q, d), (c, x))| quantize_row(&x[..cols], q, d, c, offset));
+            rows.par_bridge().for_each(row);
         } else {
-            rows.for_each(|((q, d), (c, x))| quantize_row(&x[..cols], q, d, c, offset));
+            rows.for_each(row);
         }
         a
     }
@@ -566,6 +573,29 @@ mod tests {
             }
         }
         out
+    }
+
+    /// The VNNI engine's quantiser gives the scalar one's bytes, ties (x/d ending in exactly
+    /// .5, rounded away from zero) included.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn the_vector_quantiser_matches_the_scalar_one() {
+        if !cpu_has_vnni() {
+            return;
+        }
+        // block 0: d = 1 exactly, so the halves are ties; then ordinary and all-zero blocks
+        let mut x: Vec<f32> = (0..32).map(|i| i as f32 - 15.5).collect();
+        x[31] = 127.0;
+        x[30] = -126.5;
+        x.extend(data(32 * 6, 7, true));
+        x.extend([0.0; 32]);
+        let nb = x.len() / BLOCK;
+        let fresh = || (vec![0i8; 8 * BLOCK], vec![0f32; nb], vec![0f32; nb]);
+        let ((mut q1, mut d1, mut c1), (mut q2, mut d2, mut c2)) = (fresh(), fresh());
+        quantize_row(&x, &mut q1, &mut d1, &mut c1, 128.0);
+        // SAFETY: the CPU has AVX-512F/BW (checked above).
+        unsafe { vnni::quantize_row(&x, &mut q2, &mut d2, &mut c2, 128.0) };
+        assert_eq!((q1, d1, c1), (q2, d2, c2));
     }
 
     #[test]
