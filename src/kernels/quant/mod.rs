@@ -285,18 +285,11 @@ impl QuantAct {
         let offset = offset(kind) as f32;
         let qd = a.qs.chunks_mut(stride * BLOCK).zip(a.d.chunks_mut(stride));
         let rows = qd.zip(a.corr.chunks_mut(stride).zip(x.chunks(cols)));
-        let row = |((q, d), (c, x)): ((&mut [i8], &mut [f32]), (&mut [f32], &[f32]))| {
-            #[cfg(target_arch = "x86_64")]
-            if cpu_has_vnni() {
-                // SAFETY: the CPU has AVX-512F/BW (with VNNI).
-                return unsafe { vnni::quantize_row(&x[..cols], q, d, c, offset) };
-            }
-            quantize_row(&x[..cols], q, d, c, offset)
-        };
         if n > 1 && n * cols >= 1 << 14 {
-            rows.par_bridge().for_each(row);
+            rows.par_bridge()
+                .for_each(|((q, d), (c, x))| quantize_row(&x[..cols], q, d, c, offset));
         } else {
-            rows.for_each(row);
+            rows.for_each(|((q, d), (c, x))| quantize_row(&x[..cols], q, d, c, offset));
         }
         a
     }
@@ -311,8 +304,19 @@ impl QuantAct {
     }
 }
 
-/// One input row's blocks: quants, scales and the VNNI engine's corrections.
+/// One input row's blocks: quants, scales and the VNNI engine's corrections; sixteen lanes at
+/// a time where the CPU has AVX-512 (`vnni::quantize_row`, the same bytes).
 fn quantize_row(x: &[f32], qs: &mut [i8], d: &mut [f32], corr: &mut [f32], offset: f32) {
+    #[cfg(target_arch = "x86_64")]
+    if cpu_has_vnni() {
+        // SAFETY: the CPU has AVX-512F/BW (with VNNI).
+        return unsafe { vnni::quantize_row(x, qs, d, corr, offset) };
+    }
+    quantize_row_scalar(x, qs, d, corr, offset)
+}
+
+/// `quantize_row`, one element at a time.
+fn quantize_row_scalar(x: &[f32], qs: &mut [i8], d: &mut [f32], corr: &mut [f32], offset: f32) {
     for (b, x) in x.chunks_exact(BLOCK).enumerate() {
         let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
         let scale = amax / 127.0;
@@ -592,7 +596,7 @@ mod tests {
         let nb = x.len() / BLOCK;
         let fresh = || (vec![0i8; 8 * BLOCK], vec![0f32; nb], vec![0f32; nb]);
         let ((mut q1, mut d1, mut c1), (mut q2, mut d2, mut c2)) = (fresh(), fresh());
-        quantize_row(&x, &mut q1, &mut d1, &mut c1, 128.0);
+        quantize_row_scalar(&x, &mut q1, &mut d1, &mut c1, 128.0);
         // SAFETY: the CPU has AVX-512F/BW (checked above).
         unsafe { vnni::quantize_row(&x, &mut q2, &mut d2, &mut c2, 128.0) };
         assert_eq!((q1, d1, c1), (q2, d2, c2));
