@@ -42,5 +42,7 @@ pub use simd::{
     reduce_lanes, scale, sigmoid, sum_lanes, MAX, SUM,
 };
 #[cfg(target_arch = "x86_64")]
-pub(crate) use simd::{dot_grid, dot_rows16, exp_nonpos16, lane_mask, load16, transpose16};
+pub(crate) use simd::{
+    dot_grid, dot_rows16, dot_tree, exp_nonpos16, lane_mask, load16, transpose16,
+};
 pub(crate) use simd::{prefetch, prefetch_l2};

@@ -199,6 +199,47 @@ pub(crate) fn sum_lanes16(mut acc: [std::arch::x86_64::__m512i; 16]) -> std::arc
     _mm512_castsi512_ps(acc[0])
 }
 
+/// The sum of v's sixteen lanes in the order `sum_lanes16` sums each of its lanes (i with
+/// i + 8, then i + 4, i + 2, i + 1): a lone output of `dot_grid`, bit for bit.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+pub(crate) fn sum_lanes_tree(v: std::arch::x86_64::__m512) -> f32 {
+    use std::arch::x86_64::*;
+    let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
+    let a = _mm256_add_ps(_mm512_castps512_ps256(v), hi);
+    let b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps::<1>(a));
+    let c = _mm_add_ps(b, _mm_movehl_ps(b, b));
+    _mm_cvtss_f32(_mm_add_ss(c, _mm_shuffle_ps::<1>(c, c)))
+}
+
+/// x · w, both `len` long, summed exactly as `dot_grid` sums each of its outputs (FMAs over
+/// blocks of 16 columns into one accumulator, then `sum_lanes_tree`): a lone decoding row
+/// reads its weight rows one after another, start to end, where `dot_grid`'s one by sixteen
+/// block streams sixteen at once, and gets the same bits as in a batch.
+///
+/// # Safety
+/// AVX-512F; both pointers have `len` values in bounds.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+pub(crate) unsafe fn dot_tree(x: *const f32, w: *const f32, len: usize) -> f32 {
+    use std::arch::x86_64::*;
+    let mut acc = _mm512_setzero_ps();
+    for p in (0..len).step_by(16) {
+        let m = lane_mask(len - p);
+        // SAFETY: p < len, and the masked loads read no further than len (the contract).
+        let (xv, wv) = unsafe {
+            (
+                _mm512_maskz_loadu_ps(m, x.add(p)),
+                load16(w.add(p), len - p),
+            )
+        };
+        acc = _mm512_fmadd_ps(wv, xv, acc);
+    }
+    sum_lanes_tree(acc)
+}
+
 /// Lane r·O + o is x_r · w_o for R input rows `xs` and O weight rows `ws` (R·O = 16), each `len`
 /// long: one accumulator per pair, FMAs over blocks of 16 columns, then `sum_lanes16` (one
 /// 16 × 16 transpose instead of reducing each pair's partial sums apart). Each lane is summed

@@ -257,6 +257,9 @@ impl<'a> Gemv<'a> {
     /// block fetch the next block's weights as they go.
     #[cfg(target_arch = "x86_64")]
     fn grid(&self, outs: Range<usize>) {
+        if self.n == 1 {
+            return self.lone_row(outs);
+        }
         for o0 in outs.clone().step_by(16) {
             let h = 16.min(outs.end - o0);
             // (a lone row is bound by memory, and the hardware's prefetching serves it better)
@@ -309,6 +312,22 @@ impl<'a> Gemv<'a> {
             }
         }
         rows
+    }
+
+    /// `grid` for one input row: an output at a time (`dot_tree`, each summed as `dot_grid`
+    /// sums it), so that a lone sequence streams one weight row at a time, start to end (at
+    /// `medium`, 2 threads: 1.17× the one by sixteen blocks at depth 0, 1.2× at `large`).
+    #[cfg(target_arch = "x86_64")]
+    fn lone_row(&self, outs: Range<usize>) {
+        let (c, w) = (self.c, self.w.f32);
+        // SAFETY: outputs `outs` belong to this task alone.
+        let y = unsafe { self.out.slice(outs.start, outs.len()) };
+        for (y, o) in y.iter_mut().zip(outs) {
+            // SAFETY: AVX-512F was detected (`run`); x holds c values, and weight row o < oc
+            // c values in bounds (`Gemv::new`).
+            let v = unsafe { crate::kernels::dot_tree(self.x.as_ptr(), w[o * c..].as_ptr(), c) };
+            *y = if self.accumulate { *y + v } else { v };
+        }
     }
 
     /// The outputs `outs`, one `dot` of a weight row (f32 or bf16) per output and input row.
