@@ -7,16 +7,7 @@
 /// the address need not lie inside any allocation, since a prefetch never faults.
 #[inline]
 pub(crate) fn prefetch(at: *const f32, n: usize) {
-    #[cfg(target_arch = "x86_64")]
-    for line in (0..n).step_by(16) {
-        // SAFETY: PREFETCHT0 (SSE, part of x86_64) reads nothing and cannot fault.
-        unsafe {
-            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-            _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(line) as *const i8)
-        };
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = (at, n);
+    prefetch_every::<0>(at.cast(), 4 * n, 64)
 }
 
 /// Asks for `bytes` bytes from `at` into L2 (PREFETCHT1), one request per 128-byte pair of
@@ -24,16 +15,27 @@ pub(crate) fn prefetch(at: *const f32, n: usize) {
 /// order, that L1 could not hold beside the one being read. Cannot fault, as `prefetch`.
 #[inline]
 pub(crate) fn prefetch_l2(at: *const u8, bytes: usize) {
+    prefetch_every::<1>(at, bytes, 128)
+}
+
+/// One prefetch every `step` bytes of `bytes` from `at`, into L1 (`LEVEL` 0: PREFETCHT0) or L2
+/// (1: PREFETCHT1); nothing off x86_64.
+#[inline]
+fn prefetch_every<const LEVEL: u8>(at: *const u8, bytes: usize, step: usize) {
     #[cfg(target_arch = "x86_64")]
-    for pair in (0..bytes).step_by(128) {
-        // SAFETY: PREFETCHT1 (SSE, part of x86_64) reads nothing and cannot fault.
+    for off in (0..bytes).step_by(step) {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0, _MM_HINT_T1};
+        let p = at.wrapping_add(off) as *const i8;
+        // SAFETY: PREFETCHT0/T1 (SSE, part of x86_64) read nothing and cannot fault.
         unsafe {
-            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
-            _mm_prefetch::<_MM_HINT_T1>(at.wrapping_add(pair) as *const i8)
+            match LEVEL {
+                0 => _mm_prefetch::<_MM_HINT_T0>(p),
+                _ => _mm_prefetch::<_MM_HINT_T1>(p),
+            }
         };
     }
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = (at, bytes);
+    let _ = (at, bytes, step);
 }
 
 /// The first `n` of 16 lanes (all of them from 16 on): the mask of a ragged AVX-512 load or
