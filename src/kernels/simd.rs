@@ -152,11 +152,27 @@ pub(crate) unsafe fn load16<T: Elem>(p: *const T, n: usize) -> std::arch::x86_64
         let bits = if n >= 16 {
             _mm256_loadu_si256(p as *const __m256i)
         } else {
-            let mut tail = [0u16; 16];
-            std::ptr::copy_nonoverlapping(p, tail.as_mut_ptr(), n);
-            _mm256_loadu_si256(tail.as_ptr() as *const __m256i)
+            bf16_tail(p, n)
         };
         _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(bits)))
+    }
+}
+
+/// The n < 16 bf16 values from p, zero-padded to 16: `load16`'s ragged tail, out of line so
+/// that the loops around `load16` keep their sums in registers (a copy inlined into them made
+/// the compiler keep them on the stack).
+///
+/// # Safety
+/// p..p + n is in bounds.
+#[cfg(target_arch = "x86_64")]
+#[cold]
+#[inline(never)]
+unsafe fn bf16_tail(p: *const u16, n: usize) -> std::arch::x86_64::__m256i {
+    let mut tail = [0u16; 16];
+    // SAFETY: the caller guarantees n values from p; tail holds 16 ≥ n.
+    unsafe {
+        std::ptr::copy_nonoverlapping(p, tail.as_mut_ptr(), n.min(16));
+        std::arch::x86_64::_mm256_loadu_si256(tail.as_ptr().cast())
     }
 }
 
