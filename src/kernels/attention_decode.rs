@@ -5,7 +5,8 @@
 //! reuse a tile for, so here the cached positions are cut into chunks instead
 //! (flash-decoding): a task reads its chunk's key and value rows for every head, block by
 //! block in memory order, keeps a partial softmax (max, sum, weighted values) per head, and
-//! the partials are merged at the end. The chunks do not depend on the thread count, so neither do the results.
+//! the partials are merged at the end. The chunks do not depend on the thread count, so
+//! neither do the results.
 //!
 //! The cache holds f32 or bf16 keys and values (`Elem`, `--kv-cache bf16`): bf16 rows are
 //! widened to f32 as they are loaded (on AVX-512 a zero-extension and a shift, `load16`),
@@ -71,7 +72,7 @@ pub(crate) fn attention_decode_on<T: Elem>(
     let chunks = visible.div_ceil(CHUNK);
     // Per (sequence, chunk, head): the values weighted by exp(score − max), the chunk's max
     // score and its sum of exp(score − max), then room for the chunk's scores.
-    let part = dv + 2 + CHUNK;
+    let (part, group) = (dv + 2 + CHUNK, query_group(s));
     super::with_thread_buffer(&PARTIALS, |buf| {
         let partials = SharedMut::new(super::ensure(buf, b * chunks * nq * part));
         let run = |task: usize| {
@@ -81,7 +82,7 @@ pub(crate) fn attention_decode_on<T: Elem>(
             // SAFETY: task (bi, ci) alone writes its nq partials.
             let out = unsafe { partials.slice(task * nq * part, nq * part) };
             let (q, row0) = (&q[bi * nq * dk..], bi * tkv + t0);
-            chunk_partials(simd, out, q, &Rows { k, v, row0, len }, s);
+            chunk_partials(simd, out, q, &Rows { k, v, row0, len }, s, group);
         };
         if chunks * b > 1 {
             (0..b * chunks).into_par_iter().for_each(run);
@@ -189,10 +190,17 @@ impl<T> Rows<'_, T> {
 /// block of `ROWS` at a time, every head over one block before the next (memory order), and
 /// asks for the next block's rows while the heads read this one (from DRAM, 1.3–1.5× the
 /// head-by-head walk over the whole chunk). A GQA group's query heads (diff_v2's) go
-/// together, each cached row loaded once for them.
-fn chunk_partials<T: Elem>(simd: bool, out: &mut [f32], q: &[f32], r: &Rows<T>, s: &AttnShape) {
+/// together (`group`, `query_group`'s), each cached row loaded once for them.
+fn chunk_partials<T: Elem>(
+    simd: bool,
+    out: &mut [f32],
+    q: &[f32],
+    r: &Rows<T>,
+    s: &AttnShape,
+    group: usize,
+) {
     let AttnShape { nq, dk, dv, .. } = *s;
-    let (part, group) = (dv + 2 + CHUNK, query_group(s));
+    let part = dv + 2 + CHUNK;
     let scale = 1.0 / (dk as f32).sqrt();
     // 1. every head's scores, into out[j][dv + 2..]
     r.prefetch(s, true, 0);
