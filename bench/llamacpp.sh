@@ -17,7 +17,7 @@
 # Environment: LLAMACPP_DIR (default $HOME/.cache/difftx/llama.cpp), THREADS (default 2),
 # PRESET (default medium; its context must hold DEPTH + 128 tokens), VOCAB (the model's
 # vocabulary, default 256; 32000 sizes the LM head as a real tokenizer's), DEPTH (the second
-# decode depth, default 512; 2048 at PRESET=large), KV (difftx's --kv-cache,
+# decode depth, default 512; 1920 at PRESET=large, whose context is 2048), KV (difftx's --kv-cache,
 # default f32; llama.cpp's own cache is f16, so KV=bf16 compares caches of equal width), JOBS (build parallelism,
 # default 2). Not part of CI. On a shared, loaded machine run it as
 # `OMP_WAIT_POLICY=passive bench/llamacpp.sh bench`: llama.cpp's OpenMP threads otherwise spin

@@ -486,13 +486,7 @@ fn decode(a: BenchDecodeArgs, precision: Precision) -> Result<()> {
         }
         Some(dir) => super::load_model(dir, precision)?.0,
         None => {
-            let mut config = ModelConfig::preset(a.preset, a.attention);
-            if let Some(v) = a.vocab_size {
-                if v == 0 {
-                    bail!("--vocab-size must be at least 1");
-                }
-                config.vocab_size = v;
-            }
+            let config = super::preset_config(a.preset, a.attention, a.vocab_size)?;
             let mut m = Model::init(config, 0)?;
             m.precision = precision;
             m

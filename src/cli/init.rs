@@ -35,15 +35,10 @@ pub struct InitArgs {
 }
 
 pub fn run(a: InitArgs) -> Result<()> {
-    let preset = ModelConfig::preset(a.preset, a.attention);
-    if a.vocab_size == Some(0) {
-        anyhow::bail!("--vocab-size must be at least 1");
-    }
     let config = ModelConfig {
         lambda_init: a.lambda_init,
         subln: !a.no_subln,
-        vocab_size: a.vocab_size.unwrap_or(preset.vocab_size),
-        ..preset
+        ..super::preset_config(a.preset, a.attention, a.vocab_size)?
     };
     let model = Model::init(config, a.seed)?;
     model.save(&a.out)?;

@@ -35,6 +35,23 @@ pub const KV_CACHE_HELP: &str = "Element type of the KV cache: f32, or bf16 (key
 rounded to bf16 as they are cached, widened to f32 as attention reads them: half the cache's \
 bytes, which each decoding step reads; logits within about 1% of the largest, docs/BENCHMARKS.md).";
 
+/// A preset's config for `attention`, with `--vocab-size` where given (0 refused in one line).
+pub fn preset_config(
+    preset: difftx::Preset,
+    attention: difftx::AttentionKind,
+    vocab_size: Option<usize>,
+) -> Result<ModelConfig> {
+    let config = ModelConfig::preset(preset, attention);
+    match vocab_size {
+        Some(0) => Err(anyhow!("--vocab-size must be at least 1")),
+        Some(v) => Ok(ModelConfig {
+            vocab_size: v,
+            ..config
+        }),
+        None => Ok(config),
+    }
+}
+
 /// `--kv-cache`'s value, or an error naming it.
 pub fn kv_kind(name: &str) -> Result<difftx::model::KvKind> {
     name.parse().map_err(|e: String| anyhow!("--kv-cache: {e}"))
