@@ -36,13 +36,11 @@ pub(crate) use scratch::{ensure, ensure_aligned, with_thread_buffer, ROW_CHUNK};
 pub use scratch::{prepare_threads, zeroed};
 pub use shared::Grad;
 pub(crate) use shared::SharedMut;
+pub(crate) use simd::prefetch;
 pub use simd::Elem;
 pub use simd::{
     axpy, axpy_elems, bf16_to_f32, dot, dot3, dot_bf16, dot_elems, exp_nonpos, map_lanes,
     reduce_lanes, scale, sigmoid, sum_lanes, MAX, SUM,
 };
 #[cfg(target_arch = "x86_64")]
-pub(crate) use simd::{
-    dot_grid, dot_rows16, dot_tree, exp_nonpos16, lane_mask, load16, transpose16,
-};
-pub(crate) use simd::{prefetch, prefetch_l2};
+pub(crate) use simd::{dot_grid, dot_tree, exp_nonpos16, lane_mask, load16, transpose16};

@@ -1,5 +1,5 @@
-//! Vector helpers every kernel shares: AVX-512 lane masks, the 16 × 16 transpose and the
-//! 16-row dot product, prefetch; the lane-parallel reductions and dot products that
+//! Vector helpers every kernel shares: AVX-512 lane masks, the 16 × 16 transpose, the
+//! lane sums, prefetch; the lane-parallel reductions and dot products that
 //! vectorise without intrinsics; the fast exp and sigmoid.
 
 /// Asks for the cache lines of the `n` values from `at` into L1, ahead of a strided gather
@@ -7,35 +7,14 @@
 /// the address need not lie inside any allocation, since a prefetch never faults.
 #[inline]
 pub(crate) fn prefetch(at: *const f32, n: usize) {
-    prefetch_every::<0>(at.cast(), 4 * n, 64)
-}
-
-/// Asks for `bytes` bytes from `at` into L2 (PREFETCHT1), one request per 128-byte pair of
-/// lines (the L2 fetches a line's pair with it): for a block read a while later, in memory
-/// order, that L1 could not hold beside the one being read. Cannot fault, as `prefetch`.
-#[inline]
-pub(crate) fn prefetch_l2(at: *const u8, bytes: usize) {
-    prefetch_every::<1>(at, bytes, 128)
-}
-
-/// One prefetch every `step` bytes of `bytes` from `at`, into L1 (`LEVEL` 0: PREFETCHT0) or L2
-/// (1: PREFETCHT1); nothing off x86_64.
-#[inline]
-fn prefetch_every<const LEVEL: u8>(at: *const u8, bytes: usize, step: usize) {
     #[cfg(target_arch = "x86_64")]
-    for off in (0..bytes).step_by(step) {
-        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0, _MM_HINT_T1};
-        let p = at.wrapping_add(off) as *const i8;
-        // SAFETY: PREFETCHT0/T1 (SSE, part of x86_64) read nothing and cannot fault.
-        unsafe {
-            match LEVEL {
-                0 => _mm_prefetch::<_MM_HINT_T0>(p),
-                _ => _mm_prefetch::<_MM_HINT_T1>(p),
-            }
-        };
+    for off in (0..n).step_by(16) {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        // SAFETY: PREFETCHT0 (SSE, part of x86_64) reads nothing and cannot fault.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(off) as *const i8) };
     }
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = (at, bytes, step);
+    let _ = (at, n);
 }
 
 /// The first `n` of 16 lanes (all of them from 16 on): the mask of a ragged AVX-512 load or
@@ -174,26 +153,6 @@ unsafe fn bf16_tail(p: *const u16, n: usize) -> std::arch::x86_64::__m256i {
         std::ptr::copy_nonoverlapping(p, tail.as_mut_ptr(), n.min(16));
         std::arch::x86_64::_mm256_loadu_si256(tail.as_ptr().cast())
     }
-}
-
-/// Lane i is Σ_p x[p]·w[i·rs + p] for the rows i < h ≤ 16 (lanes past h repeat row h − 1):
-/// `dot_grid`'s one input row by sixteen weight rows. Serves decoding's attention scores (a
-/// key head's cached rows).
-///
-/// # Safety
-/// AVX-512F; rows 0..h of w, each x.len() long at stride rs, are in bounds.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-#[inline]
-pub(crate) unsafe fn dot_rows16<T: Elem>(
-    x: &[f32],
-    w: *const T,
-    rs: usize,
-    h: usize,
-) -> std::arch::x86_64::__m512 {
-    let ws: [*const T; 16] = std::array::from_fn(|i| w.wrapping_add(i.min(h - 1) * rs));
-    // SAFETY: every row pointer is one of rows 0..h, in bounds by the contract.
-    unsafe { dot_grid::<1, 16, T>([x.as_ptr()], ws, x.len(), 0) }
 }
 
 /// Lane i is the sum of the sixteen lanes of `acc[i]`: one 16 × 16 transpose, then the
