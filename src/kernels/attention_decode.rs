@@ -264,9 +264,9 @@ fn chunk_partials<T: Elem>(
 }
 
 /// Phase 1: out[j][dv + 2 + t] = q_j · k_t over the chunk's rows t, for the query heads in
-/// runs of Q that read one key head. Out of line, each Q compiled on its own: inlined
-/// together into their caller, the three shared one register allocation, and standard's
-/// single heads decoded 4–5% slower.
+/// runs of Q that read one key head. Out of line, each (Q, N) compiled on its own (inlined
+/// together into their caller, the block kernels before these shared one register
+/// allocation, and standard's single heads decoded 4–5% slower).
 #[inline(never)]
 fn scores_rows<const Q: usize, const N: usize, T: Elem>(
     simd: bool,
@@ -306,7 +306,7 @@ fn scores_rows<const Q: usize, const N: usize, T: Elem>(
 /// is loaded (and widened, for bf16) once for all of them.
 ///
 /// # Safety
-/// AVX-512F; q holds Q · k.len() values; k.len() = 16·N where N > 0.
+/// AVX-512F; q holds Q · k.len() values; where N > 0, k.len() = 16·N.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 #[inline]
@@ -368,8 +368,8 @@ fn values_rows<const Q: usize, const N: usize, T: Elem>(
 /// values) loaded once for all of them.
 ///
 /// # Safety
-/// AVX-512F; heads holds Q partials of `part` ≥ dv values, at < part; v.len() = 16·N where
-/// N > 0.
+/// AVX-512F; heads holds Q partials of `part` ≥ dv values, at < part; where N > 0,
+/// v.len() = 16·N.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 #[inline]
