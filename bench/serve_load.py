@@ -7,6 +7,12 @@ where the server knows that field), waits for the whole answer, and sends the ne
 token, p50/p99 per-token latency (a request's time after its first token over its remaining
 tokens), errors, and the server's peak RSS when --pid is given.
 
+Arrivals: closed-loop clients that all ask for the same number of tokens finish together and
+come back together, so every request after the first arrives in a wave of C (the time to first
+token of a wave's last member is C prefills). --stagger S starts client i at i·S/C seconds
+instead; the clients then stay spread out, and the level's TTFT and per-token figures count
+only the requests sent after the last client started (the steady state, not the ramp).
+
 Soak: --disconnect P makes each request, with probability P, hang up after a random number of
 streamed tokens (counted as cancelled, not as errors), and --pid samples the server's resident
 memory every --rss-every seconds while a level runs, printed as the series' first, middle and
@@ -99,16 +105,20 @@ def pct(xs, q):
     return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
 
 
-def level(host, port, clients, tokens, seconds, model, disconnect=0.0, pid=None, rss_every=10.0):
+def level(host, port, clients, tokens, seconds, model, disconnect=0.0, pid=None, rss_every=10.0,
+          stagger=0.0):
     ttfts, per_tok, errors = [], [], []
     generated, cancelled, rss = [0], [0], []
     lock = threading.Lock()
-    stop_at = time.perf_counter() + seconds
+    start = time.perf_counter()
+    stop_at, ramp_end = start + seconds, start + stagger
 
     def client(i):
         rng = random.Random(i)
         k = 0
+        time.sleep(i * stagger / clients)
         while time.perf_counter() < stop_at:
+            sent = time.perf_counter()
             prompt = f"Client {i} request {k}: once upon a time"
             k += 1
             hang_up = rng.randint(1, max(1, tokens - 1)) if rng.random() < disconnect else None
@@ -123,12 +133,12 @@ def level(host, port, clients, tokens, seconds, model, disconnect=0.0, pid=None,
                 if hang_up is not None:
                     cancelled[0] += 1
                     continue
-                if first is not None:
+                if first is not None and sent >= ramp_end:
                     ttfts.append(first)
                     if n > 1:
                         per_tok.append((total - first) / (n - 1))
 
-    t0 = time.perf_counter()
+    t0 = start
     threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
     for t in threads:
         t.start()
@@ -163,6 +173,8 @@ def main():
     ap.add_argument("--pid", type=int, default=None, help="server process id, for its peak RSS")
     ap.add_argument("--disconnect", type=float, default=0.0,
                     help="probability that a request hangs up after a random number of tokens")
+    ap.add_argument("--stagger", type=float, default=0.0,
+                    help="start client i at i*S/C seconds, and count latencies after the ramp")
     ap.add_argument("--rss-every", type=float, default=10.0,
                     help="seconds between readings of the server's resident memory (with --pid)")
     a = ap.parse_args()
@@ -170,7 +182,7 @@ def main():
     print("clients  requests  tok/s    TTFT p50/p99 ms    per-token p50/p99 ms  errors  peak RSS MiB")
     for c in [int(x) for x in a.clients.split(",")]:
         r = level(u.hostname, u.port or 80, c, a.tokens, a.seconds, a.model,
-                  a.disconnect, a.pid, a.rss_every)
+                  a.disconnect, a.pid, a.rss_every, a.stagger)
         rss = rss_kib(a.pid) if a.pid else None
         r["peak_rss_mib"] = rss / 1024 if rss else None
         print(
