@@ -288,7 +288,7 @@ fn scores_rows<const Q: usize, const N: usize, T: Elem>(
             if simd {
                 // SAFETY: AVX-512F is present (the caller checked); k holds dk values and the
                 // Q queries from j0 dk each (asserted above).
-                let dots = unsafe { dots_avx512::<Q, N, T>(&q[j0 * dk..(j0 + Q) * dk], k) };
+                let dots = unsafe { super::dot_tree::<Q, N, T>(&q[j0 * dk..(j0 + Q) * dk], k) };
                 for (i, x) in dots.into_iter().enumerate() {
                     out[(j0 + i) * part + s.dv + 2 + t] = x;
                 }
@@ -300,33 +300,6 @@ fn scores_rows<const Q: usize, const N: usize, T: Elem>(
             }
         }
     }
-}
-
-/// The Q dot products of the queries q (Q rows of k.len()) with one cached key row k, which
-/// is loaded (and widened, for bf16) once for all of them.
-///
-/// # Safety
-/// AVX-512F; q holds Q · k.len() values; where N > 0, k.len() = 16·N.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-#[inline]
-unsafe fn dots_avx512<const Q: usize, const N: usize, T: Elem>(q: &[f32], k: &[T]) -> [f32; Q] {
-    use std::arch::x86_64::*;
-    // a known width (N > 0, checked by the caller) unrolls the loop with every lane on
-    let dk = if N > 0 { 16 * N } else { k.len() };
-    let mut acc = [_mm512_setzero_ps(); Q];
-    for c in (0..dk).step_by(16) {
-        let m = super::lane_mask(dk - c);
-        // SAFETY: the loads are masked to the dk − c values left of k and of each query.
-        unsafe {
-            let x = super::load16(k.as_ptr().add(c), dk - c);
-            for (i, a) in acc.iter_mut().enumerate() {
-                let qi = _mm512_maskz_loadu_ps(m, q.as_ptr().add(i * dk + c));
-                *a = _mm512_fmadd_ps(qi, x, *a);
-            }
-        }
-    }
-    acc.map(|a| super::simd::sum_lanes_tree(a))
 }
 
 /// Phase 3: out[j][..dv] += Σ_t p_j[t] · v_t over the chunk's rows t (p_j: the exps in

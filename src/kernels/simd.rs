@@ -190,31 +190,38 @@ pub(crate) fn sum_lanes_tree(v: std::arch::x86_64::__m512) -> f32 {
     _mm_cvtss_f32(_mm_add_ss(c, _mm_shuffle_ps::<1>(c, c)))
 }
 
-/// x · w, both `len` long, summed exactly as `dot_grid` sums each of its outputs (FMAs over
-/// blocks of 16 columns into one accumulator, then `sum_lanes_tree`): a lone decoding row
-/// reads its weight rows one after another, start to end, where `dot_grid`'s one by sixteen
-/// block streams sixteen at once, and gets the same bits as in a batch.
+/// xs[i] · w for the Q rows of xs (each w.len() long), each summed exactly as `dot_grid` sums
+/// its outputs (FMAs over blocks of 16 columns into one accumulator, then `sum_lanes_tree`),
+/// w loaded (and widened, for bf16) once for all of them. A lone decoding row reads its weight
+/// rows one after another, start to end, where `dot_grid`'s one by sixteen block streams
+/// sixteen at once, and gets the same bits as in a batch; decoding's attention scores a
+/// cached key row for a GQA group's queries. With N > 0 the caller has checked w.len() = 16·N,
+/// and the loop unrolls with every lane on.
 ///
 /// # Safety
-/// AVX-512F; both pointers have `len` values in bounds.
+/// AVX-512F; xs holds Q · w.len() values; where N > 0, w.len() = 16·N.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 #[inline]
-pub(crate) unsafe fn dot_tree(x: *const f32, w: *const f32, len: usize) -> f32 {
+pub(crate) unsafe fn dot_tree<const Q: usize, const N: usize, T: Elem>(
+    xs: &[f32],
+    w: &[T],
+) -> [f32; Q] {
     use std::arch::x86_64::*;
-    let mut acc = _mm512_setzero_ps();
+    let len = if N > 0 { 16 * N } else { w.len() };
+    let mut acc = [_mm512_setzero_ps(); Q];
     for p in (0..len).step_by(16) {
         let m = lane_mask(len - p);
-        // SAFETY: p < len, and the masked loads read no further than len (the contract).
-        let (xv, wv) = unsafe {
-            (
-                _mm512_maskz_loadu_ps(m, x.add(p)),
-                load16(w.add(p), len - p),
-            )
-        };
-        acc = _mm512_fmadd_ps(wv, xv, acc);
+        // SAFETY: the loads are masked to the len − p values left of w and of each x row.
+        unsafe {
+            let wv = load16(w.as_ptr().add(p), len - p);
+            for (i, a) in acc.iter_mut().enumerate() {
+                let xv = _mm512_maskz_loadu_ps(m, xs.as_ptr().add(i * len + p));
+                *a = _mm512_fmadd_ps(wv, xv, *a);
+            }
+        }
     }
-    sum_lanes_tree(acc)
+    acc.map(|a| sum_lanes_tree(a))
 }
 
 /// Lane r·O + o is x_r · w_o for R input rows `xs` and O weight rows `ws` (R·O = 16), each `len`

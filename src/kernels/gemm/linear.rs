@@ -325,7 +325,8 @@ impl<'a> Gemv<'a> {
         for (y, o) in y.iter_mut().zip(outs) {
             // SAFETY: AVX-512F was detected (`run`); x holds c values, and weight row o < oc
             // c values in bounds (`Gemv::new`).
-            let v = unsafe { crate::kernels::dot_tree(self.x.as_ptr(), w[o * c..].as_ptr(), c) };
+            let [v] =
+                unsafe { crate::kernels::dot_tree::<1, 0, f32>(&self.x[..c], &w[o * c..][..c]) };
             *y = if self.accumulate { *y + v } else { v };
         }
     }
