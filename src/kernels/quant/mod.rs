@@ -18,9 +18,10 @@ use rayon::prelude::*;
 
 /// A weight (rows, cols) as torch `Linear` holds it, each row quantised in blocks of 32, held
 /// in the engines' layout: tiles of `TILE_ROWS` rows (the last padded with zero rows), each
-/// one stretch of memory (`Tiling`). Rows are padded with zero blocks to whole groups of four
-/// (`GROUP`), Q8_0's quants stored as q + 128 at `q8_at`, Q4_0's as GGUF packs them.
-/// `gguf_bytes` gives the GGUF blocks back.
+/// one stretch of memory (`Tiling`). Rows are padded with zero blocks to a multiple of four
+/// (whole cache lines), Q8_0's quants stored as q + 128, Q4_0's bytes as GGUF packs them, both
+/// interleaved across `SPAN` blocks (`Tiling::quant_at`). `gguf_bytes` gives the GGUF blocks
+/// back.
 #[derive(Clone, Debug)]
 pub struct QuantMatrix {
     pub kind: QuantKind,
@@ -59,28 +60,36 @@ impl Lines {
     }
 }
 
-/// Blocks the VNNI engine multiplies at once: four, each split in halves of 16 elements.
-pub const GROUP: usize = 4;
+/// Blocks that the VNNI engine multiplies at once, one per int32 lane: a span's quants lie four
+/// bytes of each block side by side (a 64-byte chunk), then the next four, so that `vpdpbusd`
+/// sums each lane's block over the span's chunks in int32, and the block scales (also one per
+/// lane) apply once per span.
+pub const SPAN: usize = 16;
+
+/// Bytes after the last tile: the VNNI engine reads a short span's chunks (4·width bytes) as
+/// whole 64-byte vectors and drops the lanes past the span's blocks.
+const SLACK: usize = 64;
 
 /// Weight rows a tile holds side by side. Decoding reads a whole tile at once: one stream of
 /// memory, where rows kept apart made as many short streams (and a separate one of scales),
 /// which the hardware prefetchers followed at well under half the memory's bandwidth.
 pub const TILE_ROWS: usize = 8;
 
-/// Where element e of block b of a row sits among Q8_0 quants (and an input's): in groups of
-/// four blocks, their first halves side by side, then their second halves. In that order one
-/// register of weights (or inputs) holds one half of each of four blocks, and Q4_0's packed
-/// bytes unpack to the same order: low nibbles the first halves, high nibbles the second.
-pub fn q8_at(b: usize, e: usize) -> usize {
-    (b / GROUP) * GROUP * BLOCK + (e / 16) * 64 + (b % GROUP) * 16 + e % 16
+/// Where element e of block b of an input row sits among its quants: in spans of `SPAN`
+/// blocks (512 bytes), each eight 64-byte chunks, chunk k holding elements 4k..4k + 4 of each
+/// of the span's sixteen blocks, block b's in bytes 4·(b % 16)..4·(b % 16) + 4 (zeros past a
+/// short span's blocks).
+pub fn x_at(b: usize, e: usize) -> usize {
+    (b / SPAN) * SPAN * BLOCK + (e / 4) * 64 + (b % SPAN) * 4 + e % 4
 }
 
 /// The layout of one tile, in the order a product reads it: first every row's scales (f16
-/// bits, little-endian), row after row; then the quants, group after group, and within a
-/// group row after row, so that the group's step of a product reads on where the last ended.
+/// bits, little-endian), row after row; then the quants, span after span, and within a span
+/// chunk after chunk (four quant bytes of each of its blocks), and within a chunk row after
+/// row, so that a product reads on where it last stopped.
 #[derive(Clone, Copy)]
 pub(crate) struct Tiling {
-    /// blocks per row as stored (whole groups)
+    /// blocks per row as stored (a multiple of four)
     pub padded: usize,
     /// bytes of one block's quants
     pub qb: usize,
@@ -89,7 +98,7 @@ pub(crate) struct Tiling {
 impl Tiling {
     fn new(kind: QuantKind, cols: usize) -> Tiling {
         Tiling {
-            padded: (cols / BLOCK).div_ceil(GROUP) * GROUP,
+            padded: (cols / BLOCK).div_ceil(4) * 4,
             qb: kind.quant_bytes(),
         }
     }
@@ -99,14 +108,32 @@ impl Tiling {
         TILE_ROWS * self.padded * (2 + self.qb)
     }
 
+    /// Spans of a row: whole ones of `SPAN` blocks, and a last one of fewer.
+    pub fn spans(self) -> usize {
+        self.padded.div_ceil(SPAN)
+    }
+
+    /// Blocks in span s.
+    pub fn width(self, s: usize) -> usize {
+        SPAN.min(self.padded - s * SPAN)
+    }
+
     /// Where row i's scale of block b starts in its tile.
     pub fn scale_at(self, i: usize, b: usize) -> usize {
         2 * (i * self.padded + b)
     }
 
-    /// Where row i's quants of group g (`GROUP * qb` bytes) start in its tile.
-    pub fn group_at(self, g: usize, i: usize) -> usize {
-        2 * TILE_ROWS * self.padded + (g * TILE_ROWS + i) * GROUP * self.qb
+    /// Where row i's chunk k of span s (four quant bytes of each of the span's blocks: 64
+    /// bytes in a whole span) starts in its tile.
+    pub fn chunk_at(self, s: usize, k: usize, i: usize) -> usize {
+        let w = self.width(s);
+        2 * TILE_ROWS * self.padded + TILE_ROWS * SPAN * self.qb * s + 4 * w * (k * TILE_ROWS + i)
+    }
+
+    /// Where row i's quant byte j of block b sits in its tile (Q8_0: element j; Q4_0: packed
+    /// byte j, elements j and j + 16).
+    pub fn quant_at(self, i: usize, b: usize, j: usize) -> usize {
+        self.chunk_at(b / SPAN, j / 4, i) + 4 * (b % SPAN) + j % 4
     }
 }
 
@@ -118,7 +145,8 @@ impl QuantMatrix {
             return None;
         }
         let tl = Tiling::new(kind, cols);
-        let mut data = Lines::zeroed(rows.div_ceil(TILE_ROWS) * tl.bytes());
+        // (and one line more: a short span's last chunk is read as a whole 64 bytes)
+        let mut data = Lines::zeroed(rows.div_ceil(TILE_ROWS) * tl.bytes() + SLACK);
         // 1. each row's blocks (tiles in parallel), placed in the engines' layout
         data.bytes_mut()
             .par_chunks_mut(tl.bytes())
@@ -130,14 +158,11 @@ impl QuantMatrix {
                         let x = x.try_into().expect("a block");
                         let d = block::quantize_block(kind, x, &mut blk);
                         tile[tl.scale_at(i, b)..][..2].copy_from_slice(&d.to_le_bytes());
-                        let q = &mut tile[tl.group_at(b / GROUP, i)..][..GROUP * tl.qb];
-                        match kind {
-                            QuantKind::Q8_0 => {
-                                (0..BLOCK).for_each(|e| q[q8_at(b % GROUP, e)] = blk[e] ^ 0x80)
-                            }
-                            QuantKind::Q4_0 => {
-                                q[b % GROUP * tl.qb..][..tl.qb].copy_from_slice(&blk[..tl.qb])
-                            }
+                        for (j, &q) in blk[..tl.qb].iter().enumerate() {
+                            tile[tl.quant_at(i, b, j)] = match kind {
+                                QuantKind::Q8_0 => q ^ 0x80,
+                                QuantKind::Q4_0 => q,
+                            };
                         }
                     }
                 }
@@ -167,13 +192,7 @@ impl QuantMatrix {
         for r in 0..self.rows {
             for b in 0..nb {
                 out.extend_from_slice(&self.scale(r, b).to_le_bytes());
-                let q = self.group(r, b / GROUP);
-                match self.kind {
-                    QuantKind::Q8_0 => {
-                        out.extend((0..BLOCK).map(|e| q[q8_at(b % GROUP, e)] ^ 0x80))
-                    }
-                    QuantKind::Q4_0 => out.extend_from_slice(&q[b % GROUP * qb..][..qb]),
-                }
+                out.extend((0..qb).map(|j| self.quant(r, b, j)));
             }
         }
         out
@@ -186,13 +205,12 @@ impl QuantMatrix {
 
     /// Bytes the products read: quants and scales.
     pub fn bytes(&self) -> usize {
-        self.data.bytes().len()
+        self.data.bytes().len() - SLACK
     }
 
-    /// Tile t: rows t · `TILE_ROWS` on.
+    /// Tile t (rows t · `TILE_ROWS` on) and what follows it in memory, `SLACK` bytes at least.
     fn tile(&self, t: usize) -> &[u8] {
-        let n = self.tiling().bytes();
-        &self.data.bytes()[t * n..(t + 1) * n]
+        &self.data.bytes()[t * self.tiling().bytes()..]
     }
 
     /// Row r's scale of block b, as f16 bits.
@@ -202,10 +220,15 @@ impl QuantMatrix {
         u16::from_le_bytes([t[at], t[at + 1]])
     }
 
-    /// Row r's quants of group g, in the engines' order.
-    fn group(&self, r: usize, g: usize) -> &[u8] {
-        let tl = self.tiling();
-        &self.tile(r / TILE_ROWS)[tl.group_at(g, r % TILE_ROWS)..][..GROUP * tl.qb]
+    /// Row r's quant byte j of block b as GGUF stores it (Q8_0: element j as i8 bits; Q4_0:
+    /// packed byte j).
+    fn quant(&self, r: usize, b: usize, j: usize) -> u8 {
+        let at = self.tiling().quant_at(r % TILE_ROWS, b, j);
+        let q = self.tile(r / TILE_ROWS)[at];
+        match self.kind {
+            QuantKind::Q8_0 => q ^ 0x80,
+            QuantKind::Q4_0 => q,
+        }
     }
 }
 
@@ -257,12 +280,11 @@ fn cpu_has_vnni() -> bool {
 }
 
 /// An input (n, cols) quantised per block of 32 to int8, as Q8_0 quantises (`d = max|x|/127`,
-/// `q = round(x/d)`), but with the scale kept in f32; quants at `q8_at`. Each row's blocks
-/// are padded with zero blocks to a multiple of 16, so that the VNNI engine reads whole
-/// vectors.
+/// `q = round(x/d)`), but with the scale kept in f32; quants at `x_at`. Each row's blocks
+/// are padded with zero blocks to whole spans, so that the VNNI engine reads whole vectors.
 pub struct QuantAct {
     n: usize,
-    /// blocks of a row, padded
+    /// blocks of a row, padded to whole spans
     stride: usize,
     qs: Vec<i8>,
     d: Vec<f32>,
@@ -274,7 +296,7 @@ impl QuantAct {
     /// `x` (n, cols) quantised for products with `kind` weights.
     pub fn new(x: &[f32], n: usize, cols: usize, kind: QuantKind) -> QuantAct {
         assert!(cols.is_multiple_of(BLOCK) && x.len() >= n * cols);
-        let stride = (cols / BLOCK).div_ceil(16) * 16;
+        let stride = (cols / BLOCK).div_ceil(SPAN) * SPAN;
         let mut a = QuantAct {
             n,
             stride,
@@ -324,7 +346,7 @@ fn quantize_row_scalar(x: &[f32], qs: &mut [i8], d: &mut [f32], corr: &mut [f32]
         let mut sum = 0i32;
         for (e, &v) in x.iter().enumerate() {
             let q = (v * id).round() as i8;
-            qs[q8_at(b, e)] = q;
+            qs[x_at(b, e)] = q;
             sum += q as i32;
         }
         d[b] = scale;
@@ -375,7 +397,7 @@ pub fn matmul_on(
             assert!(out.len() >= n * w.rows, "quant matmul: out too small");
             assert_eq!(
                 x.stride,
-                w.blocks().div_ceil(16) * 16,
+                w.blocks().div_ceil(SPAN) * SPAN,
                 "quant matmul: widths differ"
             );
             (
@@ -438,15 +460,12 @@ fn portable_tile(
             let (xq, xd, _) = x.row(r);
             let mut sum = 0f32;
             for b in 0..nb {
-                let (wq, k) = (w.group(o, b / GROUP), b % GROUP);
-                let x = |e: usize| xq[q8_at(b, e)] as i32;
+                let (q, x) = (|j| w.quant(o, b, j), |e| xq[x_at(b, e)] as i32);
                 let dot: i32 = match w.kind {
-                    QuantKind::Q8_0 => (0..BLOCK)
-                        .map(|e| (wq[q8_at(k, e)] ^ 0x80) as i8 as i32 * x(e))
-                        .sum(),
+                    QuantKind::Q8_0 => (0..BLOCK).map(|e| q(e) as i8 as i32 * x(e)).sum(),
                     QuantKind::Q4_0 => (0..BLOCK / 2)
                         .map(|j| {
-                            let byte = wq[k * BLOCK / 2 + j];
+                            let byte = q(j);
                             ((byte & 15) as i32 - 8) * x(j)
                                 + ((byte >> 4) as i32 - 8) * x(j + BLOCK / 2)
                         })
@@ -476,8 +495,9 @@ mod tests {
             .collect()
     }
 
-    /// Both engines against f32 references on ragged shapes (odd block counts, weight rows
-    /// and input rows off every tile size, decoding's 1–4 rows and a multi-task GEMM):
+    /// Both engines against f32 references on ragged shapes (odd block counts, short last
+    /// spans of 4, 8 and 12 blocks, weight rows and input rows off every tile size, decoding's
+    /// 1–4 rows and a multi-task GEMM):
     /// against the product of the dequantised weights with the dequantised input, to f32
     /// rounding; against the plain f32 product, to the error of int8 and int4 quantisation.
     #[test]
@@ -493,6 +513,7 @@ mod tests {
             (4, 64, 5),
             (5, 96, 9),
             (70, 544, 131),
+            (2, 896, 19),
             (130, 64, 70),
         ] {
             let (x, w) = (data(n * c, 1, true), data(oc * c, 2, false));
@@ -573,7 +594,7 @@ mod tests {
         for r in 0..n {
             let (q, d, _) = a.row(r);
             for j in 0..c {
-                out[r * c + j] = q[q8_at(j / BLOCK, j % BLOCK)] as f32 * d[j / BLOCK];
+                out[r * c + j] = q[x_at(j / BLOCK, j % BLOCK)] as f32 * d[j / BLOCK];
             }
         }
         out
@@ -594,7 +615,7 @@ mod tests {
         x.extend(data(32 * 6, 7, true));
         x.extend([0.0; 32]);
         let nb = x.len() / BLOCK;
-        let fresh = || (vec![0i8; 8 * BLOCK], vec![0f32; nb], vec![0f32; nb]);
+        let fresh = || (vec![0i8; SPAN * BLOCK], vec![0f32; nb], vec![0f32; nb]);
         let ((mut q1, mut d1, mut c1), (mut q2, mut d2, mut c2)) = (fresh(), fresh());
         quantize_row_scalar(&x, &mut q1, &mut d1, &mut c1, 128.0);
         // SAFETY: the CPU has AVX-512F/BW (checked above).

@@ -7,23 +7,27 @@
 //! Σ_b d_w·d_x·Σ_j q_w·q_x = Σ_b d_w·d_x·Σ_j (q_w + off)·q_x  +  Σ_b d_w·corr_b
 //! ```
 //!
-//! Four blocks a step (`GROUP`, laid out by `q8_at`): one register holds the first halves of
-//! four blocks, another their second halves (Q4_0: one load's low and high nibbles), so two
-//! `vpdpbusd` leave block k's sum in 128-bit lane k. Each lane is scaled by its block's
-//! d_w·d_x into f32 accumulators. Decoding takes one input row against a whole tile of weight
-//! rows (`TILE_ROWS`, one stretch of memory); the GEMM four input rows against half a tile,
-//! sharing every load.
+//! Sixteen blocks a step (a `SPAN`, laid out by `Tiling::quant_at` and `x_at`): each 64-byte
+//! chunk holds four bytes of each of the span's blocks, block k's in int32 lane k, so the
+//! span's eight chunks (Q4_0: four loads, low and high nibbles) `vpdpbusd` into one int32
+//! register that ends holding each block's whole dot product, and the span's scales d_w·d_x,
+//! also one block per lane, apply in one convert and one FMA (where the layout before it,
+//! blocks of four, paid a permute, a convert and an FMA per four blocks and output). One
+//! function (`dots`) serves decoding (one input row against a whole tile of weight rows, one
+//! stretch of memory) and the GEMM (`NX` input rows against a whole tile, sharing every
+//! load), so that a row's sums are the same bits in either.
 
-use super::{q8_at, QuantAct, QuantKind, QuantMatrix, Tiling, BLOCK, GROUP, TILE_ROWS};
+use super::{x_at, QuantAct, QuantKind, QuantMatrix, Tiling, BLOCK, SPAN, TILE_ROWS};
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-/// Weight rows the GEMM's step reads together (half a tile), against as many input rows.
-const NR: usize = 4;
+/// Input rows the GEMM's step takes against a whole tile of weight rows: sixteen int32
+/// accumulators, and the tile read start to end (four rows against half a tile, which reads
+/// the tile in two interleaved passes, ran 10–20% slower at 4 and 16 rows).
+const NX: usize = 2;
 
 /// The outputs (rows × outs), handed to `put(row, out, value)`, a tile of weight rows at a
-/// time: with one input row (decoding) all of its rows together, else half of them at a time
-/// against four input rows.
+/// time, against one input row (decoding) or `NX` at a time.
 ///
 /// # Safety
 /// The CPU must have AVX-512F, AVX-512BW and AVX512-VNNI; `rows` and `outs` must lie inside
@@ -43,182 +47,149 @@ pub(super) unsafe fn tile(
         let oh = TILE_ROWS.min(outs.end - o0);
         if rows.len() == 1 {
             // SAFETY: the features are this function's contract; the row is in bounds.
-            let s = unsafe { gemv_dots(x, rows.start, w.kind, w.tiling(), t) };
+            let [s] = unsafe { dots::<1, TILE_ROWS>(x, [rows.start], w.kind, w.tiling(), t, 0) };
             (0..oh).for_each(|i| put(rows.start, o0 + i, s[i]));
             continue;
         }
-        for i0 in (0..oh).step_by(NR) {
-            for r0 in rows.clone().step_by(4) {
-                let xr: [usize; 4] = std::array::from_fn(|j| (r0 + j).min(rows.end - 1));
-                // SAFETY: as above.
-                let s = unsafe { gemm_dots(x, xr, w.kind, w.tiling(), t, i0) };
-                for (j, s) in s.iter().enumerate().take(4.min(rows.end - r0)) {
-                    (0..NR.min(oh - i0)).for_each(|i| put(r0 + j, o0 + i0 + i, s[i]));
-                }
+        for r0 in rows.clone().step_by(NX) {
+            let xr: [usize; NX] = std::array::from_fn(|j| (r0 + j).min(rows.end - 1));
+            // SAFETY: as above.
+            let s = unsafe { dots::<NX, TILE_ROWS>(x, xr, w.kind, w.tiling(), t, 0) };
+            for (j, s) in s.iter().enumerate().take(NX.min(rows.end - r0)) {
+                (0..oh).for_each(|i| put(r0 + j, o0 + i, s[i]));
             }
         }
     }
 }
 
-/// Decoding's dot products: input row `r` with every row of weight tile `t`, read start to
-/// end. Each sixteen blocks' scale products d_w·d_x are formed once, so that a group's step
-/// per row is its two `vpdpbusd`, one permute, one convert and one FMA.
+/// The dot products of input rows `xr` with rows i0..i0 + W of weight tile `t`, span by span:
+/// the span's block dot products in int32 (`span_dots`), then per output one FMA of the
+/// offset's correction and one of the int32 sums times d_w·d_x, in the same order for every
+/// R and W.
 ///
 /// # Safety
-/// AVX-512F/BW and AVX512-VNNI; the row exists; `t` is a whole tile of `tl`.
+/// AVX-512F/BW and AVX512-VNNI; the rows exist; `t` is a whole tile of `tl`, i0 + W ≤ its rows.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-unsafe fn gemv_dots(
+unsafe fn dots<const R: usize, const W: usize>(
     x: &QuantAct,
-    r: usize,
-    kind: QuantKind,
-    tl: Tiling,
-    t: &[u8],
-) -> [f32; TILE_ROWS] {
-    assert_eq!(t.len(), tl.bytes());
-    let (xq, xd, xc) = x.row(r);
-    let mut acc = [_mm512_setzero_ps(); TILE_ROWS];
-    let lanes = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
-    for c16 in (0..tl.padded).step_by(16) {
-        let count = 16.min(tl.padded - c16);
-        // 1. sixteen blocks' scale products, and the offset's correction
-        // SAFETY: the masked loads read the `count` scales left in each row; the input's
-        // scales and corrections are padded to whole groups of sixteen.
-        let s: [__m512; TILE_ROWS] = unsafe {
-            let m = crate::kernels::lane_mask(count);
-            let (dx, corr) = (
-                _mm512_loadu_ps(xd.as_ptr().add(c16)),
-                _mm512_loadu_ps(xc.as_ptr().add(c16)),
-            );
-            std::array::from_fn(|i| {
-                let p = t.as_ptr().add(tl.scale_at(i, c16));
-                let dw = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p.cast()));
-                acc[i] = _mm512_fmadd_ps(dw, corr, acc[i]);
-                _mm512_mul_ps(dw, dx)
-            })
-        };
-        // 2. four blocks a step, every row's group in turn
-        for g in 0..count / GROUP {
-            let b = c16 + GROUP * g;
-            // lanes 4k..4k + 4 take block b + k's scales
-            let idx = _mm512_add_epi32(lanes, _mm512_set1_epi32((GROUP * g) as i32));
-            // SAFETY: the input rows are padded to whole groups of sixteen blocks.
-            let (xa, xb) = unsafe {
-                let p = xq.as_ptr().add(b * BLOCK);
-                (
-                    _mm512_loadu_si512(p.cast()),
-                    _mm512_loadu_si512(p.add(64).cast()),
-                )
-            };
-            for i in 0..TILE_ROWS {
-                // SAFETY: the group lies inside the tile.
-                let (wa, wb) = unsafe { weights(kind, t, tl.group_at(b / GROUP, i)) };
-                let dp = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wa, xa);
-                let dp = _mm512_dpbusd_epi32(dp, wb, xb);
-                let sl = _mm512_permutexvar_ps(idx, s[i]);
-                acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dp), sl, acc[i]);
-            }
-        }
-    }
-    acc.map(|a| _mm512_reduce_add_ps(a))
-}
-
-/// The GEMM's dot products: input rows `xr` with rows i0..i0 + `NR` of weight tile `t`.
-///
-/// # Safety
-/// AVX-512F/BW and AVX512-VNNI; the rows exist; `t` is a whole tile of `tl`.
-#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-unsafe fn gemm_dots(
-    x: &QuantAct,
-    xr: [usize; 4],
+    xr: [usize; R],
     kind: QuantKind,
     tl: Tiling,
     t: &[u8],
     i0: usize,
-) -> [[f32; NR]; 4] {
-    assert!(t.len() == tl.bytes() && i0 + NR <= TILE_ROWS);
+) -> [[f32; W]; R] {
+    assert!(t.len() >= tl.bytes() + 64 && i0 + W <= TILE_ROWS);
     let xrow = xr.map(|r| x.row(r));
-    let mut acc = [[_mm512_setzero_ps(); NR]; 4];
-    let lanes = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
-    for c16 in (0..tl.padded).step_by(16) {
-        let count = 16.min(tl.padded - c16);
-        // 1. sixteen blocks' scales, and the offset's correction
-        // SAFETY: as in `gemv_dots`.
-        let (dw, dx) = unsafe {
-            let m = crate::kernels::lane_mask(count);
+    let mut acc = [[_mm512_setzero_ps(); W]; R];
+    for s in 0..tl.spans() {
+        let (b0, m) = (s * SPAN, crate::kernels::lane_mask(tl.width(s)));
+        // 1. the span's scales, and the offset's correction
+        // SAFETY: the masked loads read the span's scales in each weight row; the input's
+        // scales and corrections are padded to whole spans.
+        let (dw, dx, corr) = unsafe {
             (
-                std::array::from_fn::<_, NR, _>(|i| {
-                    let p = t.as_ptr().add(tl.scale_at(i0 + i, c16));
+                std::array::from_fn::<_, W, _>(|i| {
+                    let p = t.as_ptr().add(tl.scale_at(i0 + i, b0));
                     _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p.cast()))
                 }),
-                xrow.map(|(_, d, _)| _mm512_loadu_ps(d.as_ptr().add(c16))),
+                xrow.map(|(_, d, _)| _mm512_loadu_ps(d.as_ptr().add(b0))),
+                xrow.map(|(_, _, c)| _mm512_loadu_ps(c.as_ptr().add(b0))),
             )
         };
-        for j in 0..4 {
-            // SAFETY: as above (padded).
-            let corr = unsafe { _mm512_loadu_ps(xrow[j].2.as_ptr().add(c16)) };
-            for i in 0..NR {
-                acc[j][i] = _mm512_fmadd_ps(dw[i], corr, acc[j][i]);
+        // 2. every block's dot product, exact in int32
+        // SAFETY: the span lies inside the tile and the input rows (padded).
+        let dot = unsafe { span_dots::<R, W>(&xrow.map(|(q, _, _)| q), kind, tl, t, s, i0) };
+        // 3. scaled into the f32 sums
+        for j in 0..R {
+            for i in 0..W {
+                let a = _mm512_fmadd_ps(dw[i], corr[j], acc[j][i]);
+                let d = _mm512_mul_ps(dw[i], dx[j]);
+                acc[j][i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[j][i]), d, a);
             }
         }
-        // 2. four blocks a step
-        for g in 0..count / GROUP {
-            let b = c16 + GROUP * g;
-            let idx = _mm512_add_epi32(lanes, _mm512_set1_epi32((GROUP * g) as i32));
-            // SAFETY: the group lies inside the tile.
-            let wv: [_; NR] = std::array::from_fn(|i| unsafe {
-                weights(kind, t, tl.group_at(b / GROUP, i0 + i))
-            });
-            let dwl = dw.map(|d| _mm512_permutexvar_ps(idx, d));
-            for j in 0..4 {
-                // SAFETY: the input rows are padded to whole groups of sixteen blocks.
-                let (xa, xb) = unsafe {
-                    let p = xrow[j].0.as_ptr().add(b * BLOCK);
-                    (
-                        _mm512_loadu_si512(p.cast()),
-                        _mm512_loadu_si512(p.add(64).cast()),
-                    )
-                };
-                let dxl = _mm512_permutexvar_ps(idx, dx[j]);
-                for i in 0..NR {
-                    let dp = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[i].0, xa);
-                    let dp = _mm512_dpbusd_epi32(dp, wv[i].1, xb);
-                    let s = _mm512_mul_ps(dwl[i], dxl);
-                    acc[j][i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dp), s, acc[j][i]);
+    }
+    // 4. each output's lanes summed, in one order whatever R and W (`sum_lanes16` sums each
+    // of its lanes as `sum_lanes_tree` sums one vector)
+    if R * W == 16 {
+        let v: [__m512i; 16] = std::array::from_fn(|k| _mm512_castps_si512(acc[k / W][k % W]));
+        let mut sums = [0f32; 16];
+        // SAFETY: sixteen f32 into sixteen.
+        unsafe { _mm512_storeu_ps(sums.as_mut_ptr(), crate::kernels::sum_lanes16(v)) };
+        return std::array::from_fn(|j| std::array::from_fn(|i| sums[j * W + i]));
+    }
+    acc.map(|a| a.map(|v| crate::kernels::sum_lanes_tree(v)))
+}
+
+/// Span s's block dot products (unsigned weights by signed inputs), block k of the span in
+/// lane k: input rows `xq` with weight rows i0..i0 + W of tile `t`, chunk by chunk.
+///
+/// # Safety
+/// AVX-512F/BW and AVX512-VNNI; span s lies inside `t` (of `tl`) and inside each input row.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+#[inline]
+unsafe fn span_dots<const R: usize, const W: usize>(
+    xq: &[&[i8]; R],
+    kind: QuantKind,
+    tl: Tiling,
+    t: &[u8],
+    s: usize,
+    i0: usize,
+) -> [[__m512i; W]; R] {
+    // A short last span's chunks are 4·width bytes, read as whole vectors: the lanes past
+    // its blocks hold whatever follows (the next chunk, or the tile's successor) times the
+    // input's zero padding, and `dots` drops them (the span's scales are loaded with those
+    // lanes zero; a test fails without that). Byte-masked loads instead cost a lone row a
+    // fifth of its speed.
+    let width = tl.width(s);
+    // chunk k of weight row i0 + i at wp[i] + k·step, of input row j at xp[j] + 64·k
+    let step = 4 * width * TILE_ROWS;
+    let wp: [*const u8; W] = std::array::from_fn(|i| t[tl.chunk_at(s, 0, i0 + i)..].as_ptr());
+    let xp = xq.map(|q| q[x_at(s * SPAN, 0)..].as_ptr());
+    let mut dot = [[_mm512_setzero_si512(); W]; R];
+    // (loops, not closures: a closure would not inherit this fn's target features)
+    let (mut xv, mut xw) = ([_mm512_setzero_si512(); R], [_mm512_setzero_si512(); R]);
+    match kind {
+        QuantKind::Q8_0 => {
+            for k in 0..BLOCK / 4 {
+                for j in 0..R {
+                    // SAFETY: an input row's span is 512 bytes (8 chunks).
+                    xv[j] = unsafe { _mm512_loadu_si512(xp[j].add(64 * k).cast()) };
+                }
+                for i in 0..W {
+                    // SAFETY: the chunk starts inside the tile (`chunk_at`), and 64 bytes from it
+                    // lie inside `t` (the tile and at least 64 bytes after it, asserted).
+                    let wv = unsafe { _mm512_loadu_si512(wp[i].add(k * step).cast()) };
+                    for j in 0..R {
+                        dot[j][i] = _mm512_dpbusd_epi32(dot[j][i], wv, xv[j]);
+                    }
+                }
+            }
+        }
+        QuantKind::Q4_0 => {
+            let nib = _mm512_set1_epi8(15);
+            for k in 0..BLOCK / 8 {
+                // packed byte 4k + e holds elements 4k + e (low) and 4k + e + 16 (high)
+                for j in 0..R {
+                    // SAFETY: as for Q8_0.
+                    unsafe {
+                        xv[j] = _mm512_loadu_si512(xp[j].add(64 * k).cast());
+                        xw[j] = _mm512_loadu_si512(xp[j].add(64 * (k + BLOCK / 8)).cast());
+                    }
+                }
+                for i in 0..W {
+                    // SAFETY: as for Q8_0.
+                    let z = unsafe { _mm512_loadu_si512(wp[i].add(k * step).cast()) };
+                    let lo = _mm512_and_si512(z, nib);
+                    let hi = _mm512_and_si512(_mm512_srli_epi16(z, 4), nib);
+                    for j in 0..R {
+                        dot[j][i] = _mm512_dpbusd_epi32(dot[j][i], lo, xv[j]);
+                        dot[j][i] = _mm512_dpbusd_epi32(dot[j][i], hi, xw[j]);
+                    }
                 }
             }
         }
     }
-    acc.map(|a| a.map(|v| _mm512_reduce_add_ps(v)))
-}
-
-/// A weight row's group of four blocks at byte `at` of tile `t`, as unsigned bytes
-/// (q + offset): their first halves, then their second halves.
-///
-/// # Safety
-/// AVX-512F/BW; the group lies inside `t`.
-#[target_feature(enable = "avx512f,avx512bw")]
-unsafe fn weights(kind: QuantKind, t: &[u8], at: usize) -> (__m512i, __m512i) {
-    debug_assert!(at + GROUP * kind.quant_bytes() <= t.len());
-    // SAFETY: the caller's contract: the group's bytes are in the tile.
-    let p = unsafe { t.as_ptr().add(at) };
-    match kind {
-        // SAFETY: as above: 128 bytes from the group's start.
-        QuantKind::Q8_0 => unsafe {
-            (
-                _mm512_loadu_si512(p.cast()),
-                _mm512_loadu_si512(p.add(64).cast()),
-            )
-        },
-        QuantKind::Q4_0 => {
-            // SAFETY: as above: 64 bytes.
-            let z = unsafe { _mm512_loadu_si512(p.cast()) };
-            let nib = _mm512_set1_epi8(15);
-            (
-                _mm512_and_si512(z, nib),
-                _mm512_and_si512(_mm512_srli_epi16(z, 4), nib),
-            )
-        }
-    }
+    dot
 }
 
 /// `super::quantize_row` sixteen lanes at a time: the same arithmetic, so the same quants,
@@ -236,7 +207,7 @@ pub(super) unsafe fn quantize_row(
     offset: f32,
 ) {
     let nb = x.len() / BLOCK;
-    assert!(qs.len() >= nb.div_ceil(GROUP) * GROUP * BLOCK && d.len() >= nb && corr.len() >= nb);
+    assert!(qs.len() >= nb.div_ceil(SPAN) * SPAN * BLOCK && d.len() >= nb && corr.len() >= nb);
     for b in 0..nb {
         // SAFETY: block b's 32 values are in x.
         let v = unsafe {
@@ -248,11 +219,18 @@ pub(super) unsafe fn quantize_row(
         let id = if scale == 0.0 { 0.0 } else { 1.0 / scale };
         let q = v.map(|v| round_away(_mm512_mul_ps(v, _mm512_set1_ps(id))));
         for (h, q) in q.iter().enumerate() {
-            // SAFETY: elements 16h..16h + 16 of block b lie side by side at q8_at (asserted
-            // inside qs above); the conversion saturates, as `as i8` does.
-            unsafe {
-                let at = qs.as_mut_ptr().add(q8_at(b, 16 * h));
-                _mm_storeu_si128(at.cast(), _mm512_cvtsepi32_epi8(*q));
+            // elements 16h..16h + 16, four at a time to their chunks (`x_at`); the conversion
+            // saturates, as `as i8` does
+            let v = _mm512_cvtsepi32_epi8(*q);
+            let four = [
+                v,
+                _mm_srli_si128::<4>(v),
+                _mm_srli_si128::<8>(v),
+                _mm_srli_si128::<12>(v),
+            ];
+            for (k, v) in four.into_iter().enumerate() {
+                // SAFETY: x_at(b, ·) < qs.len() for the row's blocks (asserted above).
+                unsafe { _mm_storeu_si32(qs.as_mut_ptr().add(x_at(b, 16 * h + 4 * k)).cast(), v) };
             }
         }
         let sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q[0], q[1]));
