@@ -3,15 +3,18 @@
 
 Each of C clients sends a streaming completion of exactly --tokens tokens (greedy, ignore EOS
 where the server knows that field), waits for the whole answer, and sends the next, for
---seconds per level. Reports per level: aggregate generated tokens/s, p50/p99 time to first
-token, p50/p99 per-token latency (a request's time after its first token over its remaining
-tokens), errors, and the server's peak RSS when --pid is given.
+--seconds per level. Reports per level: aggregate generated tokens/s (the tokens that arrive
+inside the level's window, over its length: after the ramp, before the level's end, so that
+neither the ramp nor the requests that finish after the window, with fewer clients left, dilute
+it), p50/p99 time to first token, p50/p99 per-token latency (a request's time after its first
+token over its remaining tokens), errors, and the server's peak RSS when --pid is given.
 
 Arrivals: closed-loop clients that all ask for the same number of tokens finish together and
 come back together, so every request after the first arrives in a wave of C (the time to first
 token of a wave's last member is C prefills). --stagger S starts client i at i·S/C seconds
 instead; the clients then stay spread out, and the level's TTFT and per-token figures count
-only the requests sent after the last client started (the steady state, not the ramp).
+only the requests sent after the last client started and its tokens/s the tokens after it (the
+steady state, not the ramp).
 
 Soak: --disconnect P makes each request, with probability P, hang up after a random number of
 streamed tokens (counted as cancelled, not as errors), and --pid samples the server's resident
@@ -37,8 +40,10 @@ import urllib.parse
 
 
 def one_request(host, port, prompt, tokens, model, hang_up_after=None):
-    """(ttft seconds, total seconds, tokens received) of one streamed completion; with
-    hang_up_after=N the client closes the connection after N tokens (a cancellation)."""
+    """(ttft seconds, total seconds, tokens received, arrival times) of one streamed
+    completion: the arrival time (perf_counter) of each chunk that carried tokens, and the
+    tokens it carried. With hang_up_after=N the client closes the connection after N tokens
+    (a cancellation)."""
     body = {
         "prompt": prompt,
         "max_tokens": tokens,
@@ -57,7 +62,7 @@ def one_request(host, port, prompt, tokens, model, hang_up_after=None):
         resp.read()
         conn.close()
         raise RuntimeError(f"status {resp.status}")
-    first, n, usage = None, 0, None
+    first, n, usage, arrivals = None, 0, None, []
     while True:
         line = resp.readline()
         if not line:
@@ -74,16 +79,21 @@ def one_request(host, port, prompt, tokens, model, hang_up_after=None):
         if chunk.get("choices"):
             # a chunk per token, unless the server holds back partial characters
             n += 1
+            now = time.perf_counter()
+            arrivals.append(now)
             if first is None:
-                first = time.perf_counter() - t0
+                first = now - t0
             if hang_up_after is not None and n >= hang_up_after:
                 conn.sock.shutdown(2)
                 conn.close()
-                return None, time.perf_counter() - t0, n
+                return None, time.perf_counter() - t0, n, [(t, 1) for t in arrivals]
     conn.close()
     # a server may hold back bytes that do not yet make a whole UTF-8 character and send
-    # several tokens in one chunk (llama-server does): its own count, where it gives one
-    return first, time.perf_counter() - t0, usage if usage is not None else n
+    # several tokens in one chunk (llama-server does): its own count, where it gives one,
+    # spread evenly over the chunks
+    total = usage if usage is not None else n
+    per = total / n if n else 0
+    return first, time.perf_counter() - t0, total, [(t, per) for t in arrivals]
 
 
 def rss_kib(pid, field="VmHWM"):
@@ -108,7 +118,7 @@ def pct(xs, q):
 def level(host, port, clients, tokens, seconds, model, disconnect=0.0, pid=None, rss_every=10.0,
           stagger=0.0):
     ttfts, per_tok, errors = [], [], []
-    generated, cancelled, rss = [0], [0], []
+    generated, in_window, cancelled, rss = [0], [0.0], [0], []
     lock = threading.Lock()
     start = time.perf_counter()
     stop_at, ramp_end = start + seconds, start + stagger
@@ -123,13 +133,14 @@ def level(host, port, clients, tokens, seconds, model, disconnect=0.0, pid=None,
             k += 1
             hang_up = rng.randint(1, max(1, tokens - 1)) if rng.random() < disconnect else None
             try:
-                first, total, n = one_request(host, port, prompt, tokens, model, hang_up)
+                first, total, n, arrivals = one_request(host, port, prompt, tokens, model, hang_up)
             except Exception as e:  # noqa: BLE001 - every failure is counted
                 with lock:
                     errors.append(str(e))
                 continue
             with lock:
                 generated[0] += n
+                in_window[0] += sum(k for t, k in arrivals if ramp_end <= t < stop_at)
                 if hang_up is not None:
                     cancelled[0] += 1
                     continue
@@ -144,14 +155,21 @@ def level(host, port, clients, tokens, seconds, model, disconnect=0.0, pid=None,
         t.start()
     while pid and any(t.is_alive() for t in threads):
         rss.append(rss_kib(pid, "VmRSS"))
-        time.sleep(rss_every)
+        threads[0].join(timeout=rss_every)
+        while threads and not threads[0].is_alive():
+            threads.pop(0)
     for t in threads:
         t.join()
     wall = time.perf_counter() - t0
     return {
         "clients": clients,
         "requests": len(ttfts),
-        "tokens_per_s": generated[0] / wall,
+        # tokens that arrived between the ramp's end and the level's end, over that window:
+        # neither the ramp nor the drain (the last requests finishing after the window,
+        # with fewer clients left) dilutes it
+        "tokens_per_s": in_window[0] / (stop_at - ramp_end),
+        "generated": generated[0],
+        "wall_s": wall,
         "ttft_p50_ms": 1000 * pct(ttfts, 0.5),
         "ttft_p99_ms": 1000 * pct(ttfts, 0.99),
         "token_p50_ms": 1000 * pct(per_tok, 0.5),
