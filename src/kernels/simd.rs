@@ -125,7 +125,7 @@ pub(crate) unsafe fn load16<T: Elem>(p: *const T, n: usize) -> std::arch::x86_64
     // and the copy read no further.
     unsafe {
         if !T::BF16 {
-            return _mm512_maskz_loadu_ps(lane_mask(n), p as *const f32);
+            return load_f32(p as *const f32, n);
         }
         let p = p as *const u16;
         let bits = if n >= 16 {
@@ -134,6 +134,27 @@ pub(crate) unsafe fn load16<T: Elem>(p: *const T, n: usize) -> std::arch::x86_64
             bf16_tail(p, n)
         };
         _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(bits)))
+    }
+}
+
+/// The first `n` (at most 16) f32 values from `p`, zero in the lanes past `n`: a plain load
+/// where all sixteen are there (a masked one costs the products of a decoding batch about a
+/// tenth of their speed on Zen 4, though it reads the same), else a masked one.
+///
+/// # Safety
+/// AVX-512F; `p..p + min(n, 16)` is in bounds.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+pub(crate) unsafe fn load_f32(p: *const f32, n: usize) -> std::arch::x86_64::__m512 {
+    use std::arch::x86_64::*;
+    // SAFETY: the caller guarantees min(n, 16) values from p in bounds.
+    unsafe {
+        if n >= 16 {
+            _mm512_loadu_ps(p)
+        } else {
+            _mm512_maskz_loadu_ps(lane_mask(n), p)
+        }
     }
 }
 
@@ -211,12 +232,12 @@ pub(crate) unsafe fn dot_tree<const Q: usize, const N: usize, T: Elem>(
     let len = if N > 0 { 16 * N } else { w.len() };
     let mut acc = [_mm512_setzero_ps(); Q];
     for p in (0..len).step_by(16) {
-        let m = lane_mask(len - p);
-        // SAFETY: the loads are masked to the len − p values left of w and of each x row.
+        // SAFETY: the loads read no further than the len − p values left of w and of each x
+        // row.
         unsafe {
             let wv = load16(w.as_ptr().add(p), len - p);
             for (i, a) in acc.iter_mut().enumerate() {
-                let xv = _mm512_maskz_loadu_ps(m, xs.as_ptr().add(i * len + p));
+                let xv = load_f32(xs.as_ptr().add(i * len + p), len - p);
                 *a = _mm512_fmadd_ps(wv, xv, *a);
             }
         }
@@ -251,12 +272,11 @@ pub(crate) unsafe fn dot_grid<const R: usize, const O: usize, T: Elem>(
     debug_assert_eq!(R * O, 16);
     let mut acc = [_mm512_setzero_si512(); 16];
     for p in (0..len).step_by(16) {
-        let m = lane_mask(len - p);
         // (loops, not closures: a closure would not inherit this fn's target features)
         let (mut xv, mut wv) = ([_mm512_setzero_ps(); R], [_mm512_setzero_ps(); O]);
         for r in 0..R {
-            // SAFETY: p < len, and the masked loads read no further than len (the contract).
-            xv[r] = unsafe { _mm512_maskz_loadu_ps(m, xs[r].add(p)) };
+            // SAFETY: p < len, and the loads read no further than len (the contract).
+            xv[r] = unsafe { load_f32(xs[r].add(p), len - p) };
         }
         for o in 0..O {
             // SAFETY: as above.
