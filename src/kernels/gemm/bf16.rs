@@ -302,6 +302,7 @@ unsafe fn block(
     h: usize,
     w: usize,
     accumulate: bool,
+    _ahead: usize,
 ) {
     // SAFETY: the caller configured the tiles with `CONFIG` on this thread and holds
     // c valid for h rows of w columns at ldc (this fn's `# Safety`): full tiles are loaded and
@@ -395,6 +396,7 @@ unsafe fn block_dot(
     h: usize,
     w: usize,
     accumulate: bool,
+    ahead: usize,
 ) {
     // SAFETY: the caller guarantees AVX-512F/BF16, `kts` tiles behind each of a[0],
     // a[1], b[0], b[1], and c valid for h rows of w columns at ldc (this fn's `# Safety`): the
@@ -408,11 +410,13 @@ unsafe fn block_dot(
             // invariance), each row's sums the same either way
             let a = a[g / 2].add((g % 2) * DOT_ROWS * TK) as *const i32;
             let c = c.add(g * DOT_ROWS * ldc);
+            // the first group fetches the next block's B into L2 as it reads this one's
+            let ahead = if g == 0 { ahead } else { 0 };
             match h - g * DOT_ROWS {
-                1 => dot_rows::<1>(a, b, kts, c, ldc, 1, w, accumulate),
-                2 => dot_rows::<2>(a, b, kts, c, ldc, 2, w, accumulate),
-                r @ 3..=4 => dot_rows::<4>(a, b, kts, c, ldc, r, w, accumulate),
-                r => dot_rows::<DOT_ROWS>(a, b, kts, c, ldc, r.min(DOT_ROWS), w, accumulate),
+                1 => dot_rows::<1>(a, b, kts, c, ldc, 1, w, accumulate, ahead),
+                2 => dot_rows::<2>(a, b, kts, c, ldc, 2, w, accumulate, ahead),
+                r @ 3..=4 => dot_rows::<4>(a, b, kts, c, ldc, r, w, accumulate, ahead),
+                r => dot_rows::<DOT_ROWS>(a, b, kts, c, ldc, r.min(DOT_ROWS), w, accumulate, ahead),
             }
         }
     }
@@ -436,6 +440,7 @@ unsafe fn dot_rows<const R: usize>(
     h: usize,
     w: usize,
     accumulate: bool,
+    ahead: usize,
 ) {
     // SAFETY: as for `block_dot` (r < R ≤ DOT_ROWS stays inside the group's tile rows).
     unsafe {
@@ -448,6 +453,12 @@ unsafe fn dot_rows<const R: usize>(
                     std::mem::transmute(_mm512_loadu_si512(b[0].add(o + 2 * TR * q) as *const _));
                 let b1: __m512bh =
                     std::mem::transmute(_mm512_loadu_si512(b[1].add(o + 2 * TR * q) as *const _));
+                if ahead > 0 {
+                    for b in b {
+                        let p = b.wrapping_add(o + 2 * TR * q + ahead);
+                        _mm_prefetch::<_MM_HINT_T1>(p as *const i8);
+                    }
+                }
                 for (r, acc) in acc.iter_mut().enumerate() {
                     let pair: __m512bh =
                         std::mem::transmute(_mm512_set1_epi32(*at.add(r * TR + q)));
@@ -680,6 +691,7 @@ unsafe fn products(d: Dims, a: Mat, b: PackedB, out: SharedOut, threads: usize) 
                     for bj in cols.clone() {
                         let (j0, b) = (bj * BLOCK, pb.as_ptr().add(2 * bj * b_row));
                         let block = if amx { block } else { block_dot };
+                        let ahead = if bj + 1 < cols.end { 2 * b_row } else { 0 };
                         block(
                             [a.as_ptr().add(kc * TILE), a.as_ptr().add(row + kc * TILE)],
                             [b.add(kc * TILE), b.add(b_row + kc * TILE)],
@@ -692,6 +704,7 @@ unsafe fn products(d: Dims, a: Mat, b: PackedB, out: SharedOut, threads: usize) 
                             m - i0,
                             n - j0,
                             accumulate || kc > 0,
+                            ahead,
                         );
                     }
                 }
@@ -863,6 +876,7 @@ mod tests {
                     h,
                     w,
                     accumulate,
+                    0,
                 );
             }
             for i in 0..m {
