@@ -51,7 +51,16 @@ pub(super) unsafe fn tile(
             (0..oh).for_each(|i| put(rows.start, o0 + i, s[i]));
             continue;
         }
+        // the next tile into L2, a share at each step over this one (the first read of a tile
+        // is from memory; the steps after it find it in cache)
+        let (tb, calls) = (w.tiling().bytes(), rows.len().div_ceil(NX));
+        let share = (tb / 64).div_ceil(calls);
         for r0 in rows.clone().step_by(NX) {
+            if t.len() >= 2 * tb {
+                for l in (r0 / NX * share..(r0 / NX + 1) * share).take_while(|l| 64 * l < tb) {
+                    _mm_prefetch::<_MM_HINT_T1>(t[tb + 64 * l..].as_ptr().cast());
+                }
+            }
             let xr: [usize; NX] = std::array::from_fn(|j| (r0 + j).min(rows.end - 1));
             // SAFETY: as above.
             let s = unsafe { dots::<NX, TILE_ROWS>(x, xr, w.kind, w.tiling(), t, 0) };
