@@ -47,7 +47,7 @@ pub(super) unsafe fn tile(
         let oh = TILE_ROWS.min(outs.end - o0);
         if rows.len() == 1 {
             // SAFETY: the features are this function's contract; the row is in bounds.
-            let [s] = unsafe { dots::<1, TILE_ROWS>(x, [rows.start], w.kind, w.tiling(), t, 0) };
+            let [s] = unsafe { dots::<1, TILE_ROWS>(x, [rows.start], w.kind, w.tiling(), t) };
             (0..oh).for_each(|i| put(rows.start, o0 + i, s[i]));
             continue;
         }
@@ -63,7 +63,7 @@ pub(super) unsafe fn tile(
             }
             let xr: [usize; NX] = std::array::from_fn(|j| (r0 + j).min(rows.end - 1));
             // SAFETY: as above.
-            let s = unsafe { dots::<NX, TILE_ROWS>(x, xr, w.kind, w.tiling(), t, 0) };
+            let s = unsafe { dots::<NX, TILE_ROWS>(x, xr, w.kind, w.tiling(), t) };
             for (j, s) in s.iter().enumerate().take(NX.min(rows.end - r0)) {
                 (0..oh).for_each(|i| put(r0 + j, o0 + i, s[i]));
             }
@@ -71,13 +71,14 @@ pub(super) unsafe fn tile(
     }
 }
 
-/// The dot products of input rows `xr` with rows i0..i0 + W of weight tile `t`, span by span:
-/// the span's block dot products in int32 (`span_dots`), then per output one FMA of the
+/// The dot products of input rows `xr` with the first W rows of weight tile `t`, span by
+/// span: the span's block dot products in int32 (`span_dots`), then per output one FMA of the
 /// offset's correction and one of the int32 sums times d_w·d_x, in the same order for every
 /// R and W.
 ///
 /// # Safety
-/// AVX-512F/BW and AVX512-VNNI; the rows exist; `t` is a whole tile of `tl`, i0 + W ≤ its rows.
+/// AVX-512F/BW and AVX512-VNNI; the rows exist; `t` is a tile of `tl` and at least 64 bytes
+/// after it; W ≤ its rows.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
 unsafe fn dots<const R: usize, const W: usize>(
     x: &QuantAct,
@@ -85,9 +86,8 @@ unsafe fn dots<const R: usize, const W: usize>(
     kind: QuantKind,
     tl: Tiling,
     t: &[u8],
-    i0: usize,
 ) -> [[f32; W]; R] {
-    assert!(t.len() >= tl.bytes() + 64 && i0 + W <= TILE_ROWS);
+    assert!(t.len() >= tl.bytes() + 64 && W <= TILE_ROWS);
     let xrow = xr.map(|r| x.row(r));
     let mut acc = [[_mm512_setzero_ps(); W]; R];
     for s in 0..tl.spans() {
@@ -98,7 +98,7 @@ unsafe fn dots<const R: usize, const W: usize>(
         let (dw, dx, corr) = unsafe {
             (
                 std::array::from_fn::<_, W, _>(|i| {
-                    let p = t.as_ptr().add(tl.scale_at(i0 + i, b0));
+                    let p = t.as_ptr().add(tl.scale_at(i, b0));
                     _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p.cast()))
                 }),
                 xrow.map(|(_, d, _)| _mm512_loadu_ps(d.as_ptr().add(b0))),
@@ -107,7 +107,7 @@ unsafe fn dots<const R: usize, const W: usize>(
         };
         // 2. every block's dot product, exact in int32
         // SAFETY: the span lies inside the tile and the input rows (padded).
-        let dot = unsafe { span_dots::<R, W>(&xrow.map(|(q, _, _)| q), kind, tl, t, s, i0) };
+        let dot = unsafe { span_dots::<R, W>(&xrow.map(|(q, _, _)| q), kind, tl, t, s) };
         // 3. scaled into the f32 sums
         for j in 0..R {
             for i in 0..W {
@@ -130,10 +130,11 @@ unsafe fn dots<const R: usize, const W: usize>(
 }
 
 /// Span s's block dot products (unsigned weights by signed inputs), block k of the span in
-/// lane k: input rows `xq` with weight rows i0..i0 + W of tile `t`, chunk by chunk.
+/// lane k: input rows `xq` with the first W weight rows of tile `t`, chunk by chunk.
 ///
 /// # Safety
-/// AVX-512F/BW and AVX512-VNNI; span s lies inside `t` (of `tl`) and inside each input row.
+/// AVX-512F/BW and AVX512-VNNI; `t` is a tile of `tl` and at least 64 bytes after it; span s
+/// lies inside each input row.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
 #[inline]
 unsafe fn span_dots<const R: usize, const W: usize>(
@@ -142,7 +143,6 @@ unsafe fn span_dots<const R: usize, const W: usize>(
     tl: Tiling,
     t: &[u8],
     s: usize,
-    i0: usize,
 ) -> [[__m512i; W]; R] {
     // A short last span's chunks are 4·width bytes, read as whole vectors: the lanes past
     // its blocks hold whatever follows (the next chunk, or the tile's successor) times the
@@ -150,9 +150,9 @@ unsafe fn span_dots<const R: usize, const W: usize>(
     // lanes zero; a test fails without that). Byte-masked loads instead cost a lone row a
     // fifth of its speed.
     let width = tl.width(s);
-    // chunk k of weight row i0 + i at wp[i] + k·step, of input row j at xp[j] + 64·k
+    // chunk k of weight row i at wp[i] + k·step, of input row j at xp[j] + 64·k
     let step = 4 * width * TILE_ROWS;
-    let wp: [*const u8; W] = std::array::from_fn(|i| t[tl.chunk_at(s, 0, i0 + i)..].as_ptr());
+    let wp: [*const u8; W] = std::array::from_fn(|i| t[tl.chunk_at(s, 0, i)..].as_ptr());
     let xp = xq.map(|q| q[x_at(s * SPAN, 0)..].as_ptr());
     let mut dot = [[_mm512_setzero_si512(); W]; R];
     // (loops, not closures: a closure would not inherit this fn's target features)
