@@ -286,7 +286,7 @@ fn pack_b(buf: &mut Vec<u16>, x: Mat, rows: usize, depth: usize, threads: usize)
 
 /// C (+)= the 32 × 32 block from the `kts` consecutive tiles at a[0], a[1] (two tile rows of
 /// A) and b[0], b[1] (two tile columns of B), clipped to (h, w) valid rows and columns: on
-/// the tile unit.
+/// the tile unit (which takes no prefetch hint: `_ahead` is `block_dot`'s).
 ///
 /// # Safety
 /// AMX tiles configured with `CONFIG` on this thread; c valid for h rows of w columns at ldc.
@@ -379,7 +379,9 @@ const DOT_ROWS: usize = 8;
 
 /// `block` on AVX512_BF16 alone, from the same packed tiles: a B tile row (a depth pair of 16
 /// columns) is one register, and each A pair (row r, depths 2q and 2q + 1) is broadcast
-/// against it, VDPBF16PS adding both products into f32 lanes.
+/// against it, VDPBF16PS adding both products into f32 lanes. With `ahead` > 0 the first
+/// group of rows asks for B's values `ahead` elements on (the next block's tiles) into L2 as
+/// it reads this block's: a hint, which reads nothing.
 ///
 /// # Safety
 /// Needs AVX-512F/BF16; the pointers hold `kts` tiles each; c valid for h rows of w columns
