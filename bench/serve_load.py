@@ -140,7 +140,7 @@ def level(host, port, clients, tokens, seconds, model, disconnect=0.0, pid=None,
                 continue
             with lock:
                 generated[0] += n
-                in_window[0] += sum(k for t, k in arrivals if ramp_end <= t < stop_at)
+                in_window[0] += sum(c for t, c in arrivals if ramp_end <= t < stop_at)
                 if hang_up is not None:
                     cancelled[0] += 1
                     continue
@@ -149,7 +149,6 @@ def level(host, port, clients, tokens, seconds, model, disconnect=0.0, pid=None,
                     if n > 1:
                         per_tok.append((total - first) / (n - 1))
 
-    t0 = start
     threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
     for t in threads:
         t.start()
@@ -160,7 +159,7 @@ def level(host, port, clients, tokens, seconds, model, disconnect=0.0, pid=None,
             threads.pop(0)
     for t in threads:
         t.join()
-    wall = time.perf_counter() - t0
+    wall = time.perf_counter() - start
     return {
         "clients": clients,
         "requests": len(ttfts),
