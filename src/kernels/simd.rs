@@ -176,25 +176,46 @@ unsafe fn bf16_tail(p: *const u16, n: usize) -> std::arch::x86_64::__m256i {
     }
 }
 
-/// Lane i is the sum of the sixteen lanes of `acc[i]`: one 16 × 16 transpose, then the
-/// registers summed in halves (a tree of four levels, not a chain of fifteen additions).
+/// Lane i is the sum of the sixteen lanes of `acc[i]`, each summed as `sum_lanes_tree` sums
+/// one vector (lane l with l + 8, then l + 4, l + 2, l + 1), by four levels of adds that halve
+/// the registers as they go: at each level two registers' halves are shuffled side by side
+/// and added, so the sixteen sums take 30 shuffles and 15 adds (a full transpose first took 64
+/// shuffles). The last level leaves vector 4k + c's sum in lane 4c + k; taking the vectors in
+/// that transposed order puts sum i in lane i.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 #[inline]
-pub(crate) fn sum_lanes16(mut acc: [std::arch::x86_64::__m512i; 16]) -> std::arch::x86_64::__m512 {
+pub(crate) fn sum_lanes16(acc: [std::arch::x86_64::__m512i; 16]) -> std::arch::x86_64::__m512 {
     use std::arch::x86_64::*;
-    transpose16(&mut acc);
-    let mut n = 16;
-    while n > 1 {
-        n /= 2;
-        for i in 0..n {
-            acc[i] = _mm512_castps_si512(_mm512_add_ps(
-                _mm512_castsi512_ps(acc[i]),
-                _mm512_castsi512_ps(acc[i + n]),
-            ));
-        }
-    }
-    _mm512_castsi512_ps(acc[0])
+    let v: [__m512; 16] = std::array::from_fn(|j| _mm512_castsi512_ps(acc[4 * (j % 4) + j / 4]));
+    // lanes l and l + 8 of two vectors: their low halves side by side plus their high halves
+    let l1: [__m512; 8] = std::array::from_fn(|p| {
+        let (a, b) = (v[2 * p], v[2 * p + 1]);
+        _mm512_add_ps(
+            _mm512_shuffle_f32x4::<0x44>(a, b),
+            _mm512_shuffle_f32x4::<0xEE>(a, b),
+        )
+    });
+    // l and l + 4: each 128-bit quarter now holds four of a vector's eight partial sums
+    let l2: [__m512; 4] = std::array::from_fn(|q| {
+        let (a, b) = (l1[2 * q], l1[2 * q + 1]);
+        _mm512_add_ps(
+            _mm512_shuffle_f32x4::<0x88>(a, b),
+            _mm512_shuffle_f32x4::<0xDD>(a, b),
+        )
+    });
+    // l and l + 2, then l and l + 1, within each quarter
+    let l3: [__m512; 2] = std::array::from_fn(|r| {
+        let (a, b) = (l2[2 * r], l2[2 * r + 1]);
+        _mm512_add_ps(
+            _mm512_shuffle_ps::<0x44>(a, b),
+            _mm512_shuffle_ps::<0xEE>(a, b),
+        )
+    });
+    _mm512_add_ps(
+        _mm512_shuffle_ps::<0x88>(l3[0], l3[1]),
+        _mm512_shuffle_ps::<0xDD>(l3[0], l3[1]),
+    )
 }
 
 /// The sum of v's sixteen lanes in the order `sum_lanes16` sums each of its lanes (i with
