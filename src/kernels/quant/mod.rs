@@ -58,6 +58,17 @@ impl Lines {
         // SAFETY: as for `bytes`, borrowed mutably.
         unsafe { std::slice::from_raw_parts_mut(self.0.as_mut_ptr().cast(), 64 * self.0.len()) }
     }
+
+    /// The bytes as i8 (an input's quants).
+    fn signed(&self) -> &[i8] {
+        // SAFETY: i8 and u8 have one size and alignment, and every bit pattern is valid in both.
+        unsafe { std::slice::from_raw_parts(self.0.as_ptr().cast(), 64 * self.0.len()) }
+    }
+
+    fn signed_mut(&mut self) -> &mut [i8] {
+        // SAFETY: as for `signed`, borrowed mutably.
+        unsafe { std::slice::from_raw_parts_mut(self.0.as_mut_ptr().cast(), 64 * self.0.len()) }
+    }
 }
 
 /// Blocks that the VNNI engine multiplies at once, one per int32 lane: a span's quants lie four
@@ -286,10 +297,12 @@ pub struct QuantAct {
     n: usize,
     /// blocks of a row, padded to whole spans
     stride: usize,
-    qs: Vec<i8>,
+    /// in whole cache lines (each row's spans start on one), as the tiles are
+    qs: Lines,
     d: Vec<f32>,
-    /// −offset · d · Σq per block, for the engine's unsigned weights (`vnni::offset`)
-    corr: Vec<f32>,
+    /// −offset · Σq per block, exact in int32: what the VNNI engine's unsigned weights
+    /// (`offset`) add to each block's integer dot product, taken back out before it is scaled
+    corr: Vec<i32>,
 }
 
 impl QuantAct {
@@ -300,12 +313,15 @@ impl QuantAct {
         let mut a = QuantAct {
             n,
             stride,
-            qs: vec![0; n * stride * BLOCK],
+            qs: Lines::zeroed(n * stride * BLOCK),
             d: vec![0.0; n * stride],
-            corr: vec![0.0; n * stride],
+            corr: vec![0; n * stride],
         };
-        let offset = offset(kind) as f32;
-        let qd = a.qs.chunks_mut(stride * BLOCK).zip(a.d.chunks_mut(stride));
+        let offset = offset(kind);
+        let qd =
+            a.qs.signed_mut()
+                .chunks_mut(stride * BLOCK)
+                .zip(a.d.chunks_mut(stride));
         let rows = qd.zip(a.corr.chunks_mut(stride).zip(x.chunks(cols)));
         if n > 1 && n * cols >= 1 << 14 {
             rows.par_bridge()
@@ -316,10 +332,10 @@ impl QuantAct {
         a
     }
 
-    fn row(&self, r: usize) -> (&[i8], &[f32], &[f32]) {
+    fn row(&self, r: usize) -> (&[i8], &[f32], &[i32]) {
         let s = self.stride;
         (
-            &self.qs[r * s * BLOCK..(r + 1) * s * BLOCK],
+            &self.qs.signed()[r * s * BLOCK..(r + 1) * s * BLOCK],
             &self.d[r * s..(r + 1) * s],
             &self.corr[r * s..(r + 1) * s],
         )
@@ -328,7 +344,7 @@ impl QuantAct {
 
 /// One input row's blocks: quants, scales and the VNNI engine's corrections; sixteen lanes at
 /// a time where the CPU has AVX-512 (`vnni::quantize_row`, the same bytes).
-fn quantize_row(x: &[f32], qs: &mut [i8], d: &mut [f32], corr: &mut [f32], offset: f32) {
+fn quantize_row(x: &[f32], qs: &mut [i8], d: &mut [f32], corr: &mut [i32], offset: i32) {
     #[cfg(target_arch = "x86_64")]
     if cpu_has_vnni() {
         // SAFETY: the CPU has AVX-512F/BW (with VNNI).
@@ -338,7 +354,7 @@ fn quantize_row(x: &[f32], qs: &mut [i8], d: &mut [f32], corr: &mut [f32], offse
 }
 
 /// `quantize_row`, one element at a time.
-fn quantize_row_scalar(x: &[f32], qs: &mut [i8], d: &mut [f32], corr: &mut [f32], offset: f32) {
+fn quantize_row_scalar(x: &[f32], qs: &mut [i8], d: &mut [f32], corr: &mut [i32], offset: i32) {
     for (b, x) in x.chunks_exact(BLOCK).enumerate() {
         let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
         let scale = amax / 127.0;
@@ -350,7 +366,7 @@ fn quantize_row_scalar(x: &[f32], qs: &mut [i8], d: &mut [f32], corr: &mut [f32]
             sum += q as i32;
         }
         d[b] = scale;
-        corr[b] = -offset * scale * sum as f32;
+        corr[b] = -offset * sum;
     }
 }
 
@@ -615,11 +631,16 @@ mod tests {
         x.extend(data(32 * 6, 7, true));
         x.extend([0.0; 32]);
         let nb = x.len() / BLOCK;
-        let fresh = || (vec![0i8; SPAN * BLOCK], vec![0f32; nb], vec![0f32; nb]);
+        let fresh = || (vec![0i8; SPAN * BLOCK], vec![0f32; nb], vec![0i32; nb]);
         let ((mut q1, mut d1, mut c1), (mut q2, mut d2, mut c2)) = (fresh(), fresh());
-        quantize_row_scalar(&x, &mut q1, &mut d1, &mut c1, 128.0);
+        quantize_row_scalar(&x, &mut q1, &mut d1, &mut c1, 128);
         // SAFETY: the CPU has AVX-512F/BW (checked above).
-        unsafe { vnni::quantize_row(&x, &mut q2, &mut d2, &mut c2, 128.0) };
+        unsafe { vnni::quantize_row(&x, &mut q2, &mut d2, &mut c2, 128) };
+        // each block's correction takes the offset back out of its sum: −128 · Σq
+        for (b, &c) in c1.iter().enumerate() {
+            let sum: i32 = (0..BLOCK).map(|e| q1[x_at(b, e)] as i32).sum();
+            assert_eq!(c, -128 * sum, "block {b}");
+        }
         assert_eq!((q1, d1, c1), (q2, d2, c2));
     }
 

@@ -1,11 +1,14 @@
 //! The AVX512-VNNI engine. `vpdpbusd` multiplies unsigned bytes by signed bytes and sums each
 //! four into an int32 lane. The weights are made unsigned by an offset (Q8_0: q + 128, as
 //! stored; Q4_0: its nibbles, q + 8), which the input's per-block correction
-//! (`QuantAct::corr`, −offset · d_x · Σq_x) takes back out:
+//! (`QuantAct::corr`, −off · Σq_x) takes back out in int32, before the scales:
 //!
 //! ```text
-//! Σ_b d_w·d_x·Σ_j q_w·q_x = Σ_b d_w·d_x·Σ_j (q_w + off)·q_x  +  Σ_b d_w·corr_b
+//! Σ_b d_w·d_x·Σ_j q_w·q_x = Σ_b d_w·d_x·(Σ_j (q_w + off)·q_x + corr_b)
 //! ```
+//!
+//! (exact: the offset never meets a rounding, where an f32 correction added after the scales
+//! cancelled two large terms.)
 //!
 //! Sixteen blocks a step (a `SPAN`, laid out by `Tiling::quant_at` and `x_at`): each 64-byte
 //! chunk holds four bytes of each of the span's blocks, block k's in int32 lane k, so the
@@ -72,9 +75,9 @@ pub(super) unsafe fn tile(
 }
 
 /// The dot products of input rows `xr` with the first W rows of weight tile `t`, span by
-/// span: the span's block dot products in int32 (`span_dots`), then per output one FMA of the
-/// offset's correction and one of the int32 sums times d_w·d_x, in the same order for every
-/// R and W.
+/// span: the span's block dot products in int32 (`span_dots`), the offset's correction added
+/// in int32, then per output one FMA of the exact sums times d_w·d_x, in the same order for
+/// every R and W.
 ///
 /// # Safety
 /// AVX-512F/BW and AVX512-VNNI; the rows exist; `t` is a tile of `tl` and at least 64 bytes
@@ -102,7 +105,7 @@ unsafe fn dots<const R: usize, const W: usize>(
                     _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p.cast()))
                 }),
                 xrow.map(|(_, d, _)| _mm512_loadu_ps(d.as_ptr().add(b0))),
-                xrow.map(|(_, _, c)| _mm512_loadu_ps(c.as_ptr().add(b0))),
+                xrow.map(|(_, _, c)| _mm512_loadu_si512(c.as_ptr().add(b0).cast())),
             )
         };
         // 2. every block's dot product, exact in int32
@@ -111,9 +114,8 @@ unsafe fn dots<const R: usize, const W: usize>(
         // 3. scaled into the f32 sums
         for j in 0..R {
             for i in 0..W {
-                let a = _mm512_fmadd_ps(dw[i], corr[j], acc[j][i]);
-                let d = _mm512_mul_ps(dw[i], dx[j]);
-                acc[j][i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[j][i]), d, a);
+                let exact = _mm512_cvtepi32_ps(_mm512_add_epi32(dot[j][i], corr[j]));
+                acc[j][i] = _mm512_fmadd_ps(exact, _mm512_mul_ps(dw[i], dx[j]), acc[j][i]);
             }
         }
     }
@@ -202,7 +204,7 @@ unsafe fn span_dots<const R: usize, const W: usize>(
 }
 
 /// `super::quantize_row` sixteen lanes at a time: the same arithmetic, so the same quants,
-/// scales and corrections bit for bit. It runs before every product, on one thread while the
+/// scales and corrections. It runs before every product, on one thread while the
 /// other waits, where the scalar loop took a few percent of a decoding step.
 ///
 /// # Safety
@@ -212,8 +214,8 @@ pub(super) unsafe fn quantize_row(
     x: &[f32],
     qs: &mut [i8],
     d: &mut [f32],
-    corr: &mut [f32],
-    offset: f32,
+    corr: &mut [i32],
+    offset: i32,
 ) {
     let nb = x.len() / BLOCK;
     assert!(qs.len() >= nb.div_ceil(SPAN) * SPAN * BLOCK && d.len() >= nb && corr.len() >= nb);
@@ -244,7 +246,7 @@ pub(super) unsafe fn quantize_row(
         }
         let sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q[0], q[1]));
         d[b] = scale;
-        corr[b] = -offset * scale * sum as f32;
+        corr[b] = -offset * sum;
     }
 }
 
