@@ -43,6 +43,4 @@ pub use simd::{
     reduce_lanes, scale, sigmoid, sum_lanes, MAX, SUM,
 };
 #[cfg(target_arch = "x86_64")]
-pub(crate) use simd::{
-    dot_grid, dot_tree, exp_nonpos16, lane_mask, load16, sum_lanes16, sum_lanes_tree, transpose16,
-};
+pub(crate) use simd::{dot_grid, dot_tree, exp_nonpos16, lane_mask, load16, transpose16};

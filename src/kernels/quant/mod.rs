@@ -18,10 +18,9 @@ use rayon::prelude::*;
 
 /// A weight (rows, cols) as torch `Linear` holds it, each row quantised in blocks of 32, held
 /// in the engines' layout: tiles of `TILE_ROWS` rows (the last padded with zero rows), each
-/// one stretch of memory (`Tiling`). Rows are padded with zero blocks to a multiple of four
-/// (whole cache lines), Q8_0's quants stored as q + 128, Q4_0's bytes as GGUF packs them, both
-/// interleaved across `SPAN` blocks (`Tiling::quant_at`). `gguf_bytes` gives the GGUF blocks
-/// back.
+/// one stretch of memory in which the tile's rows lie side by side, one per int32 lane
+/// (`Tiling`). Q8_0's quants are stored as q + 128, Q4_0's bytes as GGUF packs them.
+/// `gguf_bytes` gives the GGUF blocks back.
 #[derive(Clone, Debug)]
 pub struct QuantMatrix {
     pub kind: QuantKind,
@@ -58,50 +57,29 @@ impl Lines {
         // SAFETY: as for `bytes`, borrowed mutably.
         unsafe { std::slice::from_raw_parts_mut(self.0.as_mut_ptr().cast(), 64 * self.0.len()) }
     }
-
-    /// The bytes as i8 (an input's quants).
-    fn signed(&self) -> &[i8] {
-        // SAFETY: i8 and u8 have one size and alignment, and every bit pattern is valid in both.
-        unsafe { std::slice::from_raw_parts(self.0.as_ptr().cast(), 64 * self.0.len()) }
-    }
-
-    fn signed_mut(&mut self) -> &mut [i8] {
-        // SAFETY: as for `signed`, borrowed mutably.
-        unsafe { std::slice::from_raw_parts_mut(self.0.as_mut_ptr().cast(), 64 * self.0.len()) }
-    }
 }
 
-/// Blocks that the VNNI engine multiplies at once, one per int32 lane: a span's quants lie four
-/// bytes of each block side by side (a 64-byte chunk), then the next four, so that `vpdpbusd`
-/// sums each lane's block over the span's chunks in int32, and the block scales (also one per
-/// lane) apply once per span.
-pub const SPAN: usize = 16;
+/// Weight rows a tile holds side by side, one per lane of a 16-lane register: a product sums
+/// sixteen outputs in one register, block after block, and needs no sum across lanes. Decoding
+/// reads a whole tile at once, one stream of memory (rows kept apart made as many short
+/// streams, which the hardware prefetchers followed at well under half the memory's rate).
+pub const TILE_ROWS: usize = 16;
 
-/// Bytes after the last tile: the VNNI engine reads a short span's chunks (4·width bytes) as
-/// whole 64-byte vectors and drops the lanes past the span's blocks.
-const SLACK: usize = 64;
-
-/// Weight rows a tile holds side by side. Decoding reads a whole tile at once: one stream of
-/// memory, where rows kept apart made as many short streams (and a separate one of scales),
-/// which the hardware prefetchers followed at well under half the memory's bandwidth.
-pub const TILE_ROWS: usize = 8;
-
-/// Where element e of block b of an input row sits among its quants: in spans of `SPAN`
-/// blocks (512 bytes), each eight 64-byte chunks, chunk k holding elements 4k..4k + 4 of each
-/// of the span's sixteen blocks, block b's in bytes 4·(b % 16)..4·(b % 16) + 4 (zeros past a
-/// short span's blocks).
+/// Where element e of block b of an input row sits among its quants: in order.
 pub fn x_at(b: usize, e: usize) -> usize {
-    (b / SPAN) * SPAN * BLOCK + (e / 4) * 64 + (b % SPAN) * 4 + e % 4
+    b * BLOCK + e
 }
 
-/// The layout of one tile, in the order a product reads it: first every row's scales (f16
-/// bits, little-endian), row after row; then the quants, span after span, and within a span
-/// chunk after chunk (four quant bytes of each of its blocks), and within a chunk row after
-/// row, so that a product reads on where it last stopped.
+/// The layout of one tile, in the order a product reads it: first the scales, block after
+/// block, each block's sixteen (f16 bits, little-endian) side by side, row i's at 2i (one
+/// 32-byte load), padded to a whole cache line; then the quants, block after block, each
+/// block's in 64-byte chunks: chunk k holds quant bytes 4k..4k + 4 of each of the tile's rows,
+/// row i's in bytes 4i..4i + 4 (int32 lane i), so that one `vpdpbusd` against four bytes of
+/// the input adds them into all sixteen rows' sums.
 #[derive(Clone, Copy)]
 pub(crate) struct Tiling {
-    /// blocks per row as stored (a multiple of four)
-    pub padded: usize,
+    /// blocks per row
+    pub blocks: usize,
     /// bytes of one block's quants
     pub qb: usize,
 }
@@ -109,42 +87,36 @@ pub(crate) struct Tiling {
 impl Tiling {
     fn new(kind: QuantKind, cols: usize) -> Tiling {
         Tiling {
-            padded: (cols / BLOCK).div_ceil(4) * 4,
+            blocks: cols / BLOCK,
             qb: kind.quant_bytes(),
         }
     }
 
-    /// Bytes of a tile: whole cache lines (`TILE_ROWS` · 4k blocks of 18 or 34 bytes).
+    /// Bytes of the scales, whole cache lines.
+    fn scale_bytes(self) -> usize {
+        (2 * TILE_ROWS * self.blocks).next_multiple_of(64)
+    }
+
+    /// Bytes of a tile: whole cache lines.
     pub fn bytes(self) -> usize {
-        TILE_ROWS * self.padded * (2 + self.qb)
-    }
-
-    /// Spans of a row: whole ones of `SPAN` blocks, and a last one of fewer.
-    pub fn spans(self) -> usize {
-        self.padded.div_ceil(SPAN)
-    }
-
-    /// Blocks in span s.
-    pub fn width(self, s: usize) -> usize {
-        SPAN.min(self.padded - s * SPAN)
+        self.scale_bytes() + TILE_ROWS * self.blocks * self.qb
     }
 
     /// Where row i's scale of block b starts in its tile.
     pub fn scale_at(self, i: usize, b: usize) -> usize {
-        2 * (i * self.padded + b)
+        2 * (b * TILE_ROWS + i)
     }
 
-    /// Where row i's chunk k of span s (four quant bytes of each of the span's blocks: 64
-    /// bytes in a whole span) starts in its tile.
-    pub fn chunk_at(self, s: usize, k: usize, i: usize) -> usize {
-        let w = self.width(s);
-        2 * TILE_ROWS * self.padded + TILE_ROWS * SPAN * self.qb * s + 4 * w * (k * TILE_ROWS + i)
+    /// Where chunk k of block b (quant bytes 4k..4k + 4 of every row of the tile) starts in
+    /// its tile: on a cache line.
+    pub fn chunk_at(self, b: usize, k: usize) -> usize {
+        self.scale_bytes() + 64 * (b * self.qb / 4 + k)
     }
 
     /// Where row i's quant byte j of block b sits in its tile (Q8_0: element j; Q4_0: packed
     /// byte j, elements j and j + 16).
     pub fn quant_at(self, i: usize, b: usize, j: usize) -> usize {
-        self.chunk_at(b / SPAN, j / 4, i) + 4 * (b % SPAN) + j % 4
+        self.chunk_at(b, j / 4) + 4 * i + j % 4
     }
 }
 
@@ -156,8 +128,7 @@ impl QuantMatrix {
             return None;
         }
         let tl = Tiling::new(kind, cols);
-        // (and one line more: a short span's last chunk is read as a whole 64 bytes)
-        let mut data = Lines::zeroed(rows.div_ceil(TILE_ROWS) * tl.bytes() + SLACK);
+        let mut data = Lines::zeroed(rows.div_ceil(TILE_ROWS) * tl.bytes());
         // 1. each row's blocks (tiles in parallel), placed in the engines' layout
         data.bytes_mut()
             .par_chunks_mut(tl.bytes())
@@ -216,12 +187,13 @@ impl QuantMatrix {
 
     /// Bytes the products read: quants and scales.
     pub fn bytes(&self) -> usize {
-        self.data.bytes().len() - SLACK
+        self.data.bytes().len()
     }
 
-    /// Tile t (rows t · `TILE_ROWS` on) and what follows it in memory, `SLACK` bytes at least.
+    /// Tile t: rows t · `TILE_ROWS` on.
     fn tile(&self, t: usize) -> &[u8] {
-        &self.data.bytes()[t * self.tiling().bytes()..]
+        let tb = self.tiling().bytes();
+        &self.data.bytes()[t * tb..(t + 1) * tb]
     }
 
     /// Row r's scale of block b, as f16 bits.
@@ -291,14 +263,12 @@ fn cpu_has_vnni() -> bool {
 }
 
 /// An input (n, cols) quantised per block of 32 to int8, as Q8_0 quantises (`d = max|x|/127`,
-/// `q = round(x/d)`), but with the scale kept in f32; quants at `x_at`. Each row's blocks
-/// are padded with zero blocks to whole spans, so that the VNNI engine reads whole vectors.
+/// `q = round(x/d)`), but with the scale kept in f32; quants at `x_at`.
 pub struct QuantAct {
     n: usize,
-    /// blocks of a row, padded to whole spans
+    /// blocks of a row
     stride: usize,
-    /// in whole cache lines (each row's spans start on one), as the tiles are
-    qs: Lines,
+    qs: Vec<i8>,
     d: Vec<f32>,
     /// −offset · Σq per block, exact in int32: what the VNNI engine's unsigned weights
     /// (`offset`) add to each block's integer dot product, taken back out before it is scaled
@@ -309,19 +279,16 @@ impl QuantAct {
     /// `x` (n, cols) quantised for products with `kind` weights.
     pub fn new(x: &[f32], n: usize, cols: usize, kind: QuantKind) -> QuantAct {
         assert!(cols.is_multiple_of(BLOCK) && x.len() >= n * cols);
-        let stride = (cols / BLOCK).div_ceil(SPAN) * SPAN;
+        let stride = cols / BLOCK;
         let mut a = QuantAct {
             n,
             stride,
-            qs: Lines::zeroed(n * stride * BLOCK),
+            qs: vec![0; n * stride * BLOCK],
             d: vec![0.0; n * stride],
             corr: vec![0; n * stride],
         };
         let offset = offset(kind);
-        let qd =
-            a.qs.signed_mut()
-                .chunks_mut(stride * BLOCK)
-                .zip(a.d.chunks_mut(stride));
+        let qd = a.qs.chunks_mut(stride * BLOCK).zip(a.d.chunks_mut(stride));
         let rows = qd.zip(a.corr.chunks_mut(stride).zip(x.chunks(cols)));
         if n > 1 && n * cols >= 1 << 14 {
             rows.par_bridge()
@@ -335,7 +302,7 @@ impl QuantAct {
     fn row(&self, r: usize) -> (&[i8], &[f32], &[i32]) {
         let s = self.stride;
         (
-            &self.qs.signed()[r * s * BLOCK..(r + 1) * s * BLOCK],
+            &self.qs[r * s * BLOCK..(r + 1) * s * BLOCK],
             &self.d[r * s..(r + 1) * s],
             &self.corr[r * s..(r + 1) * s],
         )
@@ -411,11 +378,7 @@ pub fn matmul_on(
         .iter_mut()
         .map(|(out, w)| {
             assert!(out.len() >= n * w.rows, "quant matmul: out too small");
-            assert_eq!(
-                x.stride,
-                w.blocks().div_ceil(SPAN) * SPAN,
-                "quant matmul: widths differ"
-            );
+            assert_eq!(x.stride, w.blocks(), "quant matmul: widths differ");
             (
                 crate::kernels::SharedMut::new(out),
                 *w,
@@ -511,9 +474,9 @@ mod tests {
             .collect()
     }
 
-    /// Both engines against f32 references on ragged shapes (odd block counts, short last
-    /// spans of 4, 8 and 12 blocks, weight rows and input rows off every tile size, decoding's
-    /// 1–4 rows and a multi-task GEMM):
+    /// Both engines against f32 references on ragged shapes (odd block counts, weight rows
+    /// and input rows off every tile size, an odd number of tiles, decoding's 1–4 rows and a
+    /// multi-task GEMM):
     /// against the product of the dequantised weights with the dequantised input, to f32
     /// rounding; against the plain f32 product, to the error of int8 and int4 quantisation.
     #[test]
@@ -576,12 +539,18 @@ mod tests {
         }
     }
 
-    /// Decoding's step (one input row against a whole tile of weight rows) and the GEMM's
-    /// (four input rows against half a tile) do the same arithmetic for each output: every
-    /// row of a product of many input rows is, bit for bit, that row's product alone.
+    /// Decoding's step (one input row against one tile of weight rows) and the GEMM's (up to
+    /// four input rows against two tiles) do the same arithmetic for each output: every row
+    /// of a product of many input rows is, bit for bit, that row's product alone.
     #[test]
     fn a_rows_product_alone_matches_it_among_many_bit_for_bit() {
-        let (n, c, oc) = (9, 544, 75);
+        // 9, 10 and 11 rows: the GEMM's last step takes 1, 2 or 3 of them
+        for (n, c, oc) in [(9, 544, 75), (10, 96, 40), (11, 64, 33)] {
+            rows_alone_and_among_many(n, c, oc);
+        }
+    }
+
+    fn rows_alone_and_among_many(n: usize, c: usize, oc: usize) {
         let (x, w) = (data(n * c, 5, true), data(oc * c, 6, false));
         for kind in QuantKind::ALL {
             let qw = QuantMatrix::new(kind, &w, oc, c).unwrap();
@@ -631,7 +600,7 @@ mod tests {
         x.extend(data(32 * 6, 7, true));
         x.extend([0.0; 32]);
         let nb = x.len() / BLOCK;
-        let fresh = || (vec![0i8; SPAN * BLOCK], vec![0f32; nb], vec![0i32; nb]);
+        let fresh = || (vec![0i8; nb * BLOCK], vec![0f32; nb], vec![0i32; nb]);
         let ((mut q1, mut d1, mut c1), (mut q2, mut d2, mut c2)) = (fresh(), fresh());
         quantize_row_scalar(&x, &mut q1, &mut d1, &mut c1, 128);
         // SAFETY: the CPU has AVX-512F/BW (checked above).

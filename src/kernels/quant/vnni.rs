@@ -10,27 +10,32 @@
 //! (exact: the offset never meets a rounding, where an f32 correction added after the scales
 //! cancelled two large terms.)
 //!
-//! Sixteen blocks a step (a `SPAN`, laid out by `Tiling::quant_at` and `x_at`): each 64-byte
-//! chunk holds four bytes of each of the span's blocks, block k's in int32 lane k, so the
-//! span's eight chunks (Q4_0: four loads, low and high nibbles) `vpdpbusd` into one int32
-//! register that ends holding each block's whole dot product, and the span's scales d_w·d_x,
-//! also one block per lane, apply in one convert and one FMA (where the layout before it,
-//! blocks of four, paid a permute, a convert and an FMA per four blocks and output). One
-//! function (`dots`) serves decoding (one input row against a whole tile of weight rows, one
-//! stretch of memory) and the GEMM (`NX` input rows against a whole tile, sharing every
-//! load), so that a row's sums are the same bits in either.
+//! A tile's sixteen weight rows lie side by side, one per int32 lane (`Tiling`): a 64-byte
+//! chunk holds four quant bytes of each row, and one `vpdpbusd` against four bytes of the
+//! input broadcast to every lane adds them into all sixteen rows' block sums. A block's eight
+//! chunks (Q4_0: four loads, low and high nibbles) give its sixteen exact block dot products,
+//! which one convert and one FMA by the rows' scales times the input's add to the sixteen f32
+//! sums: each output is summed block after block in its own lane, with nothing to add across
+//! lanes at the end. One function (`dots`) serves decoding (one input row against one tile,
+//! one stretch of memory) and the GEMM (`NX` input rows against `NT` tiles, sharing every
+//! load), and sums each output in the same order in both, so that a row's numbers are the same
+//! bits alone or in a batch.
 
-use super::{x_at, QuantAct, QuantKind, QuantMatrix, Tiling, BLOCK, SPAN, TILE_ROWS};
+use super::{x_at, QuantAct, QuantKind, QuantMatrix, Tiling, BLOCK, TILE_ROWS};
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-/// Input rows the GEMM's step takes against a whole tile of weight rows: sixteen int32
-/// accumulators, and the tile read start to end (four rows against half a tile, which reads
-/// the tile in two interleaved passes, ran 10–20% slower at 4 and 16 rows).
-const NX: usize = 2;
+/// Input rows the GEMM's step takes against `NT` tiles of weight rows: 4 × 2 int32 block sums
+/// and as many f32 sums in registers, each weight chunk loaded once for four input rows and
+/// each broadcast input quad used for two tiles.
+const NX: usize = 4;
+/// Tiles of weight rows the GEMM's step takes at once.
+const NT: usize = 2;
+/// Tiles a lone input row takes at once.
+const LT: usize = 1;
 
-/// The outputs (rows × outs), handed to `put(row, out, value)`, a tile of weight rows at a
-/// time, against one input row (decoding) or `NX` at a time.
+/// The outputs (rows × outs), handed to `put(row, out, value)`, against one input row
+/// (decoding: a tile at a time) or `NX` at a time (`NT` tiles at a time).
 ///
 /// # Safety
 /// The CPU must have AVX-512F, AVX-512BW and AVX512-VNNI; `rows` and `outs` must lie inside
@@ -44,134 +49,173 @@ pub(super) unsafe fn tile(
     put: impl Fn(usize, usize, f32),
 ) {
     assert!(rows.end <= x.n && outs.end <= w.rows && outs.start.is_multiple_of(TILE_ROWS));
-    for o0 in outs.clone().step_by(TILE_ROWS) {
-        // the tile's padding rows (zeros) are computed and dropped
-        let t = w.tile(o0 / TILE_ROWS);
-        let oh = TILE_ROWS.min(outs.end - o0);
-        if rows.len() == 1 {
+    let (tl, kind) = (w.tiling(), w.kind);
+    let tiles = outs.start / TILE_ROWS..outs.end.div_ceil(TILE_ROWS);
+    // tile t's sums for input row r: its rows past `outs` (the padding) are dropped
+    let emit = |r: usize, t: usize, v: __m512| {
+        let mut s = [0f32; TILE_ROWS];
+        // SAFETY: sixteen f32 into sixteen.
+        unsafe { _mm512_storeu_ps(s.as_mut_ptr(), v) };
+        let o0 = t * TILE_ROWS;
+        (0..TILE_ROWS.min(outs.end - o0)).for_each(|i| put(r, o0 + i, s[i]));
+    };
+    if rows.len() == 1 {
+        for t0 in tiles.clone().step_by(LT) {
+            let ts: [&[u8]; LT] = std::array::from_fn(|k| w.tile((t0 + k).min(tiles.end - 1)));
             // SAFETY: the features are this function's contract; the row is in bounds.
-            let [s] = unsafe { dots::<1, TILE_ROWS>(x, [rows.start], w.kind, w.tiling(), t) };
-            (0..oh).for_each(|i| put(rows.start, o0 + i, s[i]));
-            continue;
-        }
-        // the next tile into L2, a share at each step over this one (the first read of a tile
-        // is from memory; the steps after it find it in cache)
-        let (tb, calls) = (w.tiling().bytes(), rows.len().div_ceil(NX));
-        let share = (tb / 64).div_ceil(calls);
-        for r0 in rows.clone().step_by(NX) {
-            if t.len() >= 2 * tb {
-                for l in (r0 / NX * share..(r0 / NX + 1) * share).take_while(|l| 64 * l < tb) {
-                    _mm_prefetch::<_MM_HINT_T1>(t[tb + 64 * l..].as_ptr().cast());
-                }
+            let [s] = unsafe { dots::<1, LT>(x, [rows.start], kind, tl, ts) };
+            for (k, &v) in s.iter().enumerate().take(tiles.end - t0) {
+                emit(rows.start, t0 + k, v);
             }
-            let xr: [usize; NX] = std::array::from_fn(|j| (r0 + j).min(rows.end - 1));
+        }
+        return;
+    }
+    for t0 in tiles.clone().step_by(NT) {
+        let ts: [&[u8]; NT] = std::array::from_fn(|k| w.tile((t0 + k).min(tiles.end - 1)));
+        // the next tiles into L2, a share at each step over these (the first read of a tile is
+        // from memory; the steps after it find it in cache)
+        let next = (t0 + NT..tiles.end.min(t0 + 2 * NT)).map(|t| w.tile(t));
+        let lines = tl.bytes() / 64 * (tiles.end.min(t0 + 2 * NT) - tiles.end.min(t0 + NT));
+        let share = lines.div_ceil(rows.len().div_ceil(NX));
+        let mut ahead = next.flat_map(|t| t.chunks(64));
+        for r0 in rows.clone().step_by(NX) {
+            for line in ahead.by_ref().take(share) {
+                _mm_prefetch::<_MM_HINT_T1>(line.as_ptr().cast());
+            }
+            let left = rows.end - r0;
+            let xr: [usize; NX] = std::array::from_fn(|j| r0 + j.min(left - 1));
             // SAFETY: as above.
-            let s = unsafe { dots::<NX, TILE_ROWS>(x, xr, w.kind, w.tiling(), t) };
-            for (j, s) in s.iter().enumerate().take(NX.min(rows.end - r0)) {
-                (0..oh).for_each(|i| put(r0 + j, o0 + i, s[i]));
+            let s = unsafe {
+                match left {
+                    1 => pad(dots::<1, NT>(x, [r0], kind, tl, ts)),
+                    2 => pad(dots::<2, NT>(x, [r0, r0 + 1], kind, tl, ts)),
+                    _ => dots::<NX, NT>(x, xr, kind, tl, ts),
+                }
+            };
+            for (j, s) in s.iter().enumerate().take(left) {
+                for (k, &v) in s.iter().enumerate().take(tiles.end - t0) {
+                    emit(r0 + j, t0 + k, v);
+                }
             }
         }
     }
 }
 
-/// The dot products of input rows `xr` with the first W rows of weight tile `t`, span by
-/// span: the span's block dot products in int32 (`span_dots`), the offset's correction added
-/// in int32, then per output one FMA of the exact sums times d_w·d_x, in the same order for
-/// every R and W.
+/// A null tile pointer, to fill arrays before they are set.
+fn t_ptr() -> *const u8 {
+    std::ptr::null()
+}
+
+/// `dots`' sums for fewer than `NX` input rows, in NX rows (the rest zero, not used).
+fn pad<const R: usize>(s: [[__m512; NT]; R]) -> [[__m512; NT]; NX] {
+    std::array::from_fn(|j| if j < R { s[j] } else { s[0] })
+}
+
+/// The sums of input rows `xr` with the sixteen rows of each tile of `ts`, one register per
+/// (input row, tile), lane i for the tile's row i: block after block, the block's exact int32
+/// dot products (`block_dots`, the offset's correction added in int32), then one FMA of them
+/// times d_w·d_x, in the same order for every R and T.
 ///
 /// # Safety
-/// AVX-512F/BW and AVX512-VNNI; the rows exist; `t` is a tile of `tl` and at least 64 bytes
-/// after it; W ≤ its rows.
+/// AVX-512F/BW and AVX512-VNNI; the rows exist; each of `ts` is a tile of `tl`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-unsafe fn dots<const R: usize, const W: usize>(
+unsafe fn dots<const R: usize, const T: usize>(
     x: &QuantAct,
     xr: [usize; R],
     kind: QuantKind,
     tl: Tiling,
-    t: &[u8],
-) -> [[f32; W]; R] {
-    assert!(t.len() >= tl.bytes() + 64 && W <= TILE_ROWS);
-    let xrow = xr.map(|r| x.row(r));
-    let mut acc = [[_mm512_setzero_ps(); W]; R];
-    for s in 0..tl.spans() {
-        let (b0, m) = (s * SPAN, crate::kernels::lane_mask(tl.width(s)));
-        // 1. the span's scales, and the offset's correction
-        // SAFETY: the masked loads read the span's scales in each weight row; the input's
-        // scales and corrections are padded to whole spans.
-        let (dw, dx, corr) = unsafe {
-            (
-                std::array::from_fn::<_, W, _>(|i| {
-                    let p = t.as_ptr().add(tl.scale_at(i, b0));
-                    _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p.cast()))
-                }),
-                xrow.map(|(_, d, _)| _mm512_loadu_ps(d.as_ptr().add(b0))),
-                xrow.map(|(_, _, c)| _mm512_loadu_si512(c.as_ptr().add(b0).cast())),
-            )
-        };
-        // 2. every block's dot product, exact in int32
-        // SAFETY: the span lies inside the tile and the input rows (padded).
-        let dot = unsafe { span_dots::<R, W>(&xrow.map(|(q, _, _)| q), kind, tl, t, s) };
+    ts: [&[u8]; T],
+) -> [[__m512; T]; R] {
+    assert!(ts.iter().all(|t| t.len() >= tl.bytes()));
+    // (loops, not `map` or closures: those would not inherit this fn's target features, and
+    // ran as calls once a block)
+    let (mut wp, mut xq, mut xd, mut xc) = ([t_ptr(); T], [&[][..]; R], [&[][..]; R], [&[][..]; R]);
+    for k in 0..T {
+        wp[k] = ts[k].as_ptr();
+    }
+    for j in 0..R {
+        (xq[j], xd[j], xc[j]) = x.row(xr[j]);
+        assert!(xq[j].len() >= tl.blocks * BLOCK && xd[j].len() >= tl.blocks);
+    }
+    // the scales are a short stretch of their own, too short for the hardware prefetchers to
+    // follow: asked for whole at once
+    for t in wp {
+        for line in (0..2 * TILE_ROWS * tl.blocks).step_by(64) {
+            _mm_prefetch::<_MM_HINT_T0>(t.wrapping_add(line).cast());
+        }
+    }
+    let mut acc = [[_mm512_setzero_ps(); T]; R];
+    for b in 0..tl.blocks {
+        // 1. the block's scales: the tiles' sixteen rows' (f16), then each input row's
+        let mut dw = [_mm512_setzero_ps(); T];
+        for k in 0..T {
+            // SAFETY: the block's sixteen scales lie inside the tile (`scale_at`).
+            dw[k] =
+                unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(wp[k].add(tl.scale_at(0, b)).cast())) };
+        }
+        // 2. every block dot product, exact in int32
+        // SAFETY: the block lies inside the tiles (asserted) and the input rows (`row`).
+        let dot = unsafe { block_dots::<R, T>(&xq, kind, tl, &wp, b) };
         // 3. scaled into the f32 sums
         for j in 0..R {
-            for i in 0..W {
-                let exact = _mm512_cvtepi32_ps(_mm512_add_epi32(dot[j][i], corr[j]));
-                acc[j][i] = _mm512_fmadd_ps(exact, _mm512_mul_ps(dw[i], dx[j]), acc[j][i]);
+            let (dx, corr) = (_mm512_set1_ps(xd[j][b]), _mm512_set1_epi32(xc[j][b]));
+            for k in 0..T {
+                let exact = _mm512_cvtepi32_ps(_mm512_add_epi32(dot[j][k], corr));
+                acc[j][k] = _mm512_fmadd_ps(exact, _mm512_mul_ps(dw[k], dx), acc[j][k]);
             }
         }
     }
-    // 4. each output's lanes summed, in one order whatever R and W (`sum_lanes16` sums each
-    // of its lanes as `sum_lanes_tree` sums one vector)
-    if R * W == 16 {
-        let v: [__m512i; 16] = std::array::from_fn(|k| _mm512_castps_si512(acc[k / W][k % W]));
-        let mut sums = [0f32; 16];
-        // SAFETY: sixteen f32 into sixteen.
-        unsafe { _mm512_storeu_ps(sums.as_mut_ptr(), crate::kernels::sum_lanes16(v)) };
-        return std::array::from_fn(|j| std::array::from_fn(|i| sums[j * W + i]));
-    }
-    acc.map(|a| a.map(|v| crate::kernels::sum_lanes_tree(v)))
+    acc
 }
 
-/// Span s's block dot products (unsigned weights by signed inputs), block k of the span in
-/// lane k: input rows `xq` with the first W weight rows of tile `t`, chunk by chunk.
+/// Block b's dot products (unsigned weights by signed inputs) of input rows `xq` with the
+/// sixteen rows of each tile of `ts`, row i of a tile in lane i, chunk by chunk: each chunk of
+/// weights loaded once for all the input rows, each input's four bytes broadcast once for all
+/// the tiles.
 ///
 /// # Safety
-/// AVX-512F/BW and AVX512-VNNI; `t` is a tile of `tl` and at least 64 bytes after it; span s
-/// lies inside each input row.
+/// AVX-512F/BW and AVX512-VNNI; each of `tiles` points at a tile of `tl`; block b lies inside
+/// the tiles and each input row (`dots` asserts the rows' length).
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
 #[inline]
-unsafe fn span_dots<const R: usize, const W: usize>(
+unsafe fn block_dots<const R: usize, const T: usize>(
     xq: &[&[i8]; R],
     kind: QuantKind,
     tl: Tiling,
-    t: &[u8],
-    s: usize,
-) -> [[__m512i; W]; R] {
-    // A short last span's chunks are 4·width bytes, read as whole vectors: the lanes past
-    // its blocks hold whatever follows (the next chunk, or the tile's successor) times the
-    // input's zero padding, and `dots` drops them (the span's scales are loaded with those
-    // lanes zero; a test fails without that). Byte-masked loads instead cost a lone row a
-    // fifth of its speed.
-    let width = tl.width(s);
-    // chunk k of weight row i at wp[i] + k·step, of input row j at xp[j] + 64·k
-    let step = 4 * width * TILE_ROWS;
-    let wp: [*const u8; W] = std::array::from_fn(|i| t[tl.chunk_at(s, 0, i)..].as_ptr());
-    let xp = xq.map(|q| q[x_at(s * SPAN, 0)..].as_ptr());
-    let mut dot = [[_mm512_setzero_si512(); W]; R];
+    tiles: &[*const u8; T],
+    b: usize,
+) -> [[__m512i; T]; R] {
+    // chunk k of tile t at wp[t] + 64·k; input row j's element e at xp[j] + e
+    let (mut wp, mut xp) = ([t_ptr(); T], [std::ptr::null(); R]);
+    for t in 0..T {
+        // SAFETY: the block's chunks lie inside the tile (the caller's contract).
+        wp[t] = unsafe { tiles[t].add(tl.chunk_at(b, 0)) };
+    }
+    for j in 0..R {
+        xp[j] = xq[j][x_at(b, 0)..].as_ptr();
+    }
+    // Few sums (a lone row) run as two chains each, even and odd chunks (Q4_0: low and high
+    // nibbles), added at the end: exact in int32, so the same sums; one chain of eight
+    // dependent `vpdpbusd`s a block held a lone row back.
+    let split = R * T < 4;
+    let mut dot = [[[_mm512_setzero_si512(); T]; R]; 2];
     // (loops, not closures: a closure would not inherit this fn's target features)
-    let (mut xv, mut xw) = ([_mm512_setzero_si512(); R], [_mm512_setzero_si512(); R]);
     match kind {
         QuantKind::Q8_0 => {
             for k in 0..BLOCK / 4 {
-                for j in 0..R {
-                    // SAFETY: an input row's span is 512 bytes (8 chunks).
-                    xv[j] = unsafe { _mm512_loadu_si512(xp[j].add(64 * k).cast()) };
+                let mut wv = [_mm512_setzero_si512(); T];
+                for t in 0..T {
+                    // SAFETY: a block's eight chunks lie inside the tile, on cache lines.
+                    wv[t] = unsafe { _mm512_load_si512(wp[t].add(64 * k).cast()) };
                 }
-                for i in 0..W {
-                    // SAFETY: the chunk starts inside the tile (`chunk_at`), and 64 bytes from it
-                    // lie inside `t` (the tile and at least 64 bytes after it, asserted).
-                    let wv = unsafe { _mm512_loadu_si512(wp[i].add(k * step).cast()) };
-                    for j in 0..R {
-                        dot[j][i] = _mm512_dpbusd_epi32(dot[j][i], wv, xv[j]);
+                for j in 0..R {
+                    // SAFETY: elements 4k..4k + 4 of the block (asserted above).
+                    let xv = _mm512_set1_epi32(unsafe {
+                        xp[j].add(4 * k).cast::<i32>().read_unaligned()
+                    });
+                    let c = if split { k % 2 } else { 0 };
+                    for t in 0..T {
+                        dot[c][j][t] = _mm512_dpbusd_epi32(dot[c][j][t], wv[t], xv);
                     }
                 }
             }
@@ -180,27 +224,39 @@ unsafe fn span_dots<const R: usize, const W: usize>(
             let nib = _mm512_set1_epi8(15);
             for k in 0..BLOCK / 8 {
                 // packed byte 4k + e holds elements 4k + e (low) and 4k + e + 16 (high)
-                for j in 0..R {
-                    // SAFETY: as for Q8_0.
-                    unsafe {
-                        xv[j] = _mm512_loadu_si512(xp[j].add(64 * k).cast());
-                        xw[j] = _mm512_loadu_si512(xp[j].add(64 * (k + BLOCK / 8)).cast());
-                    }
+                let (mut lo, mut hi) = ([_mm512_setzero_si512(); T], [_mm512_setzero_si512(); T]);
+                for t in 0..T {
+                    // SAFETY: a block's four chunks lie inside the tile, on cache lines.
+                    let z = unsafe { _mm512_load_si512(wp[t].add(64 * k).cast()) };
+                    lo[t] = _mm512_and_si512(z, nib);
+                    hi[t] = _mm512_and_si512(_mm512_srli_epi16(z, 4), nib);
                 }
-                for i in 0..W {
-                    // SAFETY: as for Q8_0.
-                    let z = unsafe { _mm512_loadu_si512(wp[i].add(k * step).cast()) };
-                    let lo = _mm512_and_si512(z, nib);
-                    let hi = _mm512_and_si512(_mm512_srli_epi16(z, 4), nib);
-                    for j in 0..R {
-                        dot[j][i] = _mm512_dpbusd_epi32(dot[j][i], lo, xv[j]);
-                        dot[j][i] = _mm512_dpbusd_epi32(dot[j][i], hi, xw[j]);
+                for j in 0..R {
+                    // SAFETY: elements 4k..4k + 4 and 4k + 16..4k + 20 of the block.
+                    let (xl, xh) = unsafe {
+                        (
+                            _mm512_set1_epi32(xp[j].add(4 * k).cast::<i32>().read_unaligned()),
+                            _mm512_set1_epi32(xp[j].add(4 * k + 16).cast::<i32>().read_unaligned()),
+                        )
+                    };
+                    let c = if split { 1 } else { 0 };
+                    for t in 0..T {
+                        dot[0][j][t] = _mm512_dpbusd_epi32(dot[0][j][t], lo[t], xl);
+                        dot[c][j][t] = _mm512_dpbusd_epi32(dot[c][j][t], hi[t], xh);
                     }
                 }
             }
         }
     }
-    dot
+    let [mut sums, odd] = dot;
+    if split {
+        for (s, o) in sums.iter_mut().zip(odd) {
+            for (s, o) in s.iter_mut().zip(o) {
+                *s = _mm512_add_epi32(*s, o);
+            }
+        }
+    }
+    sums
 }
 
 /// `super::quantize_row` sixteen lanes at a time: the same arithmetic, so the same quants,
@@ -218,7 +274,7 @@ pub(super) unsafe fn quantize_row(
     offset: i32,
 ) {
     let nb = x.len() / BLOCK;
-    assert!(qs.len() >= nb.div_ceil(SPAN) * SPAN * BLOCK && d.len() >= nb && corr.len() >= nb);
+    assert!(qs.len() >= nb * BLOCK && d.len() >= nb && corr.len() >= nb);
     for b in 0..nb {
         // SAFETY: block b's 32 values are in x.
         let v = unsafe {
