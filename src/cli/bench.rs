@@ -233,9 +233,10 @@ pub struct BenchDecodeArgs {
     /// counts every sequence's tokens.
     #[arg(long, default_value_t = 1)]
     pub batch: usize,
-    /// Also measure read bandwidth, of main memory and of a buffer the size of the weights and
-    /// KV cache (cache-resident where it fits), and compare each token's time with reading
-    /// those bytes once at each rate.
+    /// Also measure read bandwidth, of main memory (before and after each repetition, since a
+    /// shared machine's rate moves from minute to minute) and of a buffer the size of the
+    /// weights and KV cache (cache-resident where it fits), and compare each token's time with
+    /// reading those bytes once at each rate.
     #[arg(long)]
     pub bandwidth: bool,
     /// Print one JSON object on stdout.
@@ -499,8 +500,14 @@ fn decode(a: BenchDecodeArgs, precision: Precision) -> Result<()> {
     let new_tokens = a
         .new_tokens
         .unwrap_or(128.min(ctx.saturating_sub(prompt_len)).max(1));
-    let r =
-        difftx::experiments::bench::bench_decode(&model, prompt_len, new_tokens, a.reps, a.batch)?;
+    let r = difftx::experiments::bench::bench_decode(
+        &model,
+        prompt_len,
+        new_tokens,
+        a.reps,
+        a.batch,
+        a.bandwidth,
+    )?;
     if a.json {
         println!("{}", serde_json::to_string(&r)?);
     } else {
@@ -528,11 +535,21 @@ fn decode(a: BenchDecodeArgs, precision: Precision) -> Result<()> {
         if a.bandwidth {
             let ms = 1e3 * r.batch as f64 / r.decode_tokens_per_s;
             let bound_ms = |gbs: f64| bw_bytes as f64 / (gbs * 1e9) * 1e3;
-            let gbs = difftx::experiments::bench::memory_read_gbs();
+            // each repetition against the mean of the rates read just before and after it
+            let mut ratios: Vec<f64> = (r.decode_s.iter().zip(r.memory_gbs.windows(2)))
+                .map(|(s, g)| 1e3 * s / r.new_tokens as f64 / bound_ms((g[0] + g[1]) / 2.0))
+                .collect();
+            let gbs = &r.memory_gbs;
+            let (lo, hi) = (
+                gbs.iter().copied().fold(f64::MAX, f64::min),
+                gbs.iter().copied().fold(0.0, f64::max),
+            );
+            let each: Vec<String> = ratios.iter().map(|x| format!("{x:.2}×")).collect();
+            ratios.sort_by(|x, y| x.total_cmp(y));
             println!(
-                "decode {ms:.3} ms/step; memory reads at {gbs:.1} GB/s would take {:.3} ms for the weights and the KV rows a step reads: {:.2}× that bound",
-                bound_ms(gbs),
-                ms / bound_ms(gbs)
+                "decode {ms:.3} ms/step; main memory read at {lo:.1}–{hi:.1} GB/s before and after each repetition; against reading the weights and the KV rows a step reads once at the rate of its own minutes, each repetition took {} (median {:.2}×)",
+                each.join(", "),
+                ratios[ratios.len() / 2]
             );
             // The same bytes read again and again, as decoding reads them: where they
             // fit in a cache this is the tighter bound.

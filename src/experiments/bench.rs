@@ -272,6 +272,12 @@ pub struct DecodeBench {
     pub prefill_tokens_per_s: f64,
     pub decode_s_median: f64,
     pub decode_tokens_per_s: f64,
+    /// each timed repetition's decoding time, in order
+    pub decode_s: Vec<f64>,
+    /// with `probe_memory`: main memory's read rate (`memory_read_gbs`) before each timed
+    /// repetition and after the last (reps + 1 readings), so that each repetition can be set
+    /// against the rate of its own minutes; empty otherwise
+    pub memory_gbs: Vec<f64>,
     /// parameter bytes plus the KV cache at the end of decoding: what each step must read
     pub weight_bytes: u64,
     /// "bf16" when decoding read bf16 weights (`--bf16`), "q8_0" or "q4_0" with `--quant`
@@ -288,13 +294,17 @@ pub struct DecodeBench {
 /// Greedy decoding of `batch` sequences together after seeded random prompts of `prompt_len`
 /// tokens each, `reps` times after one warm-up; medians of the prefill time and of the time
 /// for `new_tokens` steps. Past one sequence the products are the server's batch-invariant
-/// ones (`set_batch_invariant`), so that this measures what `serve --parallel` decodes.
+/// ones (`set_batch_invariant`), so that this measures what `serve --parallel` decodes. With
+/// `probe_memory`, main memory's read rate is measured between the repetitions (not during
+/// them): a shared machine's rate moves from one minute to the next, and a decode bound by it
+/// compares only with the rate of its own minutes.
 pub fn bench_decode(
     model: &Model,
     prompt_len: usize,
     new_tokens: usize,
     reps: usize,
     batch: usize,
+    probe_memory: bool,
 ) -> Result<DecodeBench> {
     use crate::infer::{generate, GenerateOptions, Sampling};
     let ctx = model.config.max_position_embeddings;
@@ -323,14 +333,21 @@ pub fn bench_decode(
         eos: None,
         truncate_prompt: false,
     };
-    let timed = || -> Result<(Vec<f64>, Vec<f64>)> {
+    let mut memory_gbs = Vec::new();
+    let mut timed = || -> Result<(Vec<f64>, Vec<f64>)> {
         let run = || generate(model, &prompts, &opts, |_, _| {});
         run()?;
         let (mut pre, mut dec) = (Vec::new(), Vec::new());
         for _ in 0..reps.max(1) {
+            if probe_memory {
+                memory_gbs.push(memory_read_gbs());
+            }
             let g = run()?;
             pre.push(g.prefill_seconds);
             dec.push(g.decode_seconds);
+        }
+        if probe_memory {
+            memory_gbs.push(memory_read_gbs());
         }
         Ok((pre, dec))
     };
@@ -339,12 +356,12 @@ pub fn bench_decode(
     }
     let result = timed();
     crate::kernels::gemm::linear::set_batch_invariant(0);
-    let (mut pre, mut dec) = result?;
+    let (mut pre, dec) = result?;
     let med = |v: &mut Vec<f64>| {
         v.sort_by(|a, b| a.total_cmp(b));
         v[v.len() / 2]
     };
-    let (p, d) = (med(&mut pre), med(&mut dec));
+    let (p, d) = (med(&mut pre), med(&mut dec.clone()));
     let c = &model.config;
     let kv_per_token = model.kv_cache.bytes()
         * c.num_hidden_layers
@@ -364,6 +381,8 @@ pub fn bench_decode(
         prefill_tokens_per_s: (batch * prompt_len) as f64 / p,
         decode_s_median: d,
         decode_tokens_per_s: (batch * new_tokens) as f64 / d,
+        decode_s: dec,
+        memory_gbs,
         // with --bf16 the matrix products of decoding read 2 bytes a weight, with --quant
         // their blocks
         weight_bytes: match &model.quant {
