@@ -31,8 +31,6 @@ use std::ops::Range;
 const NX: usize = 4;
 /// Tiles of weight rows the GEMM's step takes at once.
 const NT: usize = 2;
-/// Tiles a lone input row takes at once.
-const LT: usize = 1;
 
 /// The outputs (rows × outs), handed to `put(row, out, value)`, against one input row
 /// (decoding: a tile at a time) or `NX` at a time (`NT` tiles at a time).
@@ -60,13 +58,12 @@ pub(super) unsafe fn tile(
         (0..TILE_ROWS.min(outs.end - o0)).for_each(|i| put(r, o0 + i, s[i]));
     };
     if rows.len() == 1 {
-        for t0 in tiles.clone().step_by(LT) {
-            let ts: [&[u8]; LT] = std::array::from_fn(|k| w.tile((t0 + k).min(tiles.end - 1)));
+        // a tile at a time, one stream of memory (two or four tiles at once, more streams,
+        // ran slower both from L3 and from memory)
+        for t in tiles {
             // SAFETY: the features are this function's contract; the row is in bounds.
-            let [s] = unsafe { dots::<1, LT>(x, [rows.start], kind, tl, ts) };
-            for (k, &v) in s.iter().enumerate().take(tiles.end - t0) {
-                emit(rows.start, t0 + k, v);
-            }
+            let [[v]] = unsafe { dots::<1, 1>(x, [rows.start], kind, tl, [w.tile(t)]) };
+            emit(rows.start, t, v);
         }
         return;
     }
@@ -106,7 +103,7 @@ fn t_ptr() -> *const u8 {
     std::ptr::null()
 }
 
-/// `dots`' sums for fewer than `NX` input rows, in NX rows (the rest zero, not used).
+/// `dots`' sums for fewer than `NX` input rows, in NX rows (the rest copies, not used).
 fn pad<const R: usize>(s: [[__m512; NT]; R]) -> [[__m512; NT]; NX] {
     std::array::from_fn(|j| if j < R { s[j] } else { s[0] })
 }
