@@ -31,8 +31,8 @@ pub struct QuantMatrix {
 }
 
 /// Bytes in whole cache lines, the first at a multiple of 64 (a `Vec<u8>` this large starts 16
-/// bytes into a page), so that no 64-byte load of a tile straddles two lines: straddling ones
-/// made the products of weights in cache (Q8_0) about 6% slower.
+/// bytes into a page): the VNNI engine reads a tile's chunks with aligned 64-byte loads, which
+/// fault off a line (and straddling loads had made the products about 6% slower).
 #[derive(Clone, Debug)]
 struct Lines(Vec<Line>);
 
@@ -93,7 +93,7 @@ impl Tiling {
     }
 
     /// Bytes of the scales, whole cache lines.
-    fn scale_bytes(self) -> usize {
+    pub fn scale_bytes(self) -> usize {
         (2 * TILE_ROWS * self.blocks).next_multiple_of(64)
     }
 

@@ -98,11 +98,6 @@ pub(super) unsafe fn tile(
     }
 }
 
-/// A null tile pointer, to fill arrays before they are set.
-fn t_ptr() -> *const u8 {
-    std::ptr::null()
-}
-
 /// `dots`' sums for fewer than `NX` input rows, in NX rows (the rest copies, not used).
 fn pad<const R: usize>(s: [[__m512; NT]; R]) -> [[__m512; NT]; NX] {
     std::array::from_fn(|j| if j < R { s[j] } else { s[0] })
@@ -126,7 +121,12 @@ unsafe fn dots<const R: usize, const T: usize>(
     assert!(ts.iter().all(|t| t.len() >= tl.bytes()));
     // (loops, not `map` or closures: those would not inherit this fn's target features, and
     // ran as calls once a block)
-    let (mut wp, mut xq, mut xd, mut xc) = ([t_ptr(); T], [&[][..]; R], [&[][..]; R], [&[][..]; R]);
+    let (mut wp, mut xq, mut xd, mut xc) = (
+        [std::ptr::null(); T],
+        [&[][..]; R],
+        [&[][..]; R],
+        [&[][..]; R],
+    );
     for k in 0..T {
         wp[k] = ts[k].as_ptr();
     }
@@ -137,7 +137,7 @@ unsafe fn dots<const R: usize, const T: usize>(
     // the scales are a short stretch of their own, too short for the hardware prefetchers to
     // follow: asked for whole at once
     for t in wp {
-        for line in (0..2 * TILE_ROWS * tl.blocks).step_by(64) {
+        for line in (0..tl.scale_bytes()).step_by(64) {
             _mm_prefetch::<_MM_HINT_T0>(t.wrapping_add(line).cast());
         }
     }
@@ -183,7 +183,7 @@ unsafe fn block_dots<const R: usize, const T: usize>(
     b: usize,
 ) -> [[__m512i; T]; R] {
     // chunk k of tile t at wp[t] + 64·k; input row j's element e at xp[j] + e
-    let (mut wp, mut xp) = ([t_ptr(); T], [std::ptr::null(); R]);
+    let (mut wp, mut xp) = ([std::ptr::null(); T], [std::ptr::null(); R]);
     for t in 0..T {
         // SAFETY: the block's chunks lie inside the tile (the caller's contract).
         wp[t] = unsafe { tiles[t].add(tl.chunk_at(b, 0)) };
