@@ -70,9 +70,11 @@ pub(super) unsafe fn tile(
     for t0 in tiles.clone().step_by(NT) {
         let ts: [&[u8]; NT] = std::array::from_fn(|k| w.tile((t0 + k).min(tiles.end - 1)));
         // the next tiles into L2, a share at each step over these (the first read of a tile is
-        // from memory; the steps after it find it in cache)
-        let next = (t0 + NT..tiles.end.min(t0 + 2 * NT)).map(|t| w.tile(t));
-        let lines = tl.bytes() / 64 * (tiles.end.min(t0 + 2 * NT) - tiles.end.min(t0 + NT));
+        // from memory; the steps after it find it in cache), past the task's last tile too:
+        // the next task's first, which the same worker most often runs next
+        let last = w.rows.div_ceil(TILE_ROWS);
+        let next = (t0 + NT..last.min(t0 + 2 * NT)).map(|t| w.tile(t));
+        let lines = tl.bytes() / 64 * (last.min(t0 + 2 * NT) - last.min(t0 + NT));
         let share = lines.div_ceil(rows.len().div_ceil(NX));
         let mut ahead = next.flat_map(|t| t.chunks(64));
         for r0 in rows.clone().step_by(NX) {
