@@ -4,7 +4,7 @@
 #![cfg(feature = "serve")]
 
 mod common;
-use common::{bin, ok};
+use common::{bin, difftx, fails_with, ok};
 use reqwest::blocking::{Client, Response};
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader};
@@ -932,4 +932,85 @@ fn bad_attention_requests_get_400s() {
     // the server goes on answering
     let (st, _) = s.call("/v1/attention", json!({"prompt": "Hi", "layer": 0}));
     assert_eq!(st, 200);
+}
+
+/// `difftx bench serve` against a running server: every request's tokens counted once (each
+/// asks for 6 and gets 6), the window's tokens no more than all of them, latencies and the
+/// server's memory read; hung-up requests counted as cancelled, not errors; an unreachable
+/// server counted as errors; a malformed URL refused in one line.
+#[test]
+fn bench_serve_counts_what_the_server_streams() {
+    let s = start(&["--parallel", "4"]);
+    let run = |clients: &str, extra: &[&str]| -> Vec<Value> {
+        let pid = s.child.id().to_string();
+        let mut args = vec!["bench", "serve", "--url", &s.base, "--clients", clients];
+        args.extend(["--seconds", "1", "--tokens", "6", "--json", "--pid", &pid]);
+        args.extend(extra);
+        let out = difftx(&args);
+        ok(&out);
+        let text = String::from_utf8(out.stdout).unwrap();
+        text.lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    };
+    let levels = run("1,3", &["--stagger", "0.3"]);
+    assert_eq!(levels.len(), 2);
+    for (r, clients) in levels.iter().zip([1, 3]) {
+        assert_eq!(r["clients"], clients);
+        assert_eq!(r["errors"], 0, "{r}");
+        let (requests, generated) = (
+            r["requests"].as_u64().unwrap(),
+            r["generated"].as_u64().unwrap(),
+        );
+        assert!(requests >= 1, "{r}");
+        // the ramp's requests are generated but not counted among the steady state's
+        assert!(generated >= 6 * requests && generated % 6 == 0, "{r}");
+        let tps = r["tokens_per_s"].as_f64().unwrap();
+        assert!(tps > 0.0 && tps * 0.7 <= generated as f64 + 1e-6, "{r}");
+        let (p50, p99) = (
+            r["ttft_p50_ms"].as_f64().unwrap(),
+            r["ttft_p99_ms"].as_f64().unwrap(),
+        );
+        assert!(p50 > 0.0 && p50 <= p99, "{r}");
+        assert!(r["token_p50_ms"].as_f64().unwrap() > 0.0, "{r}");
+        assert!(r["peak_rss_mib"].as_f64().unwrap() > 1.0, "{r}");
+    }
+    let hung = &run("2", &["--disconnect", "1"])[0];
+    assert_eq!(
+        (&hung["errors"], &hung["requests"]),
+        (&json!(0), &json!(0)),
+        "{hung}"
+    );
+    assert!(hung["cancelled"].as_u64().unwrap() >= 2, "{hung}");
+    // the server is none the worse
+    let r = s.complete(json!({"prompt": "Once upon", "max_tokens": 5, "temperature": 0}));
+    assert_eq!(r["usage"]["completion_tokens"], 5);
+    // nothing listens on a port just released
+    let free = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let url = format!("http://{free}");
+    let out = difftx(&[
+        "bench",
+        "serve",
+        "--url",
+        &url,
+        "--clients",
+        "1",
+        "--seconds",
+        "0.2",
+        "--json",
+    ]);
+    ok(&out);
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(r["errors"].as_u64().unwrap() >= 1, "{r}");
+    assert!(
+        r["first_errors"][0].as_str().unwrap().contains("connect"),
+        "{r}"
+    );
+    fails_with(
+        &difftx(&["bench", "serve", "--url", "localhost:8080"]),
+        &["--url localhost:8080", "http://HOST"],
+    );
 }

@@ -30,6 +30,11 @@ pub enum BenchCmd {
     /// Content digests: XXH3-128 throughput over a file, or for a model directory with a
     /// manifest.json, its verification against the whole load, alternating.
     Digest(BenchDigestArgs),
+    /// Closed-loop load on a running OpenAI-compatible server (difftx serve, llama-server):
+    /// per client count, aggregate tokens/s, p50/p99 time to first token and per-token
+    /// latency, errors and the server's peak RSS (bench/serve_load.py's measurements, from
+    /// a client that takes little of the cores it shares with the server).
+    Serve(BenchServeArgs),
 }
 
 pub fn run(cmd: BenchCmd, precision: Precision) -> Result<()> {
@@ -41,7 +46,98 @@ pub fn run(cmd: BenchCmd, precision: Precision) -> Result<()> {
         BenchCmd::Decode(a) => decode(a, precision),
         BenchCmd::Matmul(a) => matmul(a),
         BenchCmd::Digest(a) => digest(a),
+        BenchCmd::Serve(a) => serve_load(a),
     }
+}
+
+#[derive(Args)]
+pub struct BenchServeArgs {
+    /// The server: http://HOST:PORT.
+    #[arg(long, default_value = "http://127.0.0.1:8080")]
+    pub url: String,
+    /// Client counts, one level each, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,4,16,64")]
+    pub clients: Vec<usize>,
+    /// Tokens each request asks for (greedy; `ignore_eos` where the server knows it).
+    #[arg(long, default_value_t = 128)]
+    pub tokens: usize,
+    /// Seconds each level runs.
+    #[arg(long, default_value_t = 30.0)]
+    pub seconds: f64,
+    /// Start client i at i·S/C seconds (closed-loop clients started together stay in waves),
+    /// and count tokens/s and latencies from the last client's start: the steady state.
+    #[arg(long, default_value_t = 0.0)]
+    pub stagger: f64,
+    /// Probability that a request hangs up after a random number of tokens (a soak's
+    /// cancellations, counted apart from errors).
+    #[arg(long, default_value_t = 0.0)]
+    pub disconnect: f64,
+    /// The server's process id: its resident memory while each level runs, and its peak.
+    #[arg(long)]
+    pub pid: Option<u32>,
+    /// Seconds between readings of the server's resident memory (with --pid).
+    #[arg(long, default_value_t = 10.0)]
+    pub rss_every: f64,
+    /// The `model` field to send (llama-server ignores it).
+    #[arg(long)]
+    pub model: Option<String>,
+    /// One JSON object per level on stdout instead of the table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn serve_load(a: BenchServeArgs) -> Result<()> {
+    use difftx::experiments::serve_load::{level, parse_url, LoadOptions};
+    if !(0.0..=1.0).contains(&a.disconnect) || a.stagger < 0.0 || a.rss_every <= 0.0 {
+        bail!("--disconnect must lie in [0, 1], --stagger be >= 0 and --rss-every > 0");
+    }
+    let o = LoadOptions {
+        addr: parse_url(&a.url)?,
+        tokens: a.tokens,
+        seconds: a.seconds,
+        model: a.model,
+        disconnect: a.disconnect,
+        stagger: a.stagger,
+        pid: a.pid,
+        rss_every: a.rss_every,
+    };
+    if !a.json {
+        println!("clients  requests  tok/s    TTFT p50/p99 ms    per-token p50/p99 ms  errors  peak RSS MiB");
+    }
+    for &c in &a.clients {
+        let r = level(&o, c)?;
+        if a.json {
+            println!("{}", serde_json::to_string(&r)?);
+            continue;
+        }
+        let rss = r
+            .peak_rss_mib
+            .map(|m| format!("{m:.0}"))
+            .unwrap_or_default();
+        println!(
+            "{:7}  {:8}  {:6.1}  {:8.1} / {:8.1}  {:8.2} / {:8.2}  {:6}  {rss}",
+            c,
+            r.requests,
+            r.tokens_per_s,
+            r.ttft_p50_ms,
+            r.ttft_p99_ms,
+            r.token_p50_ms,
+            r.token_p99_ms,
+            r.errors
+        );
+        if let Some(e) = r.first_errors.first() {
+            println!("         first error: {e}");
+        }
+        if let (Some(first), Some(last)) = (r.rss_mib_series.first(), r.rss_mib_series.last()) {
+            let mid = r.rss_mib_series[r.rss_mib_series.len() / 2];
+            println!(
+                "         RSS MiB first / middle / last: {first:.0} / {mid:.0} / {last:.0} ({} readings); cancelled {}",
+                r.rss_mib_series.len(),
+                r.cancelled
+            );
+        }
+    }
+    Ok(())
 }
 
 #[derive(Args)]

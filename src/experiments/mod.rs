@@ -28,3 +28,4 @@ pub mod icl;
 pub mod lm_scaling;
 pub mod needle;
 pub mod repro;
+pub mod serve_load;
