@@ -937,7 +937,7 @@ fn bad_attention_requests_get_400s() {
 /// `difftx bench serve` against a running server: every request's tokens counted once (each
 /// asks for 6 and gets 6), the window's tokens no more than all of them, latencies and the
 /// server's memory read; hung-up requests counted as cancelled, not errors; an unreachable
-/// server counted as errors; a malformed URL refused in one line.
+/// server counted as errors; a malformed URL or probability refused in one line.
 #[test]
 fn bench_serve_counts_what_the_server_streams() {
     let s = start(&["--parallel", "4"]);
@@ -1012,5 +1012,9 @@ fn bench_serve_counts_what_the_server_streams() {
     fails_with(
         &difftx(&["bench", "serve", "--url", "localhost:8080"]),
         &["--url localhost:8080", "http://HOST"],
+    );
+    fails_with(
+        &difftx(&["bench", "serve", "--disconnect", "1.5"]),
+        &["--disconnect 1.5", "[0, 1]"],
     );
 }
