@@ -88,8 +88,8 @@ pub struct BenchServeArgs {
 
 fn serve_load(a: BenchServeArgs) -> Result<()> {
     use difftx::experiments::serve_load::{level, parse_url, LoadOptions};
-    // (NaN fails every comparison, so it is refused too)
-    let within = |flag: &str, v: f64, ok: bool, want: &str| match ok {
+    // (NaN fails every comparison, so it is refused too; so is infinity, no time to wait)
+    let within = |flag: &str, v: f64, ok: bool, want: &str| match ok && v.is_finite() {
         true => Ok(()),
         false => Err(anyhow::anyhow!("{flag} {v}: expected {want}")),
     };
@@ -99,9 +99,24 @@ fn serve_load(a: BenchServeArgs) -> Result<()> {
         (0.0..=1.0).contains(&a.disconnect),
         "a probability, in [0, 1]",
     )?;
-    within("--seconds", a.seconds, a.seconds > 0.0, "more than 0")?;
-    within("--stagger", a.stagger, a.stagger >= 0.0, "at least 0")?;
-    within("--rss-every", a.rss_every, a.rss_every > 0.0, "more than 0")?;
+    within(
+        "--seconds",
+        a.seconds,
+        a.seconds > 0.0,
+        "a finite number above 0",
+    )?;
+    within(
+        "--stagger",
+        a.stagger,
+        a.stagger >= 0.0,
+        "a finite number, at least 0",
+    )?;
+    within(
+        "--rss-every",
+        a.rss_every,
+        a.rss_every > 0.0,
+        "a finite number above 0",
+    )?;
     if a.tokens == 0 || a.clients.contains(&0) {
         bail!("--tokens and every count in --clients must be at least 1");
     }

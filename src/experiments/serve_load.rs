@@ -99,7 +99,9 @@ struct Outcome {
 struct Tally {
     ttfts: Vec<f64>,
     per_token: Vec<f64>,
-    errors: Vec<String>,
+    errors: usize,
+    /// the first few errors' messages (a dead server fails thousands of times a second)
+    first_errors: Vec<String>,
     generated: f64,
     in_window: f64,
     cancelled: usize,
@@ -107,10 +109,18 @@ struct Tally {
 
 /// Runs one level of `clients` closed-loop clients (phases in the module doc).
 pub fn level(o: &LoadOptions, clients: usize) -> Result<LevelReport> {
-    if clients == 0 || o.tokens == 0 || o.seconds <= 0.0 {
-        return Err(Error::Invalid(
-            "--clients, --tokens and --seconds must be positive".into(),
-        ));
+    let finite = |v: f64, least: f64| v.is_finite() && v >= least;
+    if clients == 0
+        || o.tokens == 0
+        || !(finite(o.seconds, f64::MIN_POSITIVE)
+            && finite(o.stagger, 0.0)
+            && finite(o.rss_every, f64::MIN_POSITIVE)
+            && (0.0..=1.0).contains(&o.disconnect))
+    {
+        return Err(Error::Invalid(format!(
+            "a load level needs clients, tokens, seconds and rss_every above 0, stagger at \
+             least 0 and a disconnect probability in [0, 1] (clients {clients}, {o:?})"
+        )));
     }
     let tally = Mutex::new(Tally::default());
     let done = AtomicUsize::new(0);
@@ -152,9 +162,9 @@ pub fn level(o: &LoadOptions, clients: usize) -> Result<LevelReport> {
         ttft_p99_ms: 1000.0 * percentile(&t.ttfts, 0.99),
         token_p50_ms: 1000.0 * percentile(&t.per_token, 0.5),
         token_p99_ms: 1000.0 * percentile(&t.per_token, 0.99),
-        errors: t.errors.len(),
+        errors: t.errors,
         cancelled: t.cancelled,
-        first_errors: t.errors.into_iter().take(3).collect(),
+        first_errors: t.first_errors,
         rss_mib_series: rss,
         peak_rss_mib: o
             .pid
@@ -187,7 +197,10 @@ fn client(
         let r = match r {
             Ok(r) => r,
             Err(e) => {
-                t.errors.push(e);
+                t.errors += 1;
+                if t.first_errors.len() < 3 {
+                    t.first_errors.push(e);
+                }
                 continue;
             }
         };
