@@ -88,38 +88,6 @@ pub struct BenchServeArgs {
 
 fn serve_load(a: BenchServeArgs) -> Result<()> {
     use difftx::experiments::serve_load::{level, parse_url, LoadOptions};
-    // (NaN fails every comparison, so it is refused too; so is infinity, no time to wait)
-    let within = |flag: &str, v: f64, ok: bool, want: &str| match ok && v.is_finite() {
-        true => Ok(()),
-        false => Err(anyhow::anyhow!("{flag} {v}: expected {want}")),
-    };
-    within(
-        "--disconnect",
-        a.disconnect,
-        (0.0..=1.0).contains(&a.disconnect),
-        "a probability, in [0, 1]",
-    )?;
-    within(
-        "--seconds",
-        a.seconds,
-        a.seconds > 0.0,
-        "a finite number above 0",
-    )?;
-    within(
-        "--stagger",
-        a.stagger,
-        a.stagger >= 0.0,
-        "a finite number, at least 0",
-    )?;
-    within(
-        "--rss-every",
-        a.rss_every,
-        a.rss_every > 0.0,
-        "a finite number above 0",
-    )?;
-    if a.tokens == 0 || a.clients.contains(&0) {
-        bail!("--tokens and every count in --clients must be at least 1");
-    }
     let o = LoadOptions {
         addr: parse_url(&a.url)?,
         tokens: a.tokens,
@@ -130,6 +98,7 @@ fn serve_load(a: BenchServeArgs) -> Result<()> {
         pid: a.pid,
         rss_every: a.rss_every,
     };
+    o.check(&a.clients)?;
     if !a.json {
         println!("clients  requests  tok/s    TTFT p50/p99 ms    per-token p50/p99 ms  errors  peak RSS MiB");
     }

@@ -80,16 +80,17 @@ pub fn train_flops(c: &ModelConfig, b: usize, t: usize) -> f64 {
 
 /// Peak resident set size of this process (VmHWM), 0 where /proc is not available.
 pub fn peak_rss_bytes() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines().find(|l| l.starts_with("VmHWM:")).and_then(|l| {
-                l.split_whitespace()
-                    .nth(1)
-                    .and_then(|kb| kb.parse::<u64>().ok())
-            })
-        })
-        .map_or(0, |kb| kb * 1024)
+    status_kib("self", "VmHWM").map_or(0, |kb| kb * 1024)
+}
+
+/// A field of /proc/`process`/status in KiB (`process`: a pid or "self"), e.g. VmHWM (peak
+/// resident memory) or VmRSS (current); None where /proc or the field is not there.
+pub fn status_kib(process: &str, field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{process}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
 }
 
 /// Runs `warmup` untimed and `steps` timed training steps (forward, backward, AdamW) of a freshly

@@ -20,6 +20,7 @@
 //!    per-token latency over the requests sent inside it
 //! ```
 
+use super::bench::status_kib;
 use crate::error::{Error, Result};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -45,6 +46,49 @@ pub struct LoadOptions {
     /// the server's process, for its resident memory
     pub pid: Option<u32>,
     pub rss_every: f64,
+}
+
+impl LoadOptions {
+    /// A one-line refusal, naming the flag and its value, of options no level can run with
+    /// (NaN and infinite times included: there is no infinite wait to time), and of a client
+    /// count of 0 among `clients`.
+    pub fn check(&self, clients: &[usize]) -> Result<()> {
+        let within = |flag: &str, v: f64, ok: bool, want: &str| match ok && v.is_finite() {
+            true => Ok(()),
+            false => Err(Error::Invalid(format!("{flag} {v}: expected {want}"))),
+        };
+        let d = self.disconnect;
+        within(
+            "--disconnect",
+            d,
+            (0.0..=1.0).contains(&d),
+            "a probability, in [0, 1]",
+        )?;
+        within(
+            "--seconds",
+            self.seconds,
+            self.seconds > 0.0,
+            "a finite number above 0",
+        )?;
+        within(
+            "--stagger",
+            self.stagger,
+            self.stagger >= 0.0,
+            "a finite number, at least 0",
+        )?;
+        within(
+            "--rss-every",
+            self.rss_every,
+            self.rss_every > 0.0,
+            "a finite number above 0",
+        )?;
+        if self.tokens == 0 || clients.contains(&0) {
+            return Err(Error::Invalid(
+                "--tokens and every count in --clients must be at least 1".into(),
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// What one level measured (the fields of `bench/serve_load.py`'s JSON).
@@ -109,19 +153,7 @@ struct Tally {
 
 /// Runs one level of `clients` closed-loop clients (phases in the module doc).
 pub fn level(o: &LoadOptions, clients: usize) -> Result<LevelReport> {
-    let finite = |v: f64, least: f64| v.is_finite() && v >= least;
-    if clients == 0
-        || o.tokens == 0
-        || !(finite(o.seconds, f64::MIN_POSITIVE)
-            && finite(o.stagger, 0.0)
-            && finite(o.rss_every, f64::MIN_POSITIVE)
-            && (0.0..=1.0).contains(&o.disconnect))
-    {
-        return Err(Error::Invalid(format!(
-            "a load level needs clients, tokens, seconds and rss_every above 0, stagger at \
-             least 0 and a disconnect probability in [0, 1] (clients {clients}, {o:?})"
-        )));
-    }
+    o.check(&[clients])?;
     let tally = Mutex::new(Tally::default());
     let done = AtomicUsize::new(0);
     let start = Instant::now();
@@ -142,7 +174,7 @@ pub fn level(o: &LoadOptions, clients: usize) -> Result<LevelReport> {
             if done.load(Ordering::Acquire) == clients {
                 break;
             }
-            rss.extend(rss_kib(pid, "VmRSS").map(|k| k as f64 / 1024.0));
+            rss.extend(status_kib(&pid.to_string(), "VmRSS").map(|k| k as f64 / 1024.0));
             let until = Instant::now() + Duration::from_secs_f64(o.rss_every);
             while Instant::now() < until && done.load(Ordering::Acquire) < clients {
                 std::thread::sleep(Duration::from_millis(20));
@@ -168,7 +200,7 @@ pub fn level(o: &LoadOptions, clients: usize) -> Result<LevelReport> {
         rss_mib_series: rss,
         peak_rss_mib: o
             .pid
-            .and_then(|p| rss_kib(p, "VmHWM"))
+            .and_then(|p| status_kib(&p.to_string(), "VmHWM"))
             .map(|k| k as f64 / 1024.0),
     })
 }
@@ -418,15 +450,6 @@ fn percentile(xs: &[f64], q: f64) -> f64 {
     let mut v = xs.to_vec();
     v.sort_by(f64::total_cmp);
     v[((q * (v.len() - 1) as f64).round() as usize).min(v.len() - 1)]
-}
-
-/// A process's peak (VmHWM) or current (VmRSS) resident memory in KiB, from /proc.
-fn rss_kib(pid: u32, field: &str) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
 }
 
 #[cfg(test)]
