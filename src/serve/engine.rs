@@ -5,14 +5,17 @@
 //! ```text
 //! 1. admit queued jobs while fewer than `parallel` sequences run
 //! 2. prefill the next chunk of newcomers, up to `chunk` tokens in all (each alone, B = 1,
-//!    every position's logits when it is scored)
-//! 3. decode one token for every sequence past its prefill (B running, t = 1)
+//!    every position's logits when it is scored), admitting those queued meanwhile; a
+//!    prompt's end sends its first token, and one sequence a step joins the decoding batch
+//!    while others decode (`Engine::step` says why)
+//! 3. decode one token for every sequence in the decoding batch (B running, t = 1)
 //! 4. hand each new token to its job's sink; retire finished and cancelled sequences
 //! ```
 //!
 //! so a newcomer joins the running batch at a token boundary and its prefill, cut into chunks,
 //! never stalls the others for more than one chunk. A `MapsJob` (the attention maps of a short
-//! prompt, for `/v1/attention`) runs whole between two steps: one forward pass of at most
+//! prompt, for `/v1/attention`) runs whole when it is taken from the queue, before a step's
+//! decode: one forward pass of at most
 //! `MAX_MAP_TOKENS` tokens. Every sequence has its own KV cache and
 //! its own seeded sampler, so a request's tokens do not depend on what else runs beside it.
 
@@ -132,6 +135,8 @@ pub struct Engine<'m> {
     /// each running sequence's KV cache, in the order of `seqs`
     caches: Vec<KvCache>,
     decoding: usize,
+    /// sequences that may still join the decoding batch in this step
+    joins_left: usize,
     decode_ws: Workspace,
     prefill_ws: Workspace,
     scratch: Vec<(f32, u32)>,
@@ -164,6 +169,7 @@ impl<'m> Engine<'m> {
             seqs: Vec::new(),
             caches: Vec::new(),
             decoding: 0,
+            joins_left: 0,
             decode_ws,
             prefill_ws,
             scratch: Vec::with_capacity(model.config.vocab_size),
@@ -181,33 +187,12 @@ impl<'m> Engine<'m> {
     }
 
     fn serve(&mut self, queue: &Receiver<Task>) {
-        loop {
-            // 1. Admit: wait when idle, else take what is queued without waiting. Maps jobs
-            //    run at once, between two steps.
-            while self.seqs.len() < self.opts.parallel {
-                let task = if self.seqs.is_empty() {
-                    match queue.recv_timeout(Duration::from_millis(200)) {
-                        Ok(j) => j,
-                        Err(RecvTimeoutError::Timeout) => continue,
-                        Err(RecvTimeoutError::Disconnected) => return,
-                    }
-                } else {
-                    match queue.try_recv() {
-                        Ok(j) => j,
-                        Err(_) => break,
-                    }
-                };
-                self.gauges.queued.fetch_sub(1, Ordering::Relaxed);
-                match task {
-                    Task::Complete(job) => self.admit(job),
-                    Task::Maps(m) => (m.reply)(head_maps(self.model, &m.prompt, &m.picks)),
-                }
-            }
+        // 1. Admit, waiting while idle; 2–4 in `step`.
+        while self.admit_queued(queue) {
             self.gauges
                 .running
                 .store(self.seqs.len(), Ordering::Relaxed);
-            // 2–4
-            if let Err(e) = self.step() {
+            if let Err(e) = self.step(queue) {
                 // a failure of the step itself: every sequence in it is told, the loop goes on
                 for mut s in self.seqs.drain(..) {
                     (s.job.sink)(Event::Failed(e.to_string()));
@@ -219,6 +204,31 @@ impl<'m> Engine<'m> {
                 .running
                 .store(self.seqs.len(), Ordering::Relaxed);
         }
+    }
+
+    /// Phase 1: takes queued jobs while fewer than `parallel` sequences run, waiting for one
+    /// when none runs; a maps job runs at once. False once every sender is gone and nothing runs.
+    fn admit_queued(&mut self, queue: &Receiver<Task>) -> bool {
+        while self.seqs.len() < self.opts.parallel {
+            let task = if self.seqs.is_empty() {
+                match queue.recv_timeout(Duration::from_millis(200)) {
+                    Ok(j) => j,
+                    Err(RecvTimeoutError::Timeout) => continue,
+                    Err(RecvTimeoutError::Disconnected) => return false,
+                }
+            } else {
+                match queue.try_recv() {
+                    Ok(j) => j,
+                    Err(_) => break,
+                }
+            };
+            self.gauges.queued.fetch_sub(1, Ordering::Relaxed);
+            match task {
+                Task::Complete(job) => self.admit(job),
+                Task::Maps(m) => (m.reply)(head_maps(self.model, &m.prompt, &m.picks)),
+            }
+        }
+        true
     }
 
     fn admit(&mut self, mut job: Job) {
@@ -242,27 +252,20 @@ impl<'m> Engine<'m> {
         });
     }
 
-    /// One engine step: one prefill chunk, then one decode step over the running batch.
-    pub fn step(&mut self) -> Result<()> {
-        // Phase 2 for as many newcomers as fit `chunk` prompt tokens in all (at least one),
-        // each by one chunk of its own: a sequence's chunks fall at the same places whatever
-        // else runs, so its numbers do too.
-        let (mut budget, mut k) = (self.opts.chunk, 0);
-        while let Some(s) = self.seqs.get(self.decoding + k) {
-            let size = (s.job.prompt.len() - s.fed).min(self.opts.chunk);
-            if size > budget && budget < self.opts.chunk {
-                break;
-            }
-            budget = budget.saturating_sub(size);
-            let (decoding, len) = (self.decoding, self.seqs.len());
-            self.prefill_chunk(self.decoding + k)?;
-            // still prefilling: on to the next; else the slot now holds another sequence
-            if (self.decoding, self.seqs.len()) == (decoding, len) {
-                k += 1;
-            }
-            if budget == 0 {
-                break;
-            }
+    /// One engine step: prefill chunks, then one decode step over the running batch.
+    ///
+    /// Jobs queued while the step prefilled others are admitted and join that prefill while
+    /// its budget lasts, so that a newcomer's first token waits for the prefill ahead of it
+    /// but not also for a decode step. Arrivals come in bunches (the requests of a bunch are
+    /// prefilled in one step, finish in one step, and their clients ask again at once), so
+    /// while others decode, one sequence a step joins the decoding batch: a second that
+    /// finishes its prefill in the same step has its first token sent and joins at the next
+    /// step, and the bunch's next requests arrive a step apart.
+    fn step(&mut self, queue: &Receiver<Task>) -> Result<()> {
+        self.joins_left = if self.decoding == 0 { usize::MAX } else { 1 };
+        let budget = self.prefill(self.opts.chunk)?;
+        if budget < self.opts.chunk && budget > 0 && self.admit_queued(queue) {
+            self.prefill(budget)?;
         }
         if self.decoding > 0 {
             self.decode()?;
@@ -270,8 +273,53 @@ impl<'m> Engine<'m> {
         Ok(())
     }
 
+    /// Phase 2 for as many newcomers as fit `budget` prompt tokens in all (at least one
+    /// when the budget is whole), each by one chunk of its own: a sequence's chunks fall at
+    /// the same places whatever else runs, so its numbers do too. A sequence whose prompt is
+    /// in joins the decoding batch while this step's joins last; else it waits, ready, and
+    /// the prefill stops there. Returns the budget left.
+    fn prefill(&mut self, mut budget: usize) -> Result<usize> {
+        let mut k = 0;
+        while let Some(s) = self.seqs.get(self.decoding + k) {
+            let left = s.job.prompt.len() - s.fed;
+            if left == 0 {
+                if self.joins_left == 0 {
+                    break;
+                }
+                self.join(self.decoding + k);
+                continue;
+            }
+            let size = left.min(self.opts.chunk);
+            if size > budget && budget < self.opts.chunk {
+                break;
+            }
+            budget = budget.saturating_sub(size);
+            let (decoding, len) = (self.decoding, self.seqs.len());
+            self.prefill_chunk(self.decoding + k)?;
+            // still prefilling: on to the next; ready: stop; else the slot now holds another
+            if (self.decoding, self.seqs.len()) == (decoding, len) {
+                let s = &self.seqs[self.decoding + k];
+                if s.fed == s.job.prompt.len() {
+                    break;
+                }
+                k += 1;
+            }
+            if budget == 0 {
+                break;
+            }
+        }
+        Ok(budget)
+    }
+
+    /// Moves ready sequence `i` among the decoding ones.
+    fn join(&mut self, i: usize) {
+        self.swap(i, self.decoding);
+        self.decoding += 1;
+        self.joins_left = self.joins_left.saturating_sub(1);
+    }
+
     /// Phase 2: prefills the next chunk of sequence `i` (one still prefilling). At the prompt's end
-    /// its first token is drawn and it moves among the decoding sequences.
+    /// its first token is drawn and sent, and it joins the decoding sequences or waits ready.
     fn prefill_chunk(&mut self, i: usize) -> Result<()> {
         let v = self.model.config.vocab_size;
         let s = &mut self.seqs[i];
@@ -293,7 +341,8 @@ impl<'m> Engine<'m> {
     }
 
     /// Hands out the prompt scores of the chunk [start, fed) of sequence `i`; at the prompt's
-    /// end draws its first token and moves it among the decoding sequences.
+    /// end draws its first token and joins it to the decoding sequences while the step's
+    /// joins last (else it waits, ready, for the next step's).
     fn after_prefill(
         &mut self,
         i: usize,
@@ -326,9 +375,13 @@ impl<'m> Engine<'m> {
             return Ok(());
         }
         let last = if all { (end - 1 - start) * v } else { 0 };
-        self.swap(i, self.decoding);
-        self.decoding += 1;
-        self.emit(self.decoding - 1, &logits[last..last + v]);
+        let slot = if self.joins_left > 0 {
+            self.join(i);
+            self.decoding - 1
+        } else {
+            i
+        };
+        self.emit(slot, &logits[last..last + v]);
         Ok(())
     }
 
@@ -424,5 +477,100 @@ pub fn score(logits: &[f32], token: u32, top: usize) -> TokenScore {
     TokenScore {
         logprob: lp(logits[token as usize]),
         top: best.into_iter().map(|(i, x)| (i, lp(x))).collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{AttentionKind, ModelConfig, Preset};
+    use std::sync::mpsc::sync_channel;
+    use std::sync::Mutex;
+
+    /// Tokens each job's sink has received.
+    type Seen = Arc<Mutex<Vec<usize>>>;
+
+    fn job(id: usize, seen: &Seen) -> Job {
+        let seen = seen.clone();
+        Job {
+            prompt: (0..5).map(|t| (t * 7 + id as u32) % 50).collect(),
+            max_tokens: 8,
+            sampling: Sampling::greedy(),
+            seed: 1,
+            eos: None,
+            logprobs: None,
+            echo: false,
+            sink: Box::new(move |e| {
+                if let Event::Token(..) = e {
+                    seen.lock().unwrap()[id] += 1;
+                }
+                true
+            }),
+        }
+    }
+
+    fn tiny() -> Model {
+        Model::init(
+            ModelConfig::preset(Preset::Tiny, AttentionKind::Standard),
+            1,
+        )
+        .unwrap()
+    }
+
+    fn seen(s: &Seen) -> Vec<usize> {
+        s.lock().unwrap().clone()
+    }
+
+    #[test]
+    fn a_bunch_gets_its_first_tokens_at_once_and_joins_the_batch_one_a_step() {
+        let model = tiny();
+        let opts = EngineOptions {
+            parallel: 8,
+            chunk: 64,
+        };
+        let mut e = Engine::new(&model, opts, Arc::default()).unwrap();
+        let (s, (_tx, rx)) = (Arc::new(Mutex::new(vec![0; 5])), sync_channel(4));
+        // 1. At idle a bunch joins whole: first tokens from the prefill, one more each decoded.
+        e.admit(job(0, &s));
+        e.admit(job(1, &s));
+        e.step(&rx).unwrap();
+        assert_eq!((e.decoding, seen(&s)), (2, vec![2, 2, 0, 0, 0]));
+        // 2. While others decode: all three prefilled would be one bunch; the first joins and
+        //    the second waits ready (its first token sent), which stops the prefill there.
+        for id in 2..5 {
+            e.admit(job(id, &s));
+        }
+        e.step(&rx).unwrap();
+        assert_eq!((e.decoding, seen(&s)), (3, vec![3, 3, 2, 1, 0]));
+        // 3. The ready one joins at the next step; the third is prefilled and waits.
+        e.step(&rx).unwrap();
+        assert_eq!((e.decoding, seen(&s)), (4, vec![4, 4, 3, 2, 1]));
+        e.step(&rx).unwrap();
+        assert_eq!((e.decoding, seen(&s)), (5, vec![5, 5, 4, 3, 2]));
+    }
+
+    #[test]
+    fn a_job_queued_during_a_prefill_is_prefilled_before_the_decode() {
+        let model = tiny();
+        let opts = EngineOptions {
+            parallel: 8,
+            chunk: 64,
+        };
+        let gauges = Arc::new(EngineGauges::default());
+        let mut e = Engine::new(&model, opts, gauges.clone()).unwrap();
+        let (s, (tx, rx)) = (Arc::new(Mutex::new(vec![0; 3])), sync_channel(4));
+        e.admit(job(0, &s));
+        e.step(&rx).unwrap();
+        // job 2 is queued while job 1's prefill runs (here: before the step, not yet admitted)
+        e.admit(job(1, &s));
+        gauges.queued.store(1, Ordering::Relaxed);
+        tx.send(Task::Complete(job(2, &s))).unwrap();
+        e.step(&rx).unwrap();
+        assert_eq!((e.decoding, seen(&s)), (2, vec![3, 2, 1]));
+        // a step that prefills nobody does not look at the queue before its decode
+        gauges.queued.store(1, Ordering::Relaxed);
+        tx.send(Task::Complete(job(0, &s))).unwrap();
+        e.step(&rx).unwrap();
+        assert_eq!(e.seqs.len(), 3);
     }
 }
