@@ -517,6 +517,15 @@ mod tests {
         .unwrap()
     }
 
+    /// An engine of 8 slots and 64-token chunks over `model`.
+    fn engine(model: &Model, gauges: Arc<EngineGauges>) -> Engine<'_> {
+        let opts = EngineOptions {
+            parallel: 8,
+            chunk: 64,
+        };
+        Engine::new(model, opts, gauges).unwrap()
+    }
+
     fn seen(s: &Seen) -> Vec<usize> {
         s.lock().unwrap().clone()
     }
@@ -524,11 +533,7 @@ mod tests {
     #[test]
     fn a_bunch_gets_its_first_tokens_at_once_and_joins_the_batch_one_a_step() {
         let model = tiny();
-        let opts = EngineOptions {
-            parallel: 8,
-            chunk: 64,
-        };
-        let mut e = Engine::new(&model, opts, Arc::default()).unwrap();
+        let mut e = engine(&model, Arc::default());
         let (s, (_tx, rx)) = (Arc::new(Mutex::new(vec![0; 5])), sync_channel(4));
         // 1. At idle a bunch joins whole: first tokens from the prefill, one more each decoded.
         e.admit(job(0, &s));
@@ -552,12 +557,8 @@ mod tests {
     #[test]
     fn a_job_queued_during_a_prefill_is_prefilled_before_the_decode() {
         let model = tiny();
-        let opts = EngineOptions {
-            parallel: 8,
-            chunk: 64,
-        };
         let gauges = Arc::new(EngineGauges::default());
-        let mut e = Engine::new(&model, opts, gauges.clone()).unwrap();
+        let mut e = engine(&model, gauges.clone());
         let (s, (tx, rx)) = (Arc::new(Mutex::new(vec![0; 3])), sync_channel(4));
         e.admit(job(0, &s));
         e.step(&rx).unwrap();
