@@ -264,7 +264,10 @@ impl<'m> Engine<'m> {
     fn step(&mut self, queue: &Receiver<Task>) -> Result<()> {
         self.joins_left = if self.decoding == 0 { usize::MAX } else { 1 };
         let budget = self.prefill(self.opts.chunk)?;
-        if budget < self.opts.chunk && budget > 0 && self.admit_queued(queue) {
+        // (only while sequences run: with none, `admit_queued` would wait for a job here,
+        // and the gauges would show the last step's batch meanwhile)
+        if budget < self.opts.chunk && budget > 0 && !self.seqs.is_empty() {
+            self.admit_queued(queue);
             self.prefill(budget)?;
         }
         if self.decoding > 0 {
@@ -573,5 +576,24 @@ mod tests {
         tx.send(Task::Complete(job(0, &s))).unwrap();
         e.step(&rx).unwrap();
         assert_eq!(e.seqs.len(), 3);
+    }
+
+    #[test]
+    fn a_step_left_with_no_sequence_does_not_wait_on_the_queue() {
+        let model = tiny();
+        let gauges = Arc::new(EngineGauges::default());
+        let mut e = engine(&model, gauges.clone());
+        let (s, (tx, rx)) = (Arc::new(Mutex::new(vec![0; 2])), sync_channel(4));
+        // a scoring job (max_tokens 0) is prefilled and retired in the step's prefill; the job
+        // queued meanwhile waits for the next step's admission, not inside this one
+        e.admit(Job {
+            max_tokens: 0,
+            ..job(0, &s)
+        });
+        gauges.queued.store(1, Ordering::Relaxed);
+        tx.send(Task::Complete(job(1, &s))).unwrap();
+        e.step(&rx).unwrap();
+        assert!(e.seqs.is_empty());
+        assert_eq!(gauges.queued.load(Ordering::Relaxed), 1);
     }
 }
