@@ -487,7 +487,7 @@ pub fn score(logits: &[f32], token: u32, top: usize) -> TokenScore {
 mod tests {
     use super::*;
     use crate::config::{AttentionKind, ModelConfig, Preset};
-    use std::sync::mpsc::sync_channel;
+    use std::sync::mpsc::{sync_channel, SyncSender};
     use std::sync::Mutex;
 
     /// Tokens each job's sink has received.
@@ -529,6 +529,12 @@ mod tests {
         Engine::new(model, opts, gauges).unwrap()
     }
 
+    /// Queues `job` as the HTTP side does, counted in the gauges.
+    fn enqueue(tx: &SyncSender<Task>, gauges: &EngineGauges, job: Job) {
+        gauges.queued.fetch_add(1, Ordering::Relaxed);
+        tx.send(Task::Complete(job)).unwrap();
+    }
+
     fn seen(s: &Seen) -> Vec<usize> {
         s.lock().unwrap().clone()
     }
@@ -567,13 +573,11 @@ mod tests {
         e.step(&rx).unwrap();
         // job 2 is queued while job 1's prefill runs (here: before the step, not yet admitted)
         e.admit(job(1, &s));
-        gauges.queued.store(1, Ordering::Relaxed);
-        tx.send(Task::Complete(job(2, &s))).unwrap();
+        enqueue(&tx, &gauges, job(2, &s));
         e.step(&rx).unwrap();
         assert_eq!((e.decoding, seen(&s)), (2, vec![3, 2, 1]));
         // a step that prefills nobody does not look at the queue before its decode
-        gauges.queued.store(1, Ordering::Relaxed);
-        tx.send(Task::Complete(job(0, &s))).unwrap();
+        enqueue(&tx, &gauges, job(0, &s));
         e.step(&rx).unwrap();
         assert_eq!(e.seqs.len(), 3);
     }
@@ -590,8 +594,7 @@ mod tests {
             max_tokens: 0,
             ..job(0, &s)
         });
-        gauges.queued.store(1, Ordering::Relaxed);
-        tx.send(Task::Complete(job(1, &s))).unwrap();
+        enqueue(&tx, &gauges, job(1, &s));
         e.step(&rx).unwrap();
         assert!(e.seqs.is_empty());
         assert_eq!(gauges.queued.load(Ordering::Relaxed), 1);
