@@ -62,6 +62,7 @@ impl Bf16Weights {
             bf16: (!self.rows.is_empty()).then(|| &self.rows[r]),
             tiles,
             quant: None,
+            panels: None,
         }
     }
 

@@ -7,6 +7,7 @@
 
 use super::attention::{self as attn, Lambda};
 use super::bf16_weights::Bf16Weights;
+use super::f32_panels::F32Panels;
 use super::kv_cache::{KvCache, Rows, Store};
 use super::quant_weights::QuantWeights;
 use crate::config::params::{LayerParams, Span};
@@ -234,6 +235,8 @@ impl Scratch {
 pub struct Layer<'a> {
     pub w: &'a [f32],
     pub wb: Option<&'a Bf16Weights>,
+    /// f32 weights in panels, where inference keeps them
+    pub wp: Option<&'a F32Panels>,
     /// the linear layers in Q8_0/Q4_0 blocks, where the model holds them (inference)
     pub wq: Option<&'a QuantWeights>,
     pub p: &'a LayerParams,
@@ -364,7 +367,8 @@ impl Layer<'_> {
 
     /// A linear layer's weight, with its blocks or bf16 copies where inference keeps them.
     fn weight(&self, r: Span) -> Weight<'_> {
-        QuantWeights::weight_of(self.wq, self.wb, self.w, r.range())
+        let w = QuantWeights::weight_of(self.wq, self.wb, self.w, r.range());
+        F32Panels::attach(self.wp, w, r.offset)
     }
 
     /// Forward phase 2: q, k, v (and diff_v2's λ logits) from ln1, in one product.

@@ -17,6 +17,9 @@ pub struct Need {
     pub workspace: usize,
     /// the KV caches
     pub kv: usize,
+    /// f32 weights kept a second time, in panels, for a batch's decoding
+    /// (`Workspace::keep_f32_panels`)
+    pub panels: usize,
 }
 
 impl Need {
@@ -26,6 +29,7 @@ impl Need {
             params: config.num_params().saturating_mul(16),
             workspace: Workspace::bytes_for(config, batch, seq),
             kv: 0,
+            panels: 0,
         }
     }
 
@@ -44,6 +48,16 @@ impl Need {
             params: config.num_params().saturating_mul(4),
             workspace,
             kv: KvCache::bytes_for(config, cache_len).saturating_mul(caches),
+            panels: 0,
+        }
+    }
+
+    /// With the f32 weights a second time in panels (at most 4 bytes a parameter, the figure
+    /// counted here).
+    pub fn with_f32_panels(self, config: &ModelConfig) -> Self {
+        Need {
+            panels: config.num_params().saturating_mul(4),
+            ..self
         }
     }
 
@@ -51,6 +65,7 @@ impl Need {
         self.params
             .saturating_add(self.workspace)
             .saturating_add(self.kv)
+            .saturating_add(self.panels)
     }
 
     /// Refuses, in one line naming `what` (the flags or input that set the sizes), the figure
@@ -64,6 +79,9 @@ impl Need {
         ));
         if self.kv > 0 {
             parts.push(format!("KV caches {:.1} GiB", gib(self.kv)));
+        }
+        if self.panels > 0 {
+            parts.push(format!("weights in panels {:.1} GiB", gib(self.panels)));
         }
         let detail = format!("({})", parts.join(", "));
         check_memory(what, self.total() as f64, &detail).map_err(Error::Invalid)
@@ -87,6 +105,11 @@ mod tests {
             let need = Need::inference(&m.config, &[(b, t)], 2, 5);
             assert_eq!(need.kv, 2 * kv.bytes());
             assert_eq!(need.params, 4 * m.params.len());
+            let mut ws = Workspace::new(&m, b, t);
+            ws.keep_f32_panels(&m);
+            let copy = ws.bytes() - Workspace::bytes_for(&m.config, b, t);
+            let counted = need.with_f32_panels(&m.config).panels;
+            assert!(copy > 0 && copy <= counted, "{copy} > {counted}");
         }
     }
 

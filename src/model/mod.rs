@@ -4,6 +4,7 @@ pub mod attention;
 pub mod bf16_weights;
 pub mod block;
 pub mod checkpoint;
+pub mod f32_panels;
 pub mod kv_cache;
 pub mod memory;
 #[allow(clippy::module_inception)]

@@ -10,6 +10,7 @@ use super::bf16_weights::Bf16Weights;
 use super::block::{
     block_backward, block_forward, linear_backward, Attend, Dims, Layer, LayerActs, Scratch,
 };
+use super::f32_panels::F32Panels;
 use super::kv_cache::KvCache;
 use super::quant_weights::QuantWeights;
 use crate::config::params::LayerParams;
@@ -77,6 +78,8 @@ pub struct Workspace {
     cur: (usize, usize),
     /// bf16 copies of the model's weights that cached forwards read (`keep_bf16_weights`)
     bf16: Option<super::bf16_weights::Bf16Weights>,
+    /// f32 weights in panels that cached forwards read (`keep_f32_panels`), shareable
+    panels: Option<std::sync::Arc<super::f32_panels::F32Panels>>,
     /// the model's `precision` when this was made, which its buffers are sized for and every
     /// pass through it runs in
     pub precision: Precision,
@@ -211,13 +214,18 @@ impl Model {
         &'a self,
         index: usize,
         p: &'a LayerParams,
-        (wb, wq): (Option<&'a Bf16Weights>, Option<&'a QuantWeights>),
+        (wb, wq, wp): (
+            Option<&'a Bf16Weights>,
+            Option<&'a QuantWeights>,
+            Option<&'a F32Panels>,
+        ),
         precision: Precision,
     ) -> Layer<'a> {
         Layer {
             w: &self.params,
             wb,
             wq,
+            wp,
             p,
             d: &self.dims,
             index,
@@ -284,6 +292,10 @@ impl Model {
             .bf16
             .as_ref()
             .filter(|b| caches.is_some() && b.fits(w.len()));
+        let wp = ws
+            .panels
+            .as_deref()
+            .filter(|p| caches.is_some() && p.fits(w.len()));
         // Every forward reads the quantised weights, where the model holds them.
         let wq = self.quant.as_deref().filter(|q| q.fits(w.len()));
         let (bits, precision) = (ws.logit_bits, ws.precision);
@@ -307,7 +319,7 @@ impl Model {
             block_forward(
                 x,
                 acts,
-                &self.layer(l, p, (wb, wq), precision),
+                &self.layer(l, p, (wb, wq, wp), precision),
                 b,
                 t,
                 attend,
@@ -344,7 +356,11 @@ impl Model {
         matmul_forward(
             &mut ws.logits[..rows * v],
             lnf,
-            QuantWeights::weight_of(wq, wb, w, head.range()),
+            F32Panels::attach(
+                wp,
+                QuantWeights::weight_of(wq, wb, w, head.range()),
+                head.offset,
+            ),
             rows,
             dm,
             v,
@@ -444,7 +460,7 @@ impl Model {
                 grads,
                 &mut ws.scratch,
                 acts,
-                &self.layer(l, p, (None, None), precision),
+                &self.layer(l, p, (None, None, None), precision),
                 b,
                 t,
             );
@@ -507,6 +523,7 @@ impl Workspace {
             dlogits,
             cur: (0, 0),
             bf16: None,
+            panels: None,
             precision: model.precision,
             buffer_bytes: Self::bytes_for(c, batch, seq),
         }
@@ -552,6 +569,22 @@ impl Workspace {
         self.bf16 = None;
     }
 
+    /// Keeps `model`'s f32 weights as they are now packed in panels, which cached forwards'
+    /// products of two to 64 rows (and of one under `set_batch_invariant`) then read where they
+    /// read f32 weights: a server's or a batch's decoding, at the cost of a second copy of the
+    /// weights. Like `keep_bf16_weights`'s copies, they do not follow later changes to
+    /// `model.params`.
+    pub fn keep_f32_panels(&mut self, model: &Model) {
+        self.panels = Some(std::sync::Arc::new(super::f32_panels::F32Panels::new(
+            model,
+        )));
+    }
+
+    /// Reads the panels that `other` keeps (`keep_f32_panels`), without a copy of its own.
+    pub fn share_f32_panels(&mut self, other: &Workspace) {
+        self.panels = other.panels.clone();
+    }
+
     /// (B, T) of the last forward pass: the layout of `layers[l].q`, `k`, `v`, `lam` and `hidden`.
     pub fn last_forward(&self) -> (usize, usize) {
         self.cur
@@ -568,7 +601,9 @@ impl Workspace {
 
     /// Bytes of all buffers.
     pub fn bytes(&self) -> usize {
-        self.buffer_bytes + self.bf16.as_ref().map_or(0, |b| b.bytes())
+        self.buffer_bytes
+            + self.bf16.as_ref().map_or(0, |b| b.bytes())
+            + self.panels.as_ref().map_or(0, |p| p.bytes())
     }
 }
 

@@ -153,7 +153,15 @@ impl<'m> Engine<'m> {
         let ctx = model.config.max_position_embeddings;
         let chunk = opts.chunk.min(ctx);
         let workspaces = [(opts.parallel, 1), (1, chunk)];
-        Need::inference(&model.config, &workspaces, opts.parallel, ctx).check(&format!(
+        // f32 weights are read in panels (`Workspace::keep_f32_panels`), one copy for both
+        let panels = !model.precision.is_bf16() && model.quant.is_none();
+        let need = Need::inference(&model.config, &workspaces, opts.parallel, ctx);
+        let need = if panels {
+            need.with_f32_panels(&model.config)
+        } else {
+            need
+        };
+        need.check(&format!(
             "serving --parallel {} sequences of up to {ctx} tokens",
             opts.parallel
         ))?;
@@ -162,6 +170,9 @@ impl<'m> Engine<'m> {
         if model.precision.is_bf16() {
             decode_ws.keep_bf16_weights(model);
             prefill_ws.keep_bf16_weights(model);
+        } else if panels {
+            decode_ws.keep_f32_panels(model);
+            prefill_ws.share_f32_panels(&decode_ws);
         }
         Ok(Engine {
             model,

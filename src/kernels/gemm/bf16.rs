@@ -812,6 +812,7 @@ mod tests {
                 bf16: None,
                 tiles: Some(&packed),
                 quant: None,
+                panels: None,
             };
             crate::kernels::gemm::matmul_forward(
                 &mut y,

@@ -14,13 +14,16 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 /// decoding's matrix-vector products read (half the bytes from memory), and its bf16 tiles
 /// (`bf16::pack_weight`), which longer forwards multiply without packing it again; or its
 /// Q8_0/Q4_0 blocks (`--quant`), which every product then reads instead
-/// (`kernels::quant`).
+/// (`kernels::quant`); or, in f32, its panels (`Workspace::keep_f32_panels`), which a batch's
+/// decoding reads.
 #[derive(Clone, Copy)]
 pub struct Weight<'a> {
     pub f32: &'a [f32],
     pub bf16: Option<&'a [u16]>,
     pub tiles: Option<&'a [u16]>,
     pub quant: Option<&'a QuantMatrix>,
+    /// the f32 weights in panels (`panels::pack`), which products of a few rows read
+    pub panels: Option<&'a [f32]>,
 }
 
 impl<'a> From<&'a [f32]> for Weight<'a> {
@@ -30,6 +33,7 @@ impl<'a> From<&'a [f32]> for Weight<'a> {
             bf16: None,
             tiles: None,
             quant: None,
+            panels: None,
         }
     }
 }
@@ -159,9 +163,15 @@ pub fn set_batch_invariant(rows: usize) {
     INVARIANT_ROWS.store(rows, Ordering::Relaxed);
 }
 
+/// Whether products must give a row the same bits whatever rows run beside it.
+fn invariant() -> bool {
+    INVARIANT_ROWS.load(Ordering::Relaxed) > 0
+}
+
 /// Up to how many input rows a product with weight `w` takes the matrix-vector path.
 fn gemv_rows(w: &Weight) -> usize {
     match INVARIANT_ROWS.load(Ordering::Relaxed) {
+        0 if w.panels.is_some() => GRID_ROWS,
         0 => GEMV_ROWS,
         _ if w.tiles.is_some() => 0,
         rows => rows.max(GRID_ROWS),
@@ -227,8 +237,9 @@ impl<'a> Gemv<'a> {
     }
 
     /// Outputs ti·GEMV_CHUNK.. of every row. The weight's form picks the kernel: its bf16 tiles
-    /// (`--bf16`, at most GEMV_ROWS rows), f32 rows in `dot_grid` blocks, else a dot per output
-    /// over its bf16 or f32 row.
+    /// (`--bf16`, at most GEMV_ROWS rows), its f32 panels (several rows, or a lone one that a
+    /// batch must match), f32 rows in `dot_grid` blocks, else a dot per output over its bf16 or
+    /// f32 row.
     fn run(&self, ti: usize) {
         let outs = ti * GEMV_CHUNK..((ti + 1) * GEMV_CHUNK).min(self.oc);
         let (x, n, c) = (self.x, self.n, self.c);
@@ -239,6 +250,10 @@ impl<'a> Gemv<'a> {
             return self.blocks16(outs, |o0, _| unsafe {
                 super::bf16::tile_row_sums(x, tiles, o0, n, c)
             });
+        }
+        // (a lone row keeps `lone_row`'s streaming where no batch must match it)
+        if let Some(p) = self.w.panels.filter(|_| self.n > 1 || invariant()) {
+            return self.panel_rows(outs, p);
         }
         #[cfg(target_arch = "x86_64")]
         if self.w.bf16.is_none() && super::cpu::avx512f() {
@@ -337,6 +352,43 @@ impl<'a> Gemv<'a> {
             let [v] =
                 unsafe { crate::kernels::dot_tree::<1, 0, f32>(&self.x[..c], &w[o * c..][..c]) };
             *y = if self.accumulate { *y + v } else { v };
+        }
+    }
+
+    /// The outputs `outs` (whole panels but the matrix's last) from the weights' panels, up to
+    /// `PANEL_ROWS` rows a pass over each panel. With the panels in huge pages (one buffer,
+    /// `F32Panels`), a lone row streams them as fast as `lone_row` streams the weights' rows
+    /// (each panel in small pages of its own: 0.7× at `medium`).
+    fn panel_rows(&self, outs: Range<usize>, p: &[f32]) {
+        use super::panels::{rows, PANEL, PANEL_ROWS};
+        let (n, c) = (self.n, self.c);
+        for o0 in outs.step_by(PANEL) {
+            let panel = &p[o0 * c..][..PANEL * c];
+            let h = PANEL.min(self.oc - o0);
+            for r0 in (0..n).step_by(PANEL_ROWS) {
+                let x = &self.x[r0 * c..];
+                match n - r0 {
+                    1 => self.put(r0, o0, h, &rows::<1>(x, c, panel)),
+                    2 => self.put(r0, o0, h, &rows::<2>(x, c, panel)),
+                    3 => self.put(r0, o0, h, &rows::<3>(x, c, panel)),
+                    4 => self.put(r0, o0, h, &rows::<4>(x, c, panel)),
+                    5 => self.put(r0, o0, h, &rows::<5>(x, c, panel)),
+                    6 => self.put(r0, o0, h, &rows::<6>(x, c, panel)),
+                    7 => self.put(r0, o0, h, &rows::<7>(x, c, panel)),
+                    _ => self.put(r0, o0, h, &rows::<PANEL_ROWS>(x, c, panel)),
+                }
+            }
+        }
+    }
+
+    /// Stores (or adds) the first `h` sums of each row of `sums` at rows r0.. and outputs o0...
+    fn put(&self, r0: usize, o0: usize, h: usize, sums: &[[f32; super::panels::PANEL]]) {
+        for (i, s) in sums.iter().enumerate() {
+            // SAFETY: outputs o0..o0 + h of every row belong to this task alone.
+            let y = unsafe { self.out.slice((r0 + i) * self.oc + o0, h) };
+            for (y, &v) in y.iter_mut().zip(s) {
+                *y = if self.accumulate { *y + v } else { v };
+            }
         }
     }
 
@@ -475,11 +527,47 @@ mod tests {
     }
 
     /// The matrix-vector path gives each row the same bits whether it is multiplied alone or
-    /// among up to 21 others (what the server's batch invariance rests on), over ragged widths
-    /// (tails of the 16-column blocks, of the 16-output blocks, of the 64-output tasks) and
-    /// with accumulation; and the sums are right (against f64).
+    /// among up to 21 others (what the server's batch invariance rests on).
     #[test]
     fn matrix_vector_rows_get_the_same_bits_alone_or_in_a_batch() {
+        rows_alone_or_in_a_batch(&[2, 3, 4, 5, 7, 16, 22], |w, xs, out, n, c, oc, acc, _| {
+            gemv(&[Gemv::new(out, xs, w.into(), n, c, oc, acc)])
+        });
+    }
+
+    /// With the weights also in panels, a batch's rows (2 to 22) take the panel products and
+    /// get the bits a lone row gets from the panels (the server's lone row, under
+    /// `set_batch_invariant`).
+    #[test]
+    fn panel_rows_get_the_same_bits_alone_or_in_a_batch() {
+        rows_alone_or_in_a_batch(
+            &[2, 3, 7, 8, 9, 16, 22],
+            |w, xs, out, n, c, oc, acc, alone| {
+                let p = super::super::panels::pack(w, oc, c);
+                let weight = Weight {
+                    panels: Some(&p),
+                    ..Weight::from(w)
+                };
+                let g = Gemv::new(out, xs, weight, n, c, oc, acc);
+                match alone {
+                    // through the panels task by task, not `gemv`'s dispatch
+                    true => (0..g.tasks()).for_each(|t| {
+                        g.panel_rows(t * GEMV_CHUNK..((t + 1) * GEMV_CHUNK).min(oc), &p)
+                    }),
+                    false => gemv(&[g]),
+                }
+            },
+        );
+    }
+
+    /// Each of 22 rows gets the same bits from `product(w, rows, out, n, c, oc, accumulate,
+    /// alone)` alone as among the first n rows for each n of `batches`, over ragged widths
+    /// (tails of the 16-column blocks, of the 16- and 32-output blocks, of the 64-output tasks)
+    /// and with accumulation; and the sums are right (against f64).
+    fn rows_alone_or_in_a_batch(
+        batches: &[usize],
+        product: impl Fn(&[f32], &[f32], &mut [f32], usize, usize, usize, bool, bool),
+    ) {
         use crate::testutil::randn;
         for (c, oc) in [(37, 70), (512, 130), (16, 17), (100, 3), (1, 64)] {
             let (w, x, base) = (
@@ -488,16 +576,16 @@ mod tests {
                 randn(22 * oc, 3, 1.0),
             );
             for accumulate in [false, true] {
-                let run = |rows: std::ops::Range<usize>| {
+                let run = |rows: std::ops::Range<usize>, alone: bool| {
                     let n = rows.len();
                     let mut out = base[rows.start * oc..rows.end * oc].to_vec();
                     let xs = &x[rows.start * c..rows.end * c];
-                    gemv(&[Gemv::new(&mut out, xs, w[..].into(), n, c, oc, accumulate)]);
+                    product(&w, xs, &mut out, n, c, oc, accumulate, alone);
                     out
                 };
-                let alone: Vec<f32> = (0..22).flat_map(|r| run(r..r + 1)).collect();
-                for n in [2, 3, 4, 5, 7, 16, 22] {
-                    assert_eq!(run(0..n), alone[..n * oc], "c {c} oc {oc} n {n}");
+                let alone: Vec<f32> = (0..22).flat_map(|r| run(r..r + 1, true)).collect();
+                for &n in batches {
+                    assert_eq!(run(0..n, false), alone[..n * oc], "c {c} oc {oc} n {n}");
                 }
                 for (i, &y) in alone.iter().enumerate() {
                     let (r, o) = (i / oc, i % oc);

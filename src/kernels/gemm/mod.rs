@@ -14,6 +14,7 @@ pub mod cpu;
 #[cfg(target_arch = "x86_64")]
 pub mod f32_avx512;
 pub mod linear;
+pub mod panels;
 pub mod small;
 
 pub use super::precision::Precision;
