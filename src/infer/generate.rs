@@ -96,21 +96,18 @@ fn generate_in_pool(
         return Ok(out);
     }
     let longest = used.iter().map(|p| p.len()).max().unwrap_or(1);
-    // a batch's products of few rows read f32 weights in panels, as a server's decoding does
-    // (`Workspace::keep_f32_panels`); a lone prompt streams the weights' rows
-    let panels = b > 1 && !model.precision.is_bf16() && model.quant.is_none();
-    let need = Need::inference(&model.config, &[(b, longest)], b, ctx);
-    let need = if panels {
-        need.with_f32_panels(&model.config)
-    } else {
-        need
-    };
-    need.check(&format!(
-        "generating for {b} prompts of up to {longest} tokens with a context of {ctx}"
-    ))?;
+    // `--bf16`: weights packed once, for prefill and decode (`Workspace::keep_bf16_weights`);
+    // in f32 a batch's products of few rows read the weights in panels, as a server's decoding
+    // does (`Workspace::keep_f32_panels`), and a lone prompt streams the weights' rows
+    let bf16 = model.precision.is_bf16();
+    let panels = b > 1 && !bf16 && model.quant.is_none();
+    Need::inference(&model.config, &[(b, longest)], b, ctx)
+        .with_copies(model, panels)
+        .check(&format!(
+            "generating for {b} prompts of up to {longest} tokens with a context of {ctx}"
+        ))?;
     let mut ws = Workspace::new(model, b, longest);
-    if ws.precision.is_bf16() {
-        // `--bf16`: weights packed once, for prefill and decode (`Workspace::keep_bf16_weights`)
+    if bf16 {
         ws.keep_bf16_weights(model);
     } else if panels {
         ws.keep_f32_panels(model);

@@ -33,7 +33,7 @@ pub use attention_decode::attention_cached;
 pub use pool::on_pool;
 pub use precision::Precision;
 pub(crate) use scratch::{ensure, ensure_aligned, with_thread_buffer, ROW_CHUNK};
-pub use scratch::{prepare_threads, zeroed};
+pub use scratch::{prepare_threads, zeroed, zeroed_u16};
 pub use shared::Grad;
 pub(crate) use shared::SharedMut;
 pub(crate) use simd::prefetch;

@@ -77,16 +77,30 @@ pub(crate) const ROW_CHUNK: usize = 32;
 /// sweeps over hundreds of MiB of activations, and with 4 KiB pages every sweep misses the TLB.
 pub fn zeroed(len: usize) -> Vec<f32> {
     let v = vec![0.0f32; len];
+    advise_huge_pages(v.as_ptr() as usize, len * 4);
+    v
+}
+
+/// `zeroed` for 16-bit values (bf16 weights).
+pub fn zeroed_u16(len: usize) -> Vec<u16> {
+    let v = vec![0u16; len];
+    advise_huge_pages(v.as_ptr() as usize, len * 2);
+    v
+}
+
+/// Asks for huge pages under the 2 MiB-aligned interior of `bytes` bytes from `start`, which
+/// nothing has touched yet (a fresh zeroed allocation).
+fn advise_huge_pages(start: usize, bytes: usize) {
     #[cfg(target_os = "linux")]
     {
         const HUGE: usize = 2 << 20;
-        let (start, end) = (v.as_ptr() as usize, v.as_ptr() as usize + len * 4);
-        let (a, b) = (start.next_multiple_of(HUGE), end / HUGE * HUGE);
+        let (a, b) = (start.next_multiple_of(HUGE), (start + bytes) / HUGE * HUGE);
         if b > a {
-            // SAFETY: [a, b) lies inside v's allocation, and the advice changes no contents.
-            // It is only a hint: where the kernel declines, the pages stay small.
+            // SAFETY: [a, b) lies inside the caller's allocation, and the advice changes no
+            // contents. It is only a hint: where the kernel declines, the pages stay small.
             unsafe { libc::madvise(a as *mut libc::c_void, b - a, libc::MADV_HUGEPAGE) };
         }
     }
-    v
+    #[cfg(not(target_os = "linux"))]
+    let _ = (start, bytes);
 }

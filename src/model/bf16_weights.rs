@@ -3,7 +3,9 @@
 //! packing each weight again on every forward pass and decoding's matrix-vector products read
 //! (half the bytes of f32); elsewhere every parameter as bf16 rows for decoding only.
 
+use super::packed::Places;
 use super::Model;
+use crate::config::params::{ParamLayout, ParamSpec};
 use crate::kernels::gemm::Weight;
 use std::ops::Range;
 
@@ -12,36 +14,55 @@ pub struct Bf16Weights {
     len: usize,
     /// without AVX512_BF16: every parameter rounded to bf16 (nearest even), in the model's layout
     rows: Vec<u16>,
-    /// with AVX512_BF16: (offset of the matrix in the layout, its tiles), by offset
-    tiles: Vec<(usize, Vec<u16>)>,
+    /// with AVX512_BF16: every matrix's tiles, one after another, in one buffer (`Places`)
+    data: Vec<u16>,
+    tiles: Places,
+}
+
+/// Every matrix, in tiles, where the CPU multiplies bf16 (none elsewhere).
+fn places(l: &ParamLayout) -> (Places, Vec<&ParamSpec>) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::kernels::gemm::cpu::avx512_bf16() {
+        return Places::new(l, |_| true, crate::kernels::gemm::bf16::packed_len);
+    }
+    Places::new(l, |_| false, |_, _| 0)
 }
 
 impl Bf16Weights {
     pub(crate) fn new(model: &Model) -> Self {
-        let (mut rows, mut tiles) = (Vec::new(), Vec::new());
-        #[cfg(target_arch = "x86_64")]
-        if crate::kernels::gemm::cpu::avx512_bf16() {
-            for spec in model.layout.specs.iter().filter(|s| s.shape.len() == 2) {
-                let (oc, c) = (spec.shape[0], spec.shape[1]);
-                let w = &model.params[spec.range()];
-                tiles.push((
-                    spec.offset,
-                    crate::kernels::gemm::bf16::pack_weight(w, oc, c),
-                ));
+        let (tiles, specs) = places(&model.layout);
+        let mut data = crate::kernels::zeroed_u16(tiles.total);
+        for (s, at) in specs.iter().zip(tiles.ranges()) {
+            #[cfg(target_arch = "x86_64")]
+            {
+                let w = &model.params[s.range()];
+                let packed = crate::kernels::gemm::bf16::pack_weight(w, s.shape[0], s.shape[1]);
+                data[at].copy_from_slice(&packed);
             }
-            tiles.sort_by_key(|t| t.0);
+            #[cfg(not(target_arch = "x86_64"))]
+            let _ = (s, at);
         }
-        if tiles.is_empty() {
-            rows = model
+        let rows = match specs.is_empty() {
+            true => model
                 .params
                 .iter()
                 .map(|&v| half::bf16::from_f32(v).to_bits())
-                .collect();
-        }
+                .collect(),
+            false => Vec::new(),
+        };
         Bf16Weights {
             len: model.params.len(),
             rows,
+            data,
             tiles,
+        }
+    }
+
+    /// The bytes `new` takes for a model of this layout on this CPU.
+    pub(crate) fn bytes_for(l: &ParamLayout) -> usize {
+        match places(l).0.total {
+            0 => 2 * l.total,
+            tiles => 2 * tiles,
         }
     }
 
@@ -52,11 +73,7 @@ impl Bf16Weights {
 
     /// The weight at `r` of `params` (the f32 values), with its bf16 rows and tiles.
     pub(crate) fn weight<'a>(&'a self, params: &'a [f32], r: Range<usize>) -> Weight<'a> {
-        let tiles = self
-            .tiles
-            .binary_search_by_key(&r.start, |t| t.0)
-            .ok()
-            .map(|i| &self.tiles[i].1[..]);
+        let tiles = self.tiles.find(r.start).map(|at| &self.data[at]);
         Weight {
             f32: &params[r.clone()],
             bf16: (!self.rows.is_empty()).then(|| &self.rows[r]),
@@ -79,6 +96,6 @@ impl Bf16Weights {
     }
 
     pub(crate) fn bytes(&self) -> usize {
-        2 * (self.rows.len() + self.tiles.iter().map(|t| t.1.len()).sum::<usize>())
+        2 * (self.rows.len() + self.data.len())
     }
 }

@@ -4,7 +4,9 @@
 //! the buffers' own sizes (`Workspace::bytes_for`, `KvCache::bytes_for`), the ones
 //! `difftx bench memory` reports.
 
-use super::{KvCache, Workspace};
+use super::bf16_weights::Bf16Weights;
+use super::f32_panels::F32Panels;
+use super::{KvCache, Model, Workspace};
 use crate::config::{check_memory, ModelConfig};
 use crate::error::{Error, Result};
 
@@ -17,9 +19,9 @@ pub struct Need {
     pub workspace: usize,
     /// the KV caches
     pub kv: usize,
-    /// f32 weights kept a second time, in panels, for a batch's decoding
-    /// (`Workspace::keep_f32_panels`)
-    pub panels: usize,
+    /// the weights kept a second time for inference: bf16 copies (`--bf16`,
+    /// `Workspace::keep_bf16_weights`) or f32 panels (a batch's decoding, `keep_f32_panels`)
+    pub copies: usize,
 }
 
 impl Need {
@@ -29,7 +31,7 @@ impl Need {
             params: config.num_params().saturating_mul(16),
             workspace: Workspace::bytes_for(config, batch, seq),
             kv: 0,
-            panels: 0,
+            copies: 0,
         }
     }
 
@@ -48,24 +50,27 @@ impl Need {
             params: config.num_params().saturating_mul(4),
             workspace,
             kv: KvCache::bytes_for(config, cache_len).saturating_mul(caches),
-            panels: 0,
+            copies: 0,
         }
     }
 
-    /// With the f32 weights a second time in panels (at most 4 bytes a parameter, the figure
-    /// counted here).
-    pub fn with_f32_panels(self, config: &ModelConfig) -> Self {
-        Need {
-            panels: config.num_params().saturating_mul(4),
-            ..self
-        }
+    /// With the weights kept a second time for inference, at the bytes they will take: bf16
+    /// copies where `model` multiplies in bf16 (`Workspace::keep_bf16_weights`), else f32
+    /// panels where `panels` (`Workspace::keep_f32_panels`).
+    pub fn with_copies(self, model: &Model, panels: bool) -> Self {
+        let copies = match (model.precision.is_bf16(), panels) {
+            (true, _) => Bf16Weights::bytes_for(&model.layout),
+            (false, true) => F32Panels::bytes_for(&model.layout),
+            (false, false) => 0,
+        };
+        Need { copies, ..self }
     }
 
     pub fn total(&self) -> usize {
         self.params
             .saturating_add(self.workspace)
             .saturating_add(self.kv)
-            .saturating_add(self.panels)
+            .saturating_add(self.copies)
     }
 
     /// Refuses, in one line naming `what` (the flags or input that set the sizes), the figure
@@ -80,8 +85,8 @@ impl Need {
         if self.kv > 0 {
             parts.push(format!("KV caches {:.1} GiB", gib(self.kv)));
         }
-        if self.panels > 0 {
-            parts.push(format!("weights in panels {:.1} GiB", gib(self.panels)));
+        if self.copies > 0 {
+            parts.push(format!("weight copies {:.1} GiB", gib(self.copies)));
         }
         let detail = format!("({})", parts.join(", "));
         check_memory(what, self.total() as f64, &detail).map_err(Error::Invalid)
@@ -108,8 +113,13 @@ mod tests {
             let mut ws = Workspace::new(&m, b, t);
             ws.keep_f32_panels(&m);
             let copy = ws.bytes() - Workspace::bytes_for(&m.config, b, t);
-            let counted = need.with_f32_panels(&m.config).panels;
-            assert!(copy > 0 && copy <= counted, "{copy} > {counted}");
+            assert_eq!(need.with_copies(&m, true).copies, copy);
+            let mut bf16 = m.clone();
+            bf16.precision = crate::kernels::Precision::Bf16;
+            let mut ws = Workspace::new(&bf16, b, t);
+            ws.keep_bf16_weights(&bf16);
+            let copy = ws.bytes() - Workspace::bytes_for(&m.config, b, t);
+            assert_eq!(need.with_copies(&bf16, false).copies, copy);
         }
     }
 

@@ -9,6 +9,7 @@ pub mod kv_cache;
 pub mod memory;
 #[allow(clippy::module_inception)]
 pub mod model;
+mod packed;
 pub mod quant_weights;
 pub mod retrofit;
 

@@ -77,7 +77,7 @@ pub struct Workspace {
     /// (b, t) of the last forward
     cur: (usize, usize),
     /// bf16 copies of the model's weights that cached forwards read (`keep_bf16_weights`)
-    bf16: Option<super::bf16_weights::Bf16Weights>,
+    bf16: Option<std::sync::Arc<super::bf16_weights::Bf16Weights>>,
     /// f32 weights in panels that cached forwards read (`keep_f32_panels`), shareable
     panels: Option<std::sync::Arc<super::f32_panels::F32Panels>>,
     /// the model's `precision` when this was made, which its buffers are sized for and every
@@ -290,7 +290,7 @@ impl Model {
         // Only a cached forward (inference) reads the bf16 copies; they were taken from this model.
         let wb = ws
             .bf16
-            .as_ref()
+            .as_deref()
             .filter(|b| caches.is_some() && b.fits(w.len()));
         let wp = ws
             .panels
@@ -561,7 +561,14 @@ impl Workspace {
     /// f32 weights. The copies do not follow later changes to `model.params`: take them again
     /// after training, or `drop_bf16_weights`.
     pub fn keep_bf16_weights(&mut self, model: &Model) {
-        self.bf16 = Some(super::bf16_weights::Bf16Weights::new(model));
+        self.bf16 = Some(std::sync::Arc::new(super::bf16_weights::Bf16Weights::new(
+            model,
+        )));
+    }
+
+    /// Reads the bf16 copies that `other` keeps (`keep_bf16_weights`), without copies of its own.
+    pub fn share_bf16_weights(&mut self, other: &Workspace) {
+        self.bf16 = other.bf16.clone();
     }
 
     /// Cached forwards read the f32 weights again.

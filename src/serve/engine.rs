@@ -153,23 +153,21 @@ impl<'m> Engine<'m> {
         let ctx = model.config.max_position_embeddings;
         let chunk = opts.chunk.min(ctx);
         let workspaces = [(opts.parallel, 1), (1, chunk)];
-        // f32 weights are read in panels (`Workspace::keep_f32_panels`), one copy for both
-        let panels = !model.precision.is_bf16() && model.quant.is_none();
-        let need = Need::inference(&model.config, &workspaces, opts.parallel, ctx);
-        let need = if panels {
-            need.with_f32_panels(&model.config)
-        } else {
-            need
-        };
-        need.check(&format!(
-            "serving --parallel {} sequences of up to {ctx} tokens",
-            opts.parallel
-        ))?;
+        // the weights a second time, one copy that both workspaces read: bf16 copies with
+        // `--bf16`, else f32 panels (`Workspace::keep_f32_panels`)
+        let bf16 = model.precision.is_bf16();
+        let panels = !bf16 && model.quant.is_none();
+        Need::inference(&model.config, &workspaces, opts.parallel, ctx)
+            .with_copies(model, panels)
+            .check(&format!(
+                "serving --parallel {} sequences of up to {ctx} tokens",
+                opts.parallel
+            ))?;
         let mut decode_ws = Workspace::new(model, opts.parallel, 1);
         let mut prefill_ws = Workspace::new(model, 1, chunk);
-        if model.precision.is_bf16() {
+        if bf16 {
             decode_ws.keep_bf16_weights(model);
-            prefill_ws.keep_bf16_weights(model);
+            prefill_ws.share_bf16_weights(&decode_ws);
         } else if panels {
             decode_ws.keep_f32_panels(model);
             prefill_ws.share_f32_panels(&decode_ws);
