@@ -99,19 +99,14 @@ fn generate_in_pool(
     // `--bf16`: weights packed once, for prefill and decode (`Workspace::keep_bf16_weights`);
     // in f32 a batch's products of few rows read the weights in panels, as a server's decoding
     // does (`Workspace::keep_f32_panels`), and a lone prompt streams the weights' rows
-    let bf16 = model.precision.is_bf16();
-    let panels = b > 1 && !bf16 && model.quant.is_none();
+    let panels = b > 1 && model.quant.is_none();
     Need::inference(&model.config, &[(b, longest)], b, ctx)
         .with_copies(model, panels)
         .check(&format!(
             "generating for {b} prompts of up to {longest} tokens with a context of {ctx}"
         ))?;
     let mut ws = Workspace::new(model, b, longest);
-    if bf16 {
-        ws.keep_bf16_weights(model);
-    } else if panels {
-        ws.keep_f32_panels(model);
-    }
+    ws.keep_weight_copies(model, panels);
     let mut caches: Vec<KvCache> = (0..b).map(|_| KvCache::new(model, ctx)).collect();
     let mut rng = ChaCha8Rng::seed_from_u64(opts.seed);
     let mut scratch = Vec::with_capacity(model.config.vocab_size);

@@ -566,11 +566,6 @@ impl Workspace {
         )));
     }
 
-    /// Reads the bf16 copies that `other` keeps (`keep_bf16_weights`), without copies of its own.
-    pub fn share_bf16_weights(&mut self, other: &Workspace) {
-        self.bf16 = other.bf16.clone();
-    }
-
     /// Cached forwards read the f32 weights again.
     pub fn drop_bf16_weights(&mut self) {
         self.bf16 = None;
@@ -587,9 +582,20 @@ impl Workspace {
         )));
     }
 
-    /// Reads the panels that `other` keeps (`keep_f32_panels`), without a copy of its own.
-    pub fn share_f32_panels(&mut self, other: &Workspace) {
-        self.panels = other.panels.clone();
+    /// Keeps the one copy of the weights that inference reads beside them: bf16 copies where
+    /// `model` multiplies in bf16 (`keep_bf16_weights`), else f32 panels where `panels`
+    /// (`keep_f32_panels`); the copy `Need::with_copies` counts.
+    pub fn keep_weight_copies(&mut self, model: &Model, panels: bool) {
+        if model.precision.is_bf16() {
+            self.keep_bf16_weights(model);
+        } else if panels {
+            self.keep_f32_panels(model);
+        }
+    }
+
+    /// Reads the copies that `other` keeps (`keep_weight_copies`), without copies of its own.
+    pub fn share_weight_copies(&mut self, other: &Workspace) {
+        (self.bf16, self.panels) = (other.bf16.clone(), other.panels.clone());
     }
 
     /// (B, T) of the last forward pass: the layout of `layers[l].q`, `k`, `v`, `lam` and `hidden`.

@@ -153,10 +153,9 @@ impl<'m> Engine<'m> {
         let ctx = model.config.max_position_embeddings;
         let chunk = opts.chunk.min(ctx);
         let workspaces = [(opts.parallel, 1), (1, chunk)];
-        // the weights a second time, one copy that both workspaces read: bf16 copies with
-        // `--bf16`, else f32 panels (`Workspace::keep_f32_panels`)
-        let bf16 = model.precision.is_bf16();
-        let panels = !bf16 && model.quant.is_none();
+        // the weights a second time (bf16 copies with `--bf16`, else f32 panels), one copy
+        // that both workspaces read
+        let panels = model.quant.is_none();
         Need::inference(&model.config, &workspaces, opts.parallel, ctx)
             .with_copies(model, panels)
             .check(&format!(
@@ -164,14 +163,9 @@ impl<'m> Engine<'m> {
                 opts.parallel
             ))?;
         let mut decode_ws = Workspace::new(model, opts.parallel, 1);
+        decode_ws.keep_weight_copies(model, panels);
         let mut prefill_ws = Workspace::new(model, 1, chunk);
-        if bf16 {
-            decode_ws.keep_bf16_weights(model);
-            prefill_ws.share_bf16_weights(&decode_ws);
-        } else if panels {
-            decode_ws.keep_f32_panels(model);
-            prefill_ws.share_f32_panels(&decode_ws);
-        }
+        prefill_ws.share_weight_copies(&decode_ws);
         Ok(Engine {
             model,
             opts: EngineOptions { chunk, ..opts },
