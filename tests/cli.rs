@@ -662,6 +662,42 @@ fn bench_matmul_cold_reports_each_backend_and_refuses_empty_sizes() {
     );
 }
 
+/// `bench matmul --layout nt` (X·Wᵀ) also times bf16 with the weight packed beforehand, as
+/// inference keeps it, where the CPU has AVX512_BF16; the other layouts do not.
+#[test]
+fn bench_matmul_nt_times_bf16_with_the_weight_packed_beforehand() {
+    let has_bf16 = difftx::kernels::gemm::cpu::avx512_bf16();
+    for (layout, packed) in [("nt", has_bf16), ("nn", false)] {
+        let out = difftx(&[
+            "--threads",
+            "2",
+            "bench",
+            "matmul",
+            "--m",
+            "37",
+            "--n",
+            "70",
+            "--k",
+            "45",
+            "--reps",
+            "2",
+            "--layout",
+            layout,
+            "--json",
+        ]);
+        ok(&out);
+        let text = String::from_utf8_lossy(&out.stdout);
+        let row = text
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).expect("one JSON object a line"))
+            .find(|r| r["backend"] == "difftx-bf16-packed");
+        assert_eq!(row.is_some(), packed, "{layout}: {text}");
+        if let Some(r) = row {
+            assert!(r["gflops"].as_f64().unwrap() > 0.0, "{r}");
+        }
+    }
+}
+
 /// `bench decode --batch 5` decodes five sequences together and counts all their tokens; a
 /// batch of 0 is a one-line error.
 #[test]

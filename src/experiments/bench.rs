@@ -191,7 +191,9 @@ pub struct MatmulBench {
 /// transposed, as the model's products do: X·Wᵀ (b_t) forward, dYᵀ·X (a_t) for the weight
 /// gradient. The calls run inside the thread pool, as a training step's do. `cold`: each
 /// repetition takes the next of enough copies of A and C to overflow the L3, as a step's
-/// activations do.
+/// activations do. With B stored transposed (a weight) and AVX512_BF16, also "difftx-bf16-packed":
+/// B packed into bf16 tiles once beforehand, as inference keeps its weights, so that the time
+/// is the product's alone (the product a decoding step or a prefill chunk runs).
 pub fn bench_matmul(
     m: usize,
     n: usize,
@@ -215,19 +217,36 @@ pub fn bench_matmul(
     let mut c: Vec<Vec<f32>> = (0..sets).map(|_| crate::kernels::zeroed(m * n)).collect();
     // touched once now, so that no timed product pays for its output's first page faults
     c.iter_mut().for_each(|c| c.fill(1.0));
-    let mut backends = vec![Backend::F32, Backend::GemmCrate];
-    if crate::kernels::gemm::cpu::avx512_bf16() {
-        backends.push(Backend::Bf16);
+    // (None: bf16 with B packed beforehand)
+    let mut backends = vec![Some(Backend::F32), Some(Backend::GemmCrate)];
+    let bf16 = crate::kernels::gemm::cpu::avx512_bf16();
+    if bf16 {
+        backends.push(Some(Backend::Bf16));
+    }
+    let packed = match bf16 && b_t {
+        true => crate::kernels::gemm::bf16::pack_weight(&b, n, k),
+        false => Vec::new(),
+    };
+    if bf16 && b_t {
+        backends.push(None);
     }
     let mut times = vec![Vec::new(); backends.len()];
     crate::kernels::on_pool(|| {
+        let threads = rayon::current_num_threads();
         for rep in 0..=reps {
             for (bi, &be) in backends.iter().enumerate() {
                 let set = (rep * backends.len() + bi) % sets;
                 let a = &a[set];
                 let lhs = if a_t { Mat::t(a, m) } else { Mat::rows(a, k) };
+                let (d, out) = (Dims::new(m, n, k), Out::set(&mut c[set], n));
                 let t0 = Instant::now();
-                gemm_on(be, Dims::new(m, n, k), lhs, rhs, Out::set(&mut c[set], n));
+                match be {
+                    Some(be) => gemm_on(be, d, lhs, rhs, out),
+                    None => {
+                        use crate::kernels::gemm::bf16::{gemm_packed, PackedB};
+                        gemm_packed(d, lhs, &PackedB::weight(&packed, n, k), out, threads)
+                    }
+                }
                 if rep > 0 {
                     times[bi].push(t0.elapsed().as_secs_f64());
                 }
@@ -242,9 +261,10 @@ pub fn bench_matmul(
             let med = t[t.len() / 2];
             MatmulBench {
                 backend: match be {
-                    Backend::F32 => "difftx".into(),
-                    Backend::GemmCrate => "gemm-crate".into(),
-                    Backend::Bf16 => "difftx-bf16".into(),
+                    Some(Backend::F32) => "difftx".into(),
+                    Some(Backend::GemmCrate) => "gemm-crate".into(),
+                    Some(Backend::Bf16) => "difftx-bf16".into(),
+                    None => "difftx-bf16-packed".into(),
                 },
                 m,
                 n,
