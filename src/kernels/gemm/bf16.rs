@@ -36,6 +36,9 @@ thread_local! {
     /// Two packed tile rows of A, of the task running on this thread; packed B of the call
     /// made from this thread.
     static PACK_A: Cell<Vec<u16>> = const { Cell::new(Vec::new()) };
+    /// A packed whole by the thread that calls a product whose rows are split over tasks
+    /// (`products`), for all of them.
+    static PACK_A_SHARED: Cell<Vec<u16>> = const { Cell::new(Vec::new()) };
     static PACK_B: Cell<Vec<u16>> = const { Cell::new(Vec::new()) };
     /// Whether this thread is inside `with_tiles`, which configured the tiles already.
     static TILES_ON: Cell<bool> = const { Cell::new(false) };
@@ -255,9 +258,13 @@ fn bf16_bits(v: f32) -> u16 {
 /// (see `kernels::prepare_threads`).
 pub(crate) fn reserve(long: usize, short: usize) {
     let b = packed_len(long, short).max(packed_len(short, long));
-    // A is packed two tile rows (one task's) at a time, over a depth of at most `long`.
+    // A is packed two tile rows (one task's) at a time, over a depth of at most `long`, or
+    // whole where its rows are split (fewer than `split_below` blocks of them).
     let a = 2 * long.div_ceil(TK) * TILE;
-    for (slot, n) in [(&PACK_A, a), (&PACK_B, b)] {
+    let shared = a * long
+        .div_ceil(BLOCK)
+        .min(split_below(rayon::current_num_threads()));
+    for (slot, n) in [(&PACK_A, a), (&PACK_A_SHARED, shared), (&PACK_B, b)] {
         with_thread_buffer(slot, |v| {
             crate::kernels::ensure(v, n);
         });
@@ -643,9 +650,20 @@ impl<'a> PackedB<'a> {
     }
 }
 
-/// C (+)= A · B, 32 × 32 blocks of C at a time: a task per two tile rows of A, which it
-/// packs itself, and where A has fewer such rows than there are threads (a decoding step's
-/// few rows), per run of C's column blocks as well. A block's sums do not depend on the split.
+/// Block rows of C below which `products` splits each over runs of its column blocks: with
+/// fewer, a task per block row would leave threads idle (a decoding step's one block row) or
+/// unevenly loaded (a prefill of 37 rows: a block of 32 and one of 5), unless the threads
+/// share them evenly, whole.
+fn split_below(threads: usize) -> usize {
+    4 * threads
+}
+
+/// C (+)= A · B, 32 × 32 blocks of C at a time. With many block rows (or one thread, or
+/// whole rows the threads share evenly), a task per two tile rows of A, which it packs itself
+/// and keeps in L1 for its products; with fewer than `split_below(threads)`, a task per block
+/// row and run of C's column blocks, about `split_below(threads)` tasks in all, reading A
+/// packed beforehand (with the weights packed: a prefill chunk of 37 rows 1.24–1.36×, of 100
+/// rows 1.18–1.24×; 16 and 64 rows level). A block's sums do not depend on the split.
 ///
 /// # Safety
 /// As for `gemm_shared`.
@@ -657,72 +675,108 @@ unsafe fn products(d: Dims, a: Mat, b: PackedB, out: SharedOut, threads: usize) 
             row: b_row,
         },
     ) = (d, b);
-    let SharedOut {
-        dst: dst_ptr,
-        rs: dst_rs,
-        accumulate,
-    } = out;
     let kts = k.div_ceil(TK);
     assert!(
         kts * TILE <= b_row && pb.len() >= (2 * n.div_ceil(BLOCK) - 1) * b_row + kts * TILE,
         "bf16 products: packed B too small"
     );
-    let (row, amx) = (kts * TILE, amx());
+    let row = kts * TILE;
+    // 1. the split: block rows alone, or each over runs of column blocks (A packed here)
     let (blocks, col_blocks) = (m.div_ceil(BLOCK), n.div_ceil(BLOCK));
-    let splits = match blocks < threads {
-        true => (4 * threads).div_ceil(blocks).min(col_blocks),
+    // (whole block rows that the threads share evenly are not split)
+    let even = blocks.is_multiple_of(threads) && m.is_multiple_of(BLOCK);
+    let splits = match threads > 1 && blocks < split_below(threads) && !even {
+        true => split_below(threads).div_ceil(blocks).min(col_blocks),
         false => 1,
     };
     let per_split = col_blocks.div_ceil(splits);
-    let task = |t: usize| {
-        let (bi, js) = (t / splits, t % splits);
-        let cols = js * per_split..((js + 1) * per_split).min(col_blocks);
-        // Each task packs its own two tile rows of A, which then stay in L1 for its products.
-        with_thread_buffer(&PACK_A, |pa| {
-            let a_rows = crate::kernels::ensure(pa, 2 * row);
-            let i0 = bi * BLOCK;
-            // SAFETY: AVX512_BF16 is available (checked by the caller), and with AMX the tiles
-            // are configured on this thread by the caller's session; the caller bounds-checked a; the tile pointers stay
-            // inside the packed rows (kc + kn ≤ kts); each task writes only its own rows
-            // i0..i0+32 of dst, which the caller bounds-checked.
-            unsafe {
-                pack_tile_rows(a_rows, a, 2 * bi, m, k, false);
-                let a = &*a_rows;
-                for kc in (0..kts).step_by(KC_TILES) {
-                    let kn = KC_TILES.min(kts - kc);
-                    for bj in cols.clone() {
-                        let (j0, b) = (bj * BLOCK, pb.as_ptr().add(2 * bj * b_row));
-                        let block = if amx { block } else { block_dot };
-                        // the next block's B, also past the task's columns (the next task's,
-                        // most often this worker's next: bf16 decode at 16 rows 1.08×)
-                        let ahead = if bj + 1 < col_blocks { 2 * b_row } else { 0 };
-                        block(
-                            [a.as_ptr().add(kc * TILE), a.as_ptr().add(row + kc * TILE)],
-                            [b.add(kc * TILE), b.add(b_row + kc * TILE)],
-                            kn,
-                            dst_ptr.ptr(
-                                i0 * dst_rs + j0,
-                                (BLOCK.min(m - i0) - 1) * dst_rs + BLOCK.min(n - j0),
-                            ),
-                            dst_rs,
-                            m - i0,
-                            n - j0,
-                            accumulate || kc > 0,
-                            ahead,
-                        );
+    with_thread_buffer(&PACK_A_SHARED, |shared| {
+        let whole = (splits > 1).then(|| {
+            let whole = crate::kernels::ensure(shared, 2 * blocks * row);
+            // SAFETY: AVX512_BF16 is available and a holds (m, k) (the caller's checks);
+            // each call packs the one tile row its chunk holds.
+            let pack =
+                |(i, t): (usize, &mut [u16])| unsafe { pack_tile_rows(t, a, i, m, k, false) };
+            whole.par_chunks_mut(row).enumerate().for_each(pack);
+            &*whole
+        });
+        // 2. the tasks, (block row, run of column blocks), the block rows interleaved so
+        // that each thread's share mixes long and short ones
+        let task = |t: usize| {
+            let (bi, js) = (t % blocks, t / blocks);
+            let cols = js * per_split..((js + 1) * per_split).min(col_blocks);
+            with_thread_buffer(&PACK_A, |pa| {
+                let a_rows: &[u16] = match whole {
+                    Some(w) => &w[bi * 2 * row..(bi + 1) * 2 * row],
+                    None => {
+                        let a_rows = crate::kernels::ensure(pa, 2 * row);
+                        // SAFETY: as above; these are this task's two tile rows.
+                        unsafe { pack_tile_rows(a_rows, a, 2 * bi, m, k, false) };
+                        a_rows
                     }
-                }
+                };
+                // SAFETY: the task writes only its rows bi·32.. of its columns, which the
+                // caller bounds-checked; with AMX the caller's session configured the tiles.
+                unsafe { block_row(a_rows, pb, b_row, kts, (bi, cols), d, out) };
+            })
+        };
+        let tasks = blocks * splits;
+        if threads > 1 && tasks > 1 {
+            (0..tasks)
+                .into_par_iter()
+                .for_each_init(TileSession::begin, |_, t| task(t));
+        } else {
+            let _tiles = TileSession::begin();
+            (0..tasks).for_each(task);
+        }
+    })
+}
+
+/// Phase 3 of `products`: C's block row `bi` over the column blocks `cols`, from its two
+/// packed tile rows of A, `a` (`row` values each), and B's tiles from `pb`, `b_row` apart.
+///
+/// # Safety
+/// As for `products`; no other task writes these blocks of C.
+unsafe fn block_row(
+    a: &[u16],
+    pb: &[u16],
+    b_row: usize,
+    kts: usize,
+    (bi, cols): (usize, std::ops::Range<usize>),
+    Dims { m, n, .. }: Dims,
+    out: SharedOut,
+) {
+    let row = kts * TILE;
+    let col_blocks = n.div_ceil(BLOCK);
+    let (i0, rs) = (bi * BLOCK, out.rs);
+    let block = if amx() { block } else { block_dot };
+    for kc in (0..kts).step_by(KC_TILES) {
+        let kn = KC_TILES.min(kts - kc);
+        for bj in cols.clone() {
+            let j0 = bj * BLOCK;
+            // the next block's B, also past the task's columns (the next task's, most often
+            // this worker's next: bf16 decode at 16 rows 1.08×)
+            let ahead = if bj + 1 < col_blocks { 2 * b_row } else { 0 };
+            // SAFETY: the tile pointers stay inside the packed rows (kc + kn ≤ kts) and B's
+            // checked length; the block of C is this task's (this fn's `# Safety`).
+            unsafe {
+                let b = pb.as_ptr().add(2 * bj * b_row);
+                block(
+                    [a.as_ptr().add(kc * TILE), a.as_ptr().add(row + kc * TILE)],
+                    [b.add(kc * TILE), b.add(b_row + kc * TILE)],
+                    kn,
+                    out.dst.ptr(
+                        i0 * rs + j0,
+                        (BLOCK.min(m - i0) - 1) * rs + BLOCK.min(n - j0),
+                    ),
+                    rs,
+                    m - i0,
+                    n - j0,
+                    out.accumulate || kc > 0,
+                    ahead,
+                );
             }
-        })
-    };
-    let tasks = blocks * splits;
-    if threads > 1 && tasks > 1 {
-        (0..tasks)
-            .into_par_iter()
-            .for_each_init(TileSession::begin, |_, t| task(t));
-    } else {
-        let _tiles = TileSession::begin();
-        (0..tasks).for_each(task);
+        }
     }
 }
 
