@@ -6,8 +6,8 @@
     python3 scripts/serve_clients.py --url http://127.0.0.1:8091/v1 --model tiny
 
 Checks: completions (whole and streamed give the same text), echo log-probabilities with
-max_tokens 0 (a first null, one row per prompt token), chat (whole and streamed alike), the
-model list, and that an error comes back as the client's typed exception. Exits non-zero on
+max_tokens 0 (a first null, one row per prompt token), chat (whole and streamed alike), chat
+log-probabilities (one row per generated token, the greedy one the likeliest), the model list, and that an error comes back as the client's typed exception. Exits non-zero on
 the first mismatch.
 """
 
@@ -59,6 +59,16 @@ def main():
     )
     assert chat.choices[0].message.content == chat_streamed
     print(f"chat: {chat.usage.completion_tokens} tokens, streamed == whole")
+
+    scored_chat = c.chat.completions.create(
+        model=a.model, messages=msgs, max_tokens=8, temperature=0, logprobs=True, top_logprobs=2
+    )
+    rows = scored_chat.choices[0].logprobs.content
+    assert len(rows) == scored_chat.usage.completion_tokens, rows
+    for r in rows:
+        # greedy: the chosen token is the likeliest of its alternatives
+        assert len(r.top_logprobs) == 2 and r.top_logprobs[0].logprob == r.logprob, r
+    print(f"chat logprobs: {len(rows)} tokens, each the likeliest of its top 2")
 
     try:
         c.completions.create(model=a.model, prompt=prompt, max_tokens=-1)

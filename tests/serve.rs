@@ -287,6 +287,61 @@ fn streamed_completions_equal_whole_ones() {
     }
 }
 
+/// Chat log-probabilities (`logprobs: true`, `top_logprobs`) in OpenAI's chat shape: each
+/// generated token's text, bytes and log-probability equal those a completion of the same
+/// rendered prompt reports, the chosen token is the likeliest at temperature 0, and the
+/// streamed rows equal the whole answer's.
+#[test]
+fn chat_logprobs_equal_the_completions_of_the_rendered_prompt() {
+    let s = start(&[]);
+    let msgs = json!([{"role": "user", "content": "Where is the cat?"}]);
+    let (st, ids) = s.call("/tokenize", json!({"messages": msgs}));
+    assert_eq!(st, 200, "{ids}");
+    let done = s.complete(
+        json!({"prompt": ids["tokens"], "max_tokens": 12, "temperature": 0, "logprobs": 3}),
+    );
+    let legacy = &done["choices"][0]["logprobs"];
+    let body = json!({"messages": msgs, "max_tokens": 12, "temperature": 0, "logprobs": true,
+        "top_logprobs": 3});
+    let (st, chat) = s.call("/v1/chat/completions", body.clone());
+    assert_eq!(st, 200, "{chat}");
+    let content = chat["choices"][0]["logprobs"]["content"]
+        .as_array()
+        .unwrap();
+    assert_eq!(content.len(), 12, "{chat}");
+    for (i, row) in content.iter().enumerate() {
+        assert_eq!(row["token"], legacy["tokens"][i], "{row}");
+        assert_eq!(row["logprob"], legacy["token_logprobs"][i], "{row}");
+        let top = row["top_logprobs"].as_array().unwrap();
+        assert_eq!(top.len(), 3, "{row}");
+        assert_eq!(
+            top[0]["logprob"], row["logprob"],
+            "greedy takes the likeliest: {row}"
+        );
+        // byte-level tokenizer: one byte a token, the text's own where it is ASCII
+        let bytes = row["bytes"].as_array().unwrap();
+        assert_eq!(bytes.len(), 1, "{row}");
+        let text = row["token"].as_str().unwrap();
+        if text.is_ascii() {
+            assert_eq!(bytes[0].as_u64(), Some(text.as_bytes()[0] as u64), "{row}");
+        }
+    }
+    let mut body = body;
+    body["stream"] = json!(true);
+    let streamed: Vec<Value> = sse(s.post("/v1/chat/completions", &body.to_string()))
+        .iter()
+        .filter_map(|c| c["choices"][0]["logprobs"]["content"].as_array().cloned())
+        .flatten()
+        .collect();
+    assert_eq!(&streamed, content);
+    // without `logprobs`, none
+    let (_, plain) = s.call(
+        "/v1/chat/completions",
+        json!({"messages": msgs, "max_tokens": 2, "top_logprobs": 3}),
+    );
+    assert!(plain["choices"][0]["logprobs"].is_null(), "{plain}");
+}
+
 #[test]
 fn echo_logprobs_equal_eval_losses() {
     // prefilled in chunks of 8 tokens, scored against `difftx eval`'s one uncached pass

@@ -141,6 +141,19 @@ impl Tokenizer {
         }
     }
 
+    /// One token's bytes, as OpenAI's chat log-probabilities report them: the byte itself for
+    /// the byte-level tokenizer; for a Hugging Face one, the UTF-8 of the token's text, or
+    /// None where that text is not whole characters (a piece of one, decoded as U+FFFD).
+    pub fn token_bytes(&self, id: u32) -> Option<Vec<u8>> {
+        match self {
+            Tokenizer::Bytes => u8::try_from(id).ok().map(|b| vec![b]),
+            Tokenizer::Hf { .. } => {
+                let text = self.decode(&[id]).ok()?;
+                (!text.contains('\u{FFFD}')).then(|| text.into_bytes())
+            }
+        }
+    }
+
     /// The end-of-text token: the config's `eos_token_id` if it has one (Hugging Face style,
     /// a number or a list whose first entry is used), else a special token of the tokenizer
     /// with a usual end-of-text name. The byte-level tokenizer has none.
@@ -270,6 +283,30 @@ impl TextStream {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A token's bytes: the byte itself for the byte-level tokenizer; for a byte-level BPE
+    /// one (the Llama fixture's), the UTF-8 of whole characters, and none for the two halves
+    /// of "é", which it cuts into two tokens.
+    #[test]
+    fn token_bytes_are_whole_characters_or_none() {
+        let bytes = Tokenizer::Bytes;
+        assert_eq!(bytes.token_bytes(104), Some(vec![104]));
+        assert_eq!(bytes.token_bytes(0xc3), Some(vec![0xc3]));
+        assert_eq!(bytes.token_bytes(300), None);
+        let fixture = "tests/fixtures/hf/llama_gqa/tokenizer.json";
+        let hf = Tokenizer::from_file(
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join(fixture)
+                .as_path(),
+        )
+        .unwrap();
+        let ids = hf.encode("hé!").unwrap();
+        let got: Vec<Option<Vec<u8>>> = ids.iter().map(|&i| hf.token_bytes(i)).collect();
+        let (whole, halves): (Vec<_>, Vec<_>) = got.iter().partition(|b| b.is_some());
+        assert_eq!(halves.len(), 2, "{ids:?}: {got:?}");
+        let text: Vec<u8> = whole.into_iter().flatten().flatten().copied().collect();
+        assert_eq!(text, b"h!", "{ids:?}: {got:?}");
+    }
 
     #[test]
     fn malformed_json_inside_the_decoder_is_an_error_not_a_panic() {

@@ -275,9 +275,9 @@ async fn chat(State(app): AppState, headers: HeaderMap, body: Body) -> Response 
                 // no limit given: up to the end of the context
                 set.max_tokens = ready.context.saturating_sub(ids.len()).max(1);
             }
-            // chat answers carry neither the prompt nor log-probabilities (see SERVING.md)
+            // chat answers do not echo the prompt; their log-probabilities (`logprobs: true`,
+            // `top_logprobs`) cover the generated tokens
             set.echo = false;
-            set.logprobs = None;
             let (ids, texts) = encode(&ready, &[Prompt::Ids(ids)], set.max_tokens)?;
             let stream = set.stream;
             respond(Run::start(app.clone(), Api::Chat, set, ids, texts)?, stream).await

@@ -13,9 +13,8 @@ pub struct Choice {
     emitted: usize,
     stream: TextStream,
     pub generated: usize,
-    /// legacy logprobs rows: token text, log-probability (None for the first prompt token),
-    /// alternatives
-    rows: Vec<(String, Option<f32>, Option<Value>)>,
+    /// the scored tokens (the prompt's, echoed, then the generated ones)
+    rows: Vec<Row>,
     pub finish: Option<&'static str>,
     pub error: Option<String>,
     /// rows and characters already streamed
@@ -23,11 +22,39 @@ pub struct Choice {
     chars_sent: usize,
 }
 
+/// One scored token: its text and bytes, its log-probability (None for the first prompt
+/// token, which nothing predicts) and the most likely tokens in its place.
+struct Row {
+    text: String,
+    bytes: Option<Vec<u8>>,
+    logprob: Option<f32>,
+    /// (text, bytes, log-probability), most likely first
+    top: Vec<(String, Option<Vec<u8>>, f32)>,
+}
+
+impl Row {
+    fn new(tok: &Tokenizer, id: u32, score: Option<&TokenScore>) -> Row {
+        let top = score.map_or(Vec::new(), |s| {
+            let top = s
+                .top
+                .iter()
+                .map(|&(t, lp)| (piece(tok, t), tok.token_bytes(t), lp));
+            top.collect()
+        });
+        Row {
+            text: piece(tok, id),
+            bytes: tok.token_bytes(id),
+            logprob: score.map(|s| s.logprob),
+            top,
+        }
+    }
+}
+
 impl Choice {
     /// A choice whose echoed prompt is `prompt` (its first token is unscored).
     pub fn new(tok: &Tokenizer, prompt: &[u32], echo_rows: bool) -> Self {
         let rows = if echo_rows {
-            vec![(piece(tok, prompt[0]), None, None)]
+            vec![Row::new(tok, prompt[0], None)]
         } else {
             Vec::new()
         };
@@ -49,17 +76,14 @@ impl Choice {
         match ev {
             Event::Prompt(scores) => {
                 let at = self.rows.len();
-                for (i, s) in scores.into_iter().enumerate() {
-                    let id = prompt[at + i];
-                    self.rows
-                        .push((piece(tok, id), Some(s.logprob), Some(top(tok, &s))));
+                for (i, s) in scores.iter().enumerate() {
+                    self.rows.push(Row::new(tok, prompt[at + i], Some(s)));
                 }
             }
             Event::Token(id, score) => {
                 self.generated += 1;
                 if let Some(s) = score {
-                    self.rows
-                        .push((piece(tok, id), Some(s.logprob), Some(top(tok, &s))));
+                    self.rows.push(Row::new(tok, id, Some(&s)));
                 }
                 let new = self.stream.push(tok, id).unwrap_or_default();
                 self.text.push_str(&new);
@@ -125,25 +149,55 @@ impl Choice {
         out
     }
 
-    /// Log-probability rows from `from` on, in the legacy shape, with text offsets counted in
-    /// characters from `offset`.
+    /// Log-probability rows from `from` on, in the legacy shape (`/v1/completions`), with text
+    /// offsets counted in characters from `offset`; each row's alternatives as a dict by text,
+    /// the likelier first where two decode alike.
     pub fn logprobs(&self, from: usize, mut offset: usize) -> Value {
         let (mut tokens, mut lps, mut tops, mut offs) = (vec![], vec![], vec![], vec![]);
-        for (t, lp, top) in &self.rows[from.min(self.rows.len())..] {
-            tokens.push(json!(t));
-            lps.push(json!(lp));
-            tops.push(top.clone().unwrap_or(Value::Null));
+        for r in &self.rows[from.min(self.rows.len())..] {
+            tokens.push(json!(r.text));
+            lps.push(json!(r.logprob));
+            tops.push(match r.logprob {
+                None => Value::Null,
+                Some(_) => {
+                    let mut m = Map::new();
+                    for (t, _, lp) in &r.top {
+                        m.entry(t.clone()).or_insert(json!(lp));
+                    }
+                    Value::Object(m)
+                }
+            });
             offs.push(json!(offset));
-            offset += t.chars().count();
+            offset += r.text.chars().count();
         }
         json!({"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offs})
     }
 
-    /// The rows not streamed yet, with their offsets.
-    pub fn fresh_logprobs(&mut self) -> Value {
-        let v = self.logprobs(self.rows_sent, self.chars_sent);
-        for (t, _, _) in &self.rows[self.rows_sent..] {
-            self.chars_sent += t.chars().count();
+    /// Log-probability rows from `from` on, in the chat shape (`/v1/chat/completions`):
+    /// `{"content": [{"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob",
+    /// "bytes"}, …]}, …]}`.
+    pub fn chat_logprobs(&self, from: usize) -> Value {
+        let entry =
+            |t: &str, b: &Option<Vec<u8>>, lp: f32| json!({"token": t, "logprob": lp, "bytes": b});
+        let content: Vec<Value> = self.rows[from.min(self.rows.len())..]
+            .iter()
+            .map(|r| {
+                let mut e = entry(&r.text, &r.bytes, r.logprob.unwrap_or(f32::NAN));
+                e["top_logprobs"] = r.top.iter().map(|(t, b, lp)| entry(t, b, *lp)).collect();
+                e
+            })
+            .collect();
+        json!({ "content": content })
+    }
+
+    /// The rows not streamed yet, in the legacy shape with their offsets, or in the chat shape.
+    pub fn fresh_logprobs(&mut self, chat: bool) -> Value {
+        let v = match chat {
+            true => self.chat_logprobs(self.rows_sent),
+            false => self.logprobs(self.rows_sent, self.chars_sent),
+        };
+        for r in &self.rows[self.rows_sent..] {
+            self.chars_sent += r.text.chars().count();
         }
         self.rows_sent = self.rows.len();
         v
@@ -153,12 +207,4 @@ impl Choice {
 /// One token's text.
 pub fn piece(tok: &Tokenizer, id: u32) -> String {
     tok.decode(&[id]).unwrap_or_default()
-}
-
-fn top(tok: &Tokenizer, s: &TokenScore) -> Value {
-    let mut m = Map::new();
-    for &(id, lp) in &s.top {
-        m.entry(piece(tok, id)).or_insert(json!(lp));
-    }
-    Value::Object(m)
 }

@@ -180,7 +180,10 @@ impl Run {
                         let lp = self.set.logprobs.map(|_| c.logprobs(0, 0));
                         json!({"index": i, "text": format!("{echo}{}", c.text), "logprobs": lp, "finish_reason": c.finish})
                     }
-                    Api::Chat => json!({"index": i, "message": {"role": "assistant", "content": c.text}, "logprobs": null, "finish_reason": c.finish}),
+                    Api::Chat => {
+                        let lp = self.set.logprobs.map(|_| c.chat_logprobs(0));
+                        json!({"index": i, "message": {"role": "assistant", "content": c.text}, "logprobs": lp, "finish_reason": c.finish})
+                    }
                 }
             })
             .collect();
@@ -200,11 +203,18 @@ impl Run {
     fn chunk(&mut self, i: usize, text: &str, finish: Option<&str>) -> Bytes {
         let choice = match self.api {
             Api::Completions => {
-                let lp = self.set.logprobs.map(|_| self.choices[i].fresh_logprobs());
+                let lp = self
+                    .set
+                    .logprobs
+                    .map(|_| self.choices[i].fresh_logprobs(false));
                 json!({"index": i, "text": text, "logprobs": lp, "finish_reason": finish})
             }
             Api::Chat => {
-                json!({"index": i, "delta": {"content": text}, "logprobs": null, "finish_reason": finish})
+                let lp = self
+                    .set
+                    .logprobs
+                    .map(|_| self.choices[i].fresh_logprobs(true));
+                json!({"index": i, "delta": {"content": text}, "logprobs": lp, "finish_reason": finish})
             }
         };
         self.event(json!([choice]), Value::Null)
