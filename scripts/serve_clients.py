@@ -5,7 +5,7 @@
     difftx serve --model /tmp/tiny --port 8091 &
     python3 scripts/serve_clients.py --url http://127.0.0.1:8091/v1 --model tiny
 
-Checks: completions (whole and streamed give the same text), echo log-probabilities with
+Checks: completions (whole and streamed give the same text), n choices (repeated by the seed), echo log-probabilities with
 max_tokens 0 (a first null, one row per prompt token), chat (whole and streamed alike), chat
 log-probabilities (one row per generated token, the greedy one the likeliest), the model list, and that an error comes back as the client's typed exception. Exits non-zero on
 the first mismatch.
@@ -39,6 +39,16 @@ def main():
     )
     assert whole.choices[0].text == streamed, (whole.choices[0].text, streamed)
     print(f"completions: {whole.usage.completion_tokens} tokens, streamed == whole")
+
+    drawn = c.completions.create(
+        model=a.model, prompt=prompt, max_tokens=12, temperature=1, seed=7, n=3
+    )
+    assert [ch.index for ch in drawn.choices] == [0, 1, 2], drawn
+    again = c.completions.create(
+        model=a.model, prompt=prompt, max_tokens=12, temperature=1, seed=7, n=3
+    )
+    assert [ch.text for ch in again.choices] == [ch.text for ch in drawn.choices]
+    print(f"n=3: {len({ch.text for ch in drawn.choices})} distinct choices, repeated by the seed")
 
     scored = c.completions.create(
         model=a.model, prompt=prompt, max_tokens=0, echo=True, logprobs=1, temperature=0

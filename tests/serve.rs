@@ -342,6 +342,67 @@ fn chat_logprobs_equal_the_completions_of_the_rendered_prompt() {
     assert!(plain["choices"][0]["logprobs"].is_null(), "{plain}");
 }
 
+/// `n` choices per prompt, in OpenAI's order (prompt p's j-th at index p·n + j): sampled
+/// ones differ from each other and repeat with the seed, greedy ones are alike, streamed
+/// ones equal the whole answer's, each prompt counts once in `usage`; n outside 1..=128 is
+/// a 400 naming `n`.
+#[test]
+fn n_choices_per_prompt_in_openai_order() {
+    let s = start(&[]);
+    let texts = |v: &Value| -> Vec<String> {
+        let c = v["choices"].as_array().unwrap();
+        assert!(c.iter().enumerate().all(|(i, c)| c["index"] == i), "{v}");
+        c.iter()
+            .map(|c| c["text"].as_str().unwrap().into())
+            .collect()
+    };
+    let body = json!({"prompt": ["The cat", "A dog ran"], "n": 3, "max_tokens": 16,
+        "temperature": 1.0, "seed": 5, "echo": true});
+    let v = s.complete(body.clone());
+    let got = texts(&v);
+    assert_eq!(got.len(), 6, "{v}");
+    for (i, t) in got.iter().enumerate() {
+        assert!(t.starts_with(["The cat", "A dog ran"][i / 3]), "{i}: {t}");
+    }
+    assert!(
+        got[0] != got[1] || got[1] != got[2],
+        "three draws alike: {got:?}"
+    );
+    assert_eq!(
+        texts(&s.complete(body.clone())),
+        got,
+        "the seed repeats them"
+    );
+    assert_eq!(v["usage"]["prompt_tokens"], 7 + 9, "{v}");
+    let mut streamed = vec![String::new(); 6];
+    let mut stream = body;
+    stream["stream"] = json!(true);
+    for c in sse(s.post("/v1/completions", &stream.to_string())) {
+        for ch in c["choices"].as_array().unwrap() {
+            let i = ch["index"].as_u64().unwrap() as usize;
+            streamed[i].push_str(ch["text"].as_str().unwrap_or(""));
+        }
+    }
+    assert_eq!(streamed, got);
+    let greedy =
+        s.complete(json!({"prompt": "The cat", "n": 2, "max_tokens": 8, "temperature": 0}));
+    let g = texts(&greedy);
+    assert_eq!((g.len(), &g[0]), (2, &g[1]));
+    let (st, chat) = s.call(
+        "/v1/chat/completions",
+        json!({"messages": [{"role": "user", "content": "Hi"}], "n": 2, "max_tokens": 4}),
+    );
+    assert_eq!(
+        (st, chat["choices"].as_array().map(Vec::len)),
+        (200, Some(2)),
+        "{chat}"
+    );
+    for bad in [json!(0), json!(129), json!(1.5), json!("2")] {
+        let (st, e) = s.call("/v1/completions", json!({"prompt": "a", "n": bad}));
+        assert_eq!((st, &e["error"]["param"]), (400, &json!("n")), "{bad}: {e}");
+    }
+}
+
 #[test]
 fn echo_logprobs_equal_eval_losses() {
     // prefilled in chunks of 8 tokens, scored against `difftx eval`'s one uncached pass

@@ -64,7 +64,12 @@ pub struct Settings {
     pub echo: bool,
     /// log-probabilities with this many alternatives per token
     pub logprobs: Option<usize>,
+    /// choices per prompt, each drawn with its own seed
+    pub n: usize,
 }
+
+/// The most choices a request may ask for per prompt (`n`), as OpenAI's API allows.
+pub const MAX_N: usize = 128;
 
 /// The `model` field, when given, must name the served model.
 pub fn check_model(req: &Value, served: &str) -> ApiResult<()> {
@@ -261,10 +266,12 @@ pub fn settings(req: &Value, max_keys: &[&'static str], default_max: usize) -> A
     // top_k ≤ 0 (vLLM's -1) means no limit
     let top_k = whole(req, "top_k")?.filter(|&k| k > 0).map(|k| k as usize);
     let seed = whole(req, "seed")?.map(|s| s as u64);
-    if let Some(n) = whole(req, "n")? {
-        if n != 1 {
-            return Err(ApiError::bad("n", format!("only n = 1 is served, got {n}")));
-        }
+    let n = whole(req, "n")?.unwrap_or(1);
+    if !(1..=MAX_N as i64).contains(&n) {
+        return Err(ApiError::bad(
+            "n",
+            format!("n must be in 1..={MAX_N}, got {n}"),
+        ));
     }
     let stop = match req.get("stop") {
         None | Some(Value::Null) => Vec::new(),
@@ -312,6 +319,7 @@ pub fn settings(req: &Value, max_keys: &[&'static str], default_max: usize) -> A
         include_usage,
         echo: flag(req, "echo")?,
         logprobs: logprobs.map(|k| k as usize),
+        n: n as usize,
     })
 }
 

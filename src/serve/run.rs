@@ -49,8 +49,16 @@ impl Drop for Run {
     }
 }
 
+/// Each of `xs` `n` times in a row.
+fn copies<T: Clone>(xs: Vec<T>, n: usize) -> Vec<T> {
+    xs.iter()
+        .flat_map(|x| std::iter::repeat_n(x.clone(), n))
+        .collect()
+}
+
 impl Run {
-    /// Queues one job per prompt; 429 when the queue is full.
+    /// Queues `set.n` jobs per prompt, choice `p · n + j` the j-th of prompt p (OpenAI's
+    /// order), each drawn with the request's seed plus j; 429 when the queue is full.
     pub fn start(
         app: Arc<App>,
         api: Api,
@@ -59,6 +67,7 @@ impl Run {
         echo_texts: Vec<String>,
     ) -> ApiResult<Run> {
         let ready = app.ready()?;
+        let (prompts, echo_texts) = (copies(prompts, set.n), copies(echo_texts, set.n));
         let n = app.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = unbounded_channel();
         let cancel: Vec<Arc<AtomicBool>> = prompts.iter().map(|_| Arc::default()).collect();
@@ -91,11 +100,10 @@ impl Run {
                 prompt: p.clone(),
                 max_tokens: run.set.max_tokens,
                 sampling: run.set.sampling,
-                // unseeded requests differ from each other
-                seed: run
-                    .set
-                    .seed
-                    .unwrap_or(n.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ created),
+                // unseeded requests differ from each other; a prompt's n choices too
+                seed: (run.set.seed)
+                    .unwrap_or(n.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ created)
+                    .wrapping_add((i % run.set.n) as u64),
                 eos: ready.eos,
                 logprobs: run.set.logprobs,
                 echo: scored,
@@ -148,7 +156,8 @@ impl Run {
     }
 
     fn usage(&self) -> Value {
-        let p: usize = self.prompts.iter().map(Vec::len).sum();
+        // each prompt counted once, however many choices it has
+        let p: usize = self.prompts.iter().step_by(self.set.n).map(Vec::len).sum();
         let c: usize = self.choices.iter().map(|c| c.generated).sum();
         json!({"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c})
     }
