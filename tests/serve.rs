@@ -730,6 +730,19 @@ fn a_full_queue_answers_429_and_the_rest_complete() {
         .get("/metrics")
         .1
         .contains("difftx_requests_total{status=\"429\"}"));
+    // more choices than the queue could ever hold: a 400 naming n, not a 429 forever
+    let (st, e) = s.call(
+        "/v1/completions",
+        json!({"prompt": "a", "n": 2, "max_tokens": 1}),
+    );
+    assert_eq!((st, &e["error"]["param"]), (400, &json!("n")), "{e}");
+    assert!(
+        e["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("--max-queue"),
+        "{e}"
+    );
 }
 
 #[test]

@@ -68,6 +68,18 @@ impl Run {
     ) -> ApiResult<Run> {
         let ready = app.ready()?;
         let (prompts, echo_texts) = (copies(prompts, set.n), copies(echo_texts, set.n));
+        // more choices than the queue holds would be refused however long the client waited
+        if prompts.len() > app.opts.max_queue {
+            return Err(ApiError::bad(
+                if set.n > 1 { "n" } else { "prompt" },
+                format!(
+                    "{} choices (n = {} for each prompt) exceed the queue of {} (--max-queue)",
+                    prompts.len(),
+                    set.n,
+                    app.opts.max_queue
+                ),
+            ));
+        }
         let n = app.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = unbounded_channel();
         let cancel: Vec<Arc<AtomicBool>> = prompts.iter().map(|_| Arc::default()).collect();
