@@ -403,6 +403,47 @@ fn n_choices_per_prompt_in_openai_order() {
     }
 }
 
+/// `logit_bias` moves the logits before each token is drawn and scored: +100 on "A" makes
+/// greedy text all "A" with log-probabilities near 0; -100 on every byte but "B" leaves "B";
+/// keys that are not token ids of the vocabulary, biases outside [-100, 100] and a
+/// non-object are 400s naming `logit_bias`.
+#[test]
+fn logit_bias_steers_the_draw_and_is_checked() {
+    let s = start(&[]);
+    let body = |bias: Value| {
+        json!({"prompt": "The cat", "max_tokens": 8, "temperature": 0, "logprobs": 0,
+            "logit_bias": bias})
+    };
+    let a = s.complete(body(json!({"65": 100})));
+    assert_eq!(text(&a), "AAAAAAAA", "{a}");
+    for lp in a["choices"][0]["logprobs"]["token_logprobs"]
+        .as_array()
+        .unwrap()
+    {
+        assert!(lp.as_f64().unwrap() > -1e-3, "{a}");
+    }
+    // -100 on every byte but "B": only "B" is left to draw
+    let away: serde_json::Map<String, Value> = (0..256)
+        .filter(|&t| t != 66)
+        .map(|t| (t.to_string(), json!(-100)))
+        .collect();
+    let b = s.complete(body(Value::Object(away)));
+    assert_eq!(text(&b), "BBBBBBBB", "{b}");
+    for bad in [
+        json!({"x": 1}),
+        json!({"65": 200}),
+        json!({"300": 1}),
+        json!([1]),
+    ] {
+        let (st, e) = s.call("/v1/completions", body(bad.clone()));
+        assert_eq!(
+            (st, &e["error"]["param"]),
+            (400, &json!("logit_bias")),
+            "{bad}: {e}"
+        );
+    }
+}
+
 #[test]
 fn echo_logprobs_equal_eval_losses() {
     // prefilled in chunks of 8 tokens, scored against `difftx eval`'s one uncached pass

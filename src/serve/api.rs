@@ -66,6 +66,8 @@ pub struct Settings {
     pub logprobs: Option<usize>,
     /// choices per prompt, each drawn with its own seed
     pub n: usize,
+    /// (token id, bias) added to the logits before each token is drawn and scored
+    pub logit_bias: Vec<(u32, f32)>,
 }
 
 /// The most choices a request may ask for per prompt (`n`), as OpenAI's API allows.
@@ -320,7 +322,34 @@ pub fn settings(req: &Value, max_keys: &[&'static str], default_max: usize) -> A
         echo: flag(req, "echo")?,
         logprobs: logprobs.map(|k| k as usize),
         n: n as usize,
+        logit_bias: logit_bias(req)?,
     })
+}
+
+/// `logit_bias`: `{"token id": bias}`, each bias in [-100, 100] as OpenAI takes it (the ids
+/// are checked against the vocabulary where it is known, `check_ids`).
+fn logit_bias(req: &Value) -> ApiResult<Vec<(u32, f32)>> {
+    let bad = |m: String| ApiError::bad("logit_bias", m);
+    match req.get("logit_bias") {
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(Value::Object(m)) => m
+            .iter()
+            .map(|(k, v)| {
+                let id = k
+                    .parse::<u32>()
+                    .map_err(|_| bad(format!("logit_bias keys are token ids, got {k:?}")))?;
+                match v.as_f64() {
+                    Some(b) if (-100.0..=100.0).contains(&b) => Ok((id, b as f32)),
+                    _ => Err(bad(format!(
+                        "logit_bias of token {id} must be a number in [-100, 100], got {v}"
+                    ))),
+                }
+            })
+            .collect(),
+        Some(v) => Err(bad(format!(
+            "logit_bias must be an object of token ids to biases, got {v}"
+        ))),
+    }
 }
 
 #[cfg(test)]

@@ -59,6 +59,8 @@ pub struct Job {
     pub eos: Option<u32>,
     /// the log-probability of each new token, and this many most likely alternatives
     pub logprobs: Option<usize>,
+    /// (token id, bias) added to the logits of each new token before it is drawn and scored
+    pub logit_bias: Vec<(u32, f32)>,
     /// also score every prompt token after the first (`Event::Prompt`)
     pub echo: bool,
     /// receives the job's events; returns false when nobody listens any more, which cancels
@@ -140,6 +142,8 @@ pub struct Engine<'m> {
     decode_ws: Workspace,
     prefill_ws: Workspace,
     scratch: Vec<(f32, u32)>,
+    /// a row of logits with a job's `logit_bias` added
+    biased: Vec<f32>,
     gauges: Arc<EngineGauges>,
 }
 
@@ -176,6 +180,7 @@ impl<'m> Engine<'m> {
             decode_ws,
             prefill_ws,
             scratch: Vec::with_capacity(model.config.vocab_size),
+            biased: Vec::with_capacity(model.config.vocab_size),
             gauges,
         })
     }
@@ -416,6 +421,17 @@ impl<'m> Engine<'m> {
     /// retires the sequence when it is finished or nobody listens.
     fn emit(&mut self, slot: usize, row: &[f32]) {
         let s = &mut self.seqs[slot];
+        let row = match s.job.logit_bias.is_empty() {
+            true => row,
+            false => {
+                self.biased.clear();
+                self.biased.extend_from_slice(row);
+                for &(t, b) in &s.job.logit_bias {
+                    self.biased[t as usize] += b;
+                }
+                &self.biased
+            }
+        };
         let tok = sample(row, &s.job.sampling, &mut s.rng, &mut self.scratch);
         let scored = s.job.logprobs.map(|k| score(row, tok, k));
         s.generated += 1;
@@ -505,6 +521,7 @@ mod tests {
             seed: 1,
             eos: None,
             logprobs: None,
+            logit_bias: Vec::new(),
             echo: false,
             sink: Box::new(move |e| {
                 if let Event::Token(..) = e {

@@ -67,6 +67,8 @@ impl Run {
         echo_texts: Vec<String>,
     ) -> ApiResult<Run> {
         let ready = app.ready()?;
+        let bias: Vec<u32> = set.logit_bias.iter().map(|b| b.0).collect();
+        super::api::check_ids(&bias, ready.vocab, "logit_bias")?;
         let (prompts, echo_texts) = (copies(prompts, set.n), copies(echo_texts, set.n));
         // more choices than the queue holds would be refused however long the client waited
         if prompts.len() > app.opts.max_queue {
@@ -118,6 +120,7 @@ impl Run {
                     .wrapping_add((i % run.set.n) as u64),
                 eos: ready.eos,
                 logprobs: run.set.logprobs,
+                logit_bias: run.set.logit_bias.clone(),
                 echo: scored,
                 sink: Box::new(move |ev| !flag.load(Ordering::Relaxed) && tx.send((i, ev)).is_ok()),
             };
