@@ -5,7 +5,7 @@
     difftx serve --model /tmp/tiny --port 8091 &
     python3 scripts/serve_clients.py --url http://127.0.0.1:8091/v1 --model tiny
 
-Checks: completions (whole and streamed give the same text), n choices (repeated by the seed), echo log-probabilities with
+Checks: completions (whole and streamed give the same text), n choices (repeated by the seed), logit_bias, echo log-probabilities with
 max_tokens 0 (a first null, one row per prompt token), chat (whole and streamed alike), chat
 log-probabilities (one row per generated token, the greedy one the likeliest), the model list, and that an error comes back as the client's typed exception. Exits non-zero on
 the first mismatch.
@@ -49,6 +49,13 @@ def main():
     )
     assert [ch.text for ch in again.choices] == [ch.text for ch in drawn.choices]
     print(f"n=3: {len({ch.text for ch in drawn.choices})} distinct choices, repeated by the seed")
+
+    biased = c.completions.create(
+        model=a.model, prompt=prompt, max_tokens=4, temperature=0, logit_bias={"65": 100}
+    )
+    # byte-level tokenizer (difftx init's): token 65 is "A"
+    assert biased.choices[0].text == "AAAA", biased
+    print("logit_bias: +100 on token 65 gives AAAA")
 
     scored = c.completions.create(
         model=a.model, prompt=prompt, max_tokens=0, echo=True, logprobs=1, temperature=0
