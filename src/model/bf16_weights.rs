@@ -36,8 +36,12 @@ impl Bf16Weights {
             #[cfg(target_arch = "x86_64")]
             {
                 let w = &model.params[s.range()];
-                let packed = crate::kernels::gemm::bf16::pack_weight(w, s.shape[0], s.shape[1]);
-                data[at].copy_from_slice(&packed);
+                crate::kernels::gemm::bf16::pack_weight_into(
+                    &mut data[at],
+                    w,
+                    s.shape[0],
+                    s.shape[1],
+                );
             }
             #[cfg(not(target_arch = "x86_64"))]
             let _ = (s, at);

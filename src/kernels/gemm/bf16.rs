@@ -271,23 +271,22 @@ pub(crate) fn reserve(long: usize, short: usize) {
     }
 }
 
-/// Packs Bᵀ = x (rows, depth) whole, into ceil(rows / 32) · 2 tile rows (see
-/// `pack_tile_rows`): every task of a product reads all of it.
-fn pack_b(buf: &mut Vec<u16>, x: Mat, rows: usize, depth: usize, threads: usize) {
+/// Packs Bᵀ = x (rows, depth) whole into `dst` (`packed_len(rows, depth)` values), as
+/// ceil(rows / 32) · 2 tile rows (see `pack_tile_rows`): every task of a product reads all of
+/// it.
+fn pack_b(dst: &mut [u16], x: Mat, rows: usize, depth: usize, threads: usize) {
     let (rts, kts) = (rows.div_ceil(BLOCK) * 2, depth.div_ceil(TK));
-    let len = rts * kts * TILE;
-    crate::kernels::ensure(buf, len);
+    assert_eq!(dst.len(), packed_len(rows, depth), "pack_b: wrong length");
     // SAFETY: `available()` was checked by the caller; the caller bounds-checked x.
     let run = |(i, dst): (usize, &mut [u16])| unsafe {
         pack_tile_rows(dst, x, i * PACK_ROWS, rows, depth, true)
     };
     if threads > 1 && rts > PACK_ROWS {
-        buf[..len]
-            .par_chunks_mut(PACK_ROWS * kts * TILE)
+        dst.par_chunks_mut(PACK_ROWS * kts * TILE)
             .enumerate()
             .for_each(run);
     } else {
-        run((0, &mut buf[..len]));
+        run((0, dst));
     }
 }
 
@@ -508,7 +507,8 @@ pub fn gemm(d: Dims, a: Mat, b: Mat, out: Out, threads: usize) {
 /// No other thread may access rows 0..m (`out.rs` apart) of n columns of the output meanwhile.
 pub(crate) unsafe fn gemm_shared(d: Dims, a: Mat, b: Mat, out: SharedOut, threads: usize) {
     with_thread_buffer(&PACK_B, |pb| {
-        pack_b(pb, b.transposed(), d.n, d.k, threads);
+        let dst = crate::kernels::ensure(pb, packed_len(d.n, d.k));
+        pack_b(dst, b.transposed(), d.n, d.k, threads);
         let b = PackedB {
             tiles: pb,
             row: b_row(d.k),
@@ -522,10 +522,16 @@ pub(crate) unsafe fn gemm_shared(d: Dims, a: Mat, b: Mat, out: SharedOut, thread
 /// Packs the weight w (oc, c) of a linear layer, row-major as in torch `Linear`, as the B
 /// operand of x · wᵀ, once, for `gemm_packed` (inference, where the weights do not change).
 pub fn pack_weight(w: &[f32], oc: usize, c: usize) -> Vec<u16> {
-    assert!(w.len() >= oc * c, "pack_weight: {} < {oc}×{c}", w.len());
-    let mut buf = Vec::new();
-    pack_b(&mut buf, Mat::rows(w, c), oc, c, 1);
+    let mut buf = vec![0; packed_len(oc, c)];
+    pack_weight_into(&mut buf, w, oc, c);
     buf
+}
+
+/// `pack_weight` into `dst` (`packed_len(oc, c)` values): a place in a buffer that holds
+/// every matrix's tiles (`Bf16Weights`).
+pub fn pack_weight_into(dst: &mut [u16], w: &[f32], oc: usize, c: usize) {
+    assert!(w.len() >= oc * c, "pack_weight: {} < {oc}×{c}", w.len());
+    pack_b(dst, Mat::rows(w, c), oc, c, 1);
 }
 
 /// Length of `pack_weight(w, oc, c)`.
@@ -604,9 +610,10 @@ impl<'a> PackedB<'a> {
 
     /// Packs b (k × n) into buf, one thread. The caller bounds-checked b and `available()`.
     pub(crate) fn pack(buf: &'a mut Vec<u16>, b: Mat, k: usize, n: usize) -> PackedB<'a> {
-        pack_b(buf, b.transposed(), n, k, 1);
+        let tiles = crate::kernels::ensure(buf, packed_len(n, k));
+        pack_b(tiles, b.transposed(), n, k, 1);
         PackedB {
-            tiles: &buf[..packed_len(n, k)],
+            tiles,
             row: b_row(k),
         }
     }
