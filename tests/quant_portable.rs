@@ -1,5 +1,6 @@
-//! `--quant` on a CPU without AVX512-VNNI: the quantised products run on the portable engine
-//! (plain integer loops), and the model's logits are those of the VNNI engine and near f32's.
+//! `--quant` on a CPU without AVX2: the quantised products run on the portable engine (plain
+//! integer loops), and the model's logits are those of the SIMD engine this CPU has (VNNI or
+//! AVX2, which give the same bits) and near f32's.
 //! `kernels::quant::force_portable` makes this CPU take that path. One test in this file:
 //! the switch is process-wide.
 
@@ -38,18 +39,19 @@ fn rms(a: &[f32], b: &[f32]) -> f32 {
 /// Every kind, Q8_0 and Q4_0, prefill and decode: forced onto the portable engine, the
 /// quantised model's logits stay within the quantisation error of f32's (RMS under 3% of the
 /// logits' spread for Q8_0, 30% for Q4_0, the bounds of the model's own quantisation test);
-/// and where this CPU has VNNI, they are the VNNI engine's: both take the same integer dot
+/// and where this CPU has a SIMD engine, they are its: both take the same integer dot
 /// products and differ only in the order they add the blocks' scaled sums, which can flip a
 /// later layer's int8 rounding of its input. Measured (2026-11-25): five cases agree to f32
 /// rounding (max 4e-7), diff_v1 Q4_0 has one such flip (max 3.0e-3, 1.3% of the spread; RMS
 /// 1e-4); the bounds, max 3% and RMS 0.1% of the spread, are far below what a wrong product
 /// gives (the Q4_0 quantisation error alone is an RMS of 11–17% of the spread).
 #[test]
-fn the_portable_engine_gives_the_vnni_engines_logits_near_f32() {
+fn the_portable_engine_gives_the_simd_engines_logits_near_f32() {
     let tokens: Vec<u32> = (0..40).map(|i| (i * 37 % 256) as u32).collect();
-    let vnni = Engine::detect() == Engine::Vnni;
-    if !vnni {
-        eprintln!("this CPU has no AVX512-VNNI: the portable engine runs either way");
+    let native_engine = Engine::detect();
+    let simd = native_engine != Engine::Portable;
+    if !simd {
+        eprintln!("this CPU has neither AVX512-VNNI nor AVX2: the portable engine runs either way");
     }
     let mut any_apart = 0f32;
     for kind in AttentionKind::ALL {
@@ -84,5 +86,5 @@ fn the_portable_engine_gives_the_vnni_engines_logits_near_f32() {
     }
     // the two engines add in different orders: logits equal to the last bit in every case
     // would mean the switch did not take effect
-    assert!(!vnni || any_apart > 0.0, "the forced engine did not run");
+    assert!(!simd || any_apart > 0.0, "the forced engine did not run");
 }

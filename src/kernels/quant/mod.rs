@@ -3,12 +3,15 @@
 //! activations to q8_0), and each output the f32 sum over blocks of an int32 block dot product
 //! times both blocks' scales.
 //!
-//! Two engines run the products: `Engine::Vnni` (vnni.rs, AVX512-VNNI's `vpdpbusd`) where the
-//! CPU has it, `Engine::Portable` (plain integer loops) elsewhere; tests run both
-//! (`matmul_on`). A product of up to `GEMV_ROWS` input rows (decoding) reads every weight once,
+//! Three engines run the products: `Engine::Vnni` (vnni.rs, AVX512-VNNI's `vpdpbusd`) where
+//! the CPU has it, else `Engine::Avx2` (avx2.rs, `vpmaddubsw`: the same tiles and sums, the
+//! same bits) where it has AVX2, else `Engine::Portable` (plain integer loops); tests run
+//! every one the CPU has (`matmul_on`). A product of up to `GEMV_ROWS` input rows (decoding) reads every weight once,
 //! for those rows together; longer ones (prefill) run as a blocked GEMM over tiles of input and
 //! weight rows. Both split the weight rows (and the GEMM the input rows) over the rayon pool.
 
+#[cfg(target_arch = "x86_64")]
+mod avx2;
 pub mod block;
 #[cfg(target_arch = "x86_64")]
 mod vnni;
@@ -220,6 +223,8 @@ impl QuantMatrix {
 pub enum Engine {
     /// AVX-512 with VNNI (`vpdpbusd`: unsigned × signed bytes into int32)
     Vnni,
+    /// AVX2 with FMA and F16C (`vpmaddubsw` then `vpmaddwd`)
+    Avx2,
     /// plain loops, on any CPU
     Portable,
 }
@@ -228,22 +233,36 @@ pub enum Engine {
 static FORCED_PORTABLE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// With `on`, every quantised product runs on the `Portable` engine, whatever the CPU has:
-/// what `--quant` runs on a CPU without AVX512-VNNI, on this one (tests compare the two).
+/// what `--quant` runs on a CPU without AVX2, on this one (tests compare the engines).
 /// Process-wide; turn it on or off only while no quantised product runs.
 pub fn force_portable(on: bool) {
     FORCED_PORTABLE.store(on, std::sync::atomic::Ordering::SeqCst);
 }
 
 impl Engine {
-    /// `Vnni` where the CPU has AVX512-VNNI (with AVX-512F/BW), else `Portable`; always
-    /// `Portable` under `force_portable(true)`.
+    /// `Vnni` where the CPU has AVX512-VNNI (with AVX-512F/BW), else `Avx2` where it has
+    /// AVX2 (with FMA and F16C), else `Portable`; always `Portable` under
+    /// `force_portable(true)`.
     pub fn detect() -> Engine {
         let forced = FORCED_PORTABLE.load(std::sync::atomic::Ordering::SeqCst);
-        if cpu_has_vnni() && !forced {
-            Engine::Vnni
-        } else {
-            Engine::Portable
+        match Engine::available() {
+            _ if forced => Engine::Portable,
+            engines => engines[0],
         }
+    }
+
+    /// The engines this CPU runs, fastest first (`Portable` last, always there).
+    pub fn available() -> Vec<Engine> {
+        let mut engines = Vec::with_capacity(3);
+        if cpu_has_vnni() {
+            engines.push(Engine::Vnni);
+        }
+        #[cfg(target_arch = "x86_64")]
+        if avx2::available() {
+            engines.push(Engine::Avx2);
+        }
+        engines.push(Engine::Portable);
+        engines
     }
 }
 
@@ -361,15 +380,17 @@ pub fn matmul(out: &mut [f32], x: &QuantAct, w: &QuantMatrix, accumulate: bool) 
 }
 
 /// out = x · wᵀ for each (out, w) of `parts`, weights that read the same input (q, k and v;
-/// gate and up), in one parallel region, on a chosen engine (`Vnni` only where the CPU has
-/// it).
+/// gate and up), in one parallel region, on a chosen engine (one of `Engine::available`).
 pub fn matmul_on(
     engine: Engine,
     parts: &mut [(&mut [f32], &QuantMatrix)],
     x: &QuantAct,
     accumulate: bool,
 ) {
-    assert!(engine == Engine::Portable || cpu_has_vnni());
+    assert!(
+        Engine::available().contains(&engine),
+        "{engine:?}: not on this CPU"
+    );
     let n = x.n;
     let act_chunk = if n <= GEMV_ROWS { GEMV_ROWS } else { ACT_CHUNK };
     let ti = n.div_ceil(act_chunk);
@@ -411,8 +432,11 @@ pub fn matmul_on(
         };
         match engine {
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: the assert above checked that the CPU has AVX512-VNNI.
+            // SAFETY: the assert above checked that the CPU has the engine's instructions.
             Engine::Vnni => unsafe { vnni::tile(x, w, rows, outs, put) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: as above.
+            Engine::Avx2 => unsafe { avx2::tile(x, w, rows, outs, put) },
             _ => portable_tile(x, w, rows, outs, put),
         }
     };
@@ -422,6 +446,63 @@ pub fn matmul_on(
         (0..tasks).into_par_iter().for_each(task);
     } else {
         (0..tasks).for_each(task);
+    }
+}
+
+/// One input row's sums with the sixteen weight rows of a tile, lane i for the tile's row i.
+pub(crate) type TileSums = [f32; TILE_ROWS];
+
+/// The loop of both SIMD engines over a task's outputs (rows × outs; `outs` from a tile):
+/// one input row a tile at a time (`one`: decoding, one stream of memory; two or four tiles
+/// at once, more streams, ran slower both from L3 and from memory), or `NT` tiles at a time
+/// against `NX` input rows at a time (`step(rows, valid, tiles)`, rows past the end repeat the
+/// last one and only the `valid` first count), fetching the next tiles into L2 a share at
+/// each step (the first read of a tile is from memory; the steps after it find it in cache),
+/// past the task's last tile too: the next task's first, which the same worker most often
+/// runs next. Each tile's rows past `outs` (the padding) are dropped.
+#[cfg(target_arch = "x86_64")]
+fn simd_tile<const NX: usize, const NT: usize>(
+    w: &QuantMatrix,
+    rows: std::ops::Range<usize>,
+    outs: std::ops::Range<usize>,
+    put: impl Fn(usize, usize, f32),
+    one: impl Fn(usize, &[u8]) -> TileSums,
+    step: impl Fn([usize; NX], usize, [&[u8]; NT]) -> [[TileSums; NT]; NX],
+) {
+    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
+    assert!(rows.start < rows.end && outs.end <= w.rows && outs.start.is_multiple_of(TILE_ROWS));
+    let tl = w.tiling();
+    let tiles = outs.start / TILE_ROWS..outs.end.div_ceil(TILE_ROWS);
+    let emit = |r: usize, t: usize, s: &TileSums| {
+        let o0 = t * TILE_ROWS;
+        (0..TILE_ROWS.min(outs.end - o0)).for_each(|i| put(r, o0 + i, s[i]));
+    };
+    if rows.len() == 1 {
+        for t in tiles {
+            emit(rows.start, t, &one(rows.start, w.tile(t)));
+        }
+        return;
+    }
+    let last = w.rows.div_ceil(TILE_ROWS);
+    for t0 in tiles.clone().step_by(NT) {
+        let ts: [&[u8]; NT] = std::array::from_fn(|k| w.tile((t0 + k).min(tiles.end - 1)));
+        let next = (t0 + NT..last.min(t0 + 2 * NT)).map(|t| w.tile(t));
+        let lines = tl.bytes() / 64 * (last.min(t0 + 2 * NT) - last.min(t0 + NT));
+        let share = lines.div_ceil(rows.len().div_ceil(NX));
+        let mut ahead = next.flat_map(|t| t.chunks(64));
+        for r0 in rows.clone().step_by(NX) {
+            for line in ahead.by_ref().take(share) {
+                // SAFETY: a hint, which reads nothing (SSE, on every x86_64).
+                unsafe { _mm_prefetch::<_MM_HINT_T1>(line.as_ptr().cast()) };
+            }
+            let left = (rows.end - r0).min(NX);
+            let s = step(std::array::from_fn(|j| r0 + j.min(left - 1)), left, ts);
+            for (j, s) in s.iter().enumerate().take(left) {
+                for (k, v) in s.iter().enumerate().take(tiles.end - t0) {
+                    emit(r0 + j, t0 + k, v);
+                }
+            }
+        }
     }
 }
 
@@ -481,10 +562,7 @@ mod tests {
     /// rounding; against the plain f32 product, to the error of int8 and int4 quantisation.
     #[test]
     fn engines_match_f32_references_on_ragged_shapes() {
-        let mut engines = vec![Engine::Portable];
-        if Engine::detect() == Engine::Vnni {
-            engines.push(Engine::Vnni);
-        }
+        let engines = Engine::available();
         for (n, c, oc) in [
             (1, 32, 1),
             (1, 96, 67),
@@ -539,6 +617,83 @@ mod tests {
         }
     }
 
+    /// The largest products the int8 instructions meet: every weight and input quant at full
+    /// scale (Q8_0 ±127 and −128 against ±127; Q4_0's nibbles 0 and 15 against ±127), each
+    /// sign pattern, where an int16 pair sum (`vpmaddubsw`) would saturate if the engine let
+    /// it: each engine's sum equals the exact one, computed in i64 from the same quants.
+    #[test]
+    fn full_scale_quants_do_not_saturate() {
+        let (n, c, oc) = (3, 128, 20);
+        // weight row o: ±1 in a pattern; Q8_0 quantises each block to ±127 (d = 1/127)
+        let w: Vec<f32> = (0..oc * c)
+            .map(|i| {
+                if (i / c + i % c / 3) % 2 == 0 {
+                    1.0
+                } else {
+                    -1.0
+                }
+            })
+            .collect();
+        for kind in QuantKind::ALL {
+            let qw = QuantMatrix::new(kind, &w, oc, c).unwrap();
+            // input row r: the signs of weight row r (every pair at its largest), their
+            // opposite, then alternating
+            let x: Vec<f32> = (0..n * c)
+                .map(|i| match i / c {
+                    0 => w[i % c],
+                    1 => -w[c + i % c],
+                    _ => [1.0, -1.0][i % 2],
+                })
+                .collect();
+            let qx = QuantAct::new(&x, n, c, kind);
+            let (wd, xd) = (qw.dequantize(), dequant_act(&qx, n, c));
+            for engine in Engine::available() {
+                let mut got = vec![0f32; n * oc];
+                matmul_on(engine, &mut [(&mut got[..], &qw)], &qx, false);
+                for r in 0..n {
+                    for o in 0..oc {
+                        let exact: f64 = (0..c)
+                            .map(|j| xd[r * c + j] as f64 * wd[o * c + j] as f64)
+                            .sum();
+                        let g = got[r * oc + o] as f64;
+                        assert!(
+                            (g - exact).abs() <= 1e-5 * exact.abs().max(1.0),
+                            "{engine:?} {kind} ({r},{o}): {g} vs {exact}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// The SIMD engines take the same exact integer block sums and scale them with the same f32
+    /// operations in the same order: the same bits (checked where the CPU has more than one).
+    #[test]
+    fn the_simd_engines_give_the_same_bits() {
+        let simd: Vec<Engine> = Engine::available()
+            .into_iter()
+            .filter(|&e| e != Engine::Portable)
+            .collect();
+        for (n, c, oc) in [(1, 544, 131), (9, 96, 40), (70, 64, 33)] {
+            let (x, w) = (data(n * c, 8, true), data(oc * c, 9, false));
+            for kind in QuantKind::ALL {
+                let qw = QuantMatrix::new(kind, &w, oc, c).unwrap();
+                let qx = QuantAct::new(&x, n, c, kind);
+                let bits: Vec<Vec<u32>> = simd
+                    .iter()
+                    .map(|&engine| {
+                        let mut got = vec![0f32; n * oc];
+                        matmul_on(engine, &mut [(&mut got[..], &qw)], &qx, false);
+                        got.iter().map(|v| v.to_bits()).collect()
+                    })
+                    .collect();
+                for (e, b) in simd.iter().zip(&bits).skip(1) {
+                    assert!(b == &bits[0], "{e:?} vs {:?}, {kind} {n}x{c}x{oc}", simd[0]);
+                }
+            }
+        }
+    }
+
     /// Decoding's step (one input row against one tile of weight rows) and the GEMM's (up to
     /// four input rows against two tiles) do the same arithmetic for each output: every row
     /// of a product of many input rows is, bit for bit, that row's product alone.
@@ -554,7 +709,7 @@ mod tests {
         let (x, w) = (data(n * c, 5, true), data(oc * c, 6, false));
         for kind in QuantKind::ALL {
             let qw = QuantMatrix::new(kind, &w, oc, c).unwrap();
-            for engine in [Engine::Portable, Engine::detect()] {
+            for engine in Engine::available() {
                 let mut all = vec![0f32; n * oc];
                 let qx = QuantAct::new(&x, n, c, kind);
                 matmul_on(engine, &mut [(&mut all[..], &qw)], &qx, false);

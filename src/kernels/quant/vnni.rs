@@ -21,7 +21,7 @@
 //! load), and sums each output in the same order in both, so that a row's numbers are the same
 //! bits alone or in a batch.
 
-use super::{x_at, QuantAct, QuantKind, QuantMatrix, Tiling, BLOCK, TILE_ROWS};
+use super::{x_at, QuantAct, QuantKind, QuantMatrix, TileSums, Tiling, BLOCK, TILE_ROWS};
 use std::arch::x86_64::*;
 use std::ops::Range;
 
@@ -33,12 +33,12 @@ const NX: usize = 4;
 const NT: usize = 2;
 
 /// The outputs (rows × outs), handed to `put(row, out, value)`, against one input row
-/// (decoding: a tile at a time) or `NX` at a time (`NT` tiles at a time).
+/// (decoding: a tile at a time) or `NX` at a time (`NT` tiles at a time), in the loop both
+/// SIMD engines share (`super::simd_tile`).
 ///
 /// # Safety
 /// The CPU must have AVX-512F, AVX-512BW and AVX512-VNNI; `rows` and `outs` must lie inside
 /// `x` and `w`, and `outs` start at a tile.
-#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
 pub(super) unsafe fn tile(
     x: &QuantAct,
     w: &QuantMatrix,
@@ -46,58 +46,32 @@ pub(super) unsafe fn tile(
     outs: Range<usize>,
     put: impl Fn(usize, usize, f32),
 ) {
-    assert!(rows.end <= x.n && outs.end <= w.rows && outs.start.is_multiple_of(TILE_ROWS));
     let (tl, kind) = (w.tiling(), w.kind);
-    let tiles = outs.start / TILE_ROWS..outs.end.div_ceil(TILE_ROWS);
-    // tile t's sums for input row r: its rows past `outs` (the padding) are dropped
-    let emit = |r: usize, t: usize, v: __m512| {
-        let mut s = [0f32; TILE_ROWS];
-        // SAFETY: sixteen f32 into sixteen.
-        unsafe { _mm512_storeu_ps(s.as_mut_ptr(), v) };
-        let o0 = t * TILE_ROWS;
-        (0..TILE_ROWS.min(outs.end - o0)).for_each(|i| put(r, o0 + i, s[i]));
+    // SAFETY: the features are this function's contract; `simd_tile` hands rows of `rows`
+    // and tiles of `outs`, which lie inside x and w.
+    let one = |r: usize, t: &[u8]| unsafe {
+        let [[v]] = dots::<1, 1>(x, [r], kind, tl, [t]);
+        lanes(v)
     };
-    if rows.len() == 1 {
-        // a tile at a time, one stream of memory (two or four tiles at once, more streams,
-        // ran slower both from L3 and from memory)
-        for t in tiles {
-            // SAFETY: the features are this function's contract; the row is in bounds.
-            let [[v]] = unsafe { dots::<1, 1>(x, [rows.start], kind, tl, [w.tile(t)]) };
-            emit(rows.start, t, v);
-        }
-        return;
-    }
-    for t0 in tiles.clone().step_by(NT) {
-        let ts: [&[u8]; NT] = std::array::from_fn(|k| w.tile((t0 + k).min(tiles.end - 1)));
-        // the next tiles into L2, a share at each step over these (the first read of a tile is
-        // from memory; the steps after it find it in cache), past the task's last tile too:
-        // the next task's first, which the same worker most often runs next
-        let last = w.rows.div_ceil(TILE_ROWS);
-        let next = (t0 + NT..last.min(t0 + 2 * NT)).map(|t| w.tile(t));
-        let lines = tl.bytes() / 64 * (last.min(t0 + 2 * NT) - last.min(t0 + NT));
-        let share = lines.div_ceil(rows.len().div_ceil(NX));
-        let mut ahead = next.flat_map(|t| t.chunks(64));
-        for r0 in rows.clone().step_by(NX) {
-            for line in ahead.by_ref().take(share) {
-                _mm_prefetch::<_MM_HINT_T1>(line.as_ptr().cast());
-            }
-            let left = rows.end - r0;
-            let xr: [usize; NX] = std::array::from_fn(|j| r0 + j.min(left - 1));
-            // SAFETY: as above.
-            let s = unsafe {
-                match left {
-                    1 => pad(dots::<1, NT>(x, [r0], kind, tl, ts)),
-                    2 => pad(dots::<2, NT>(x, [r0, r0 + 1], kind, tl, ts)),
-                    _ => dots::<NX, NT>(x, xr, kind, tl, ts),
-                }
-            };
-            for (j, s) in s.iter().enumerate().take(left) {
-                for (k, &v) in s.iter().enumerate().take(tiles.end - t0) {
-                    emit(r0 + j, t0 + k, v);
-                }
-            }
-        }
-    }
+    // SAFETY: as for `one`.
+    let step = |xr: [usize; NX], left: usize, ts: [&[u8]; NT]| unsafe {
+        let s = match left {
+            1 => pad(dots::<1, NT>(x, [xr[0]], kind, tl, ts)),
+            2 => pad(dots::<2, NT>(x, [xr[0], xr[1]], kind, tl, ts)),
+            _ => dots::<NX, NT>(x, xr, kind, tl, ts),
+        };
+        s.map(|s| s.map(|v| lanes(v)))
+    };
+    super::simd_tile::<NX, NT>(w, rows, outs, put, one, step)
+}
+
+/// A register's sixteen lanes.
+#[target_feature(enable = "avx512f")]
+fn lanes(v: __m512) -> TileSums {
+    let mut s = [0f32; TILE_ROWS];
+    // SAFETY: sixteen f32 into sixteen.
+    unsafe { _mm512_storeu_ps(s.as_mut_ptr(), v) };
+    s
 }
 
 /// `dots`' sums for fewer than `NX` input rows, in NX rows (the rest copies, not used).

@@ -1,0 +1,246 @@
+//! The AVX2 engine, for CPUs without AVX512-VNNI (AMD Zen 2 and Zen 3, Intel's client cores
+//! before Ice Lake and many since): the VNNI engine's tiles and order of sums, with 256-bit
+//! registers. A 64-byte chunk of a tile (four quant bytes of each of its sixteen rows) is two
+//! registers, rows 0–7 and 8–15, and `vpdpbusd` becomes `vpmaddubsw` (unsigned by signed
+//! bytes, adjacent pairs summed into int16) then `vpmaddwd` by ones (pairs of those into
+//! int32). `vpmaddubsw` saturates at ±32,767, so no pair may exceed it:
+//!
+//! - Q4_0: the nibbles as stored (q + 8 ≤ 15) by the input (|q_x| ≤ 127): a pair is at most
+//!   2 · 15 · 127; the input's correction (−8 · Σq_x, `QuantAct::corr`) takes the offset back
+//!   out in int32, as on VNNI.
+//! - Q8_0: stored as q + 128, which would reach 2 · 255 · 127; instead the signed quant
+//!   (the stored byte with its top bit flipped back), as |q_w| (at most 128) by q_x with
+//!   q_w's sign (`vpsignb`): at most 2 · 128 · 127, and no correction.
+//!
+//! Either way each block's dot product is exact in int32, the same integer as the VNNI
+//! engine's, and is scaled into the f32 sums by the same convert and FMA: the two engines
+//! give the same bits.
+
+use super::{x_at, QuantAct, QuantKind, QuantMatrix, TileSums, Tiling, BLOCK, TILE_ROWS};
+use std::arch::x86_64::*;
+use std::ops::Range;
+
+/// Input rows the GEMM's step takes against `NT` tiles: AVX2 has sixteen registers, so two
+/// rows by one tile (four int32 and four f32 sums, two halves each) where VNNI takes 4 × 2.
+const NX: usize = 2;
+/// Tiles of weight rows the GEMM's step takes at once.
+const NT: usize = 1;
+
+/// Sixteen lanes as two registers: rows 0–7 of a tile, then 8–15.
+type Half2<T> = [T; 2];
+
+/// Whether this CPU runs the engine: AVX2 with FMA and F16C (the scales' conversion).
+pub(super) fn available() -> bool {
+    static OK: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *OK.get_or_init(|| {
+        is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c")
+    })
+}
+
+/// `vnni::tile` on AVX2: the outputs (rows × outs), handed to `put(row, out, value)`.
+///
+/// # Safety
+/// The CPU must have AVX2, FMA and F16C; `rows` and `outs` must lie inside `x` and `w`, and
+/// `outs` start at a tile.
+pub(super) unsafe fn tile(
+    x: &QuantAct,
+    w: &QuantMatrix,
+    rows: Range<usize>,
+    outs: Range<usize>,
+    put: impl Fn(usize, usize, f32),
+) {
+    let (tl, kind) = (w.tiling(), w.kind);
+    // SAFETY: the features are this function's contract; `simd_tile` hands rows of `rows`
+    // and tiles of `outs`, which lie inside x and w.
+    let one = |r: usize, t: &[u8]| unsafe {
+        let [[v]] = dots::<1, 1>(x, [r], kind, tl, [t]);
+        lanes(v)
+    };
+    // SAFETY: as for `one`.
+    let step = |xr: [usize; NX], left: usize, ts: [&[u8]; NT]| unsafe {
+        let s = match left {
+            1 => {
+                let [s] = dots::<1, NT>(x, [xr[0]], kind, tl, ts);
+                [s, s]
+            }
+            _ => dots::<NX, NT>(x, xr, kind, tl, ts),
+        };
+        s.map(|s| s.map(|v| lanes(v)))
+    };
+    super::simd_tile::<NX, NT>(w, rows, outs, put, one, step)
+}
+
+/// Two registers' sixteen lanes.
+#[target_feature(enable = "avx2")]
+fn lanes(v: Half2<__m256>) -> TileSums {
+    let mut s = [0f32; TILE_ROWS];
+    // SAFETY: eight f32 into each half of sixteen.
+    unsafe {
+        _mm256_storeu_ps(s.as_mut_ptr(), v[0]);
+        _mm256_storeu_ps(s.as_mut_ptr().add(8), v[1]);
+    }
+    s
+}
+
+/// `vnni::dots` on AVX2: the sums of input rows `xr` with the sixteen rows of each tile of
+/// `ts`, block after block, in the same order and with the same f32 operations.
+///
+/// # Safety
+/// AVX2, FMA and F16C; the rows exist; each of `ts` is a tile of `tl`.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dots<const R: usize, const T: usize>(
+    x: &QuantAct,
+    xr: [usize; R],
+    kind: QuantKind,
+    tl: Tiling,
+    ts: [&[u8]; T],
+) -> [[Half2<__m256>; T]; R] {
+    assert!(ts.iter().all(|t| t.len() >= tl.bytes()));
+    // (loops, not `map` or closures: those would not inherit this fn's target features)
+    let (mut wp, mut xq, mut xd, mut xc) = (
+        [std::ptr::null(); T],
+        [&[][..]; R],
+        [&[][..]; R],
+        [&[][..]; R],
+    );
+    for k in 0..T {
+        wp[k] = ts[k].as_ptr();
+    }
+    for j in 0..R {
+        (xq[j], xd[j], xc[j]) = x.row(xr[j]);
+        assert!(xq[j].len() >= tl.blocks * BLOCK && xd[j].len() >= tl.blocks);
+    }
+    // the scales are a short stretch of their own, asked for whole at once (as on VNNI)
+    for t in wp {
+        for line in (0..tl.scale_bytes()).step_by(64) {
+            _mm_prefetch::<_MM_HINT_T0>(t.wrapping_add(line).cast());
+        }
+    }
+    let corrected = kind == QuantKind::Q4_0;
+    let mut acc = [[[_mm256_setzero_ps(); 2]; T]; R];
+    for b in 0..tl.blocks {
+        // 1. the block's scales: the tiles' sixteen rows' (f16), then each input row's
+        let mut dw = [[_mm256_setzero_ps(); 2]; T];
+        for k in 0..T {
+            for (h, d) in dw[k].iter_mut().enumerate() {
+                // SAFETY: the block's sixteen scales lie inside the tile (`scale_at`).
+                *d = unsafe {
+                    _mm256_cvtph_ps(_mm_loadu_si128(wp[k].add(tl.scale_at(8 * h, b)).cast()))
+                };
+            }
+        }
+        // 2. every block dot product, exact in int32
+        // SAFETY: the block lies inside the tiles (asserted) and the input rows (`row`).
+        let dot = unsafe { block_dots::<R, T>(&xq, kind, tl, &wp, b) };
+        // 3. scaled into the f32 sums
+        for j in 0..R {
+            let corr = _mm256_set1_epi32(if corrected { xc[j][b] } else { 0 });
+            let dx = _mm256_set1_ps(xd[j][b]);
+            for k in 0..T {
+                for h in 0..2 {
+                    let exact = _mm256_cvtepi32_ps(_mm256_add_epi32(dot[j][k][h], corr));
+                    let scale = _mm256_mul_ps(dw[k][h], dx);
+                    acc[j][k][h] = _mm256_fmadd_ps(exact, scale, acc[j][k][h]);
+                }
+            }
+        }
+    }
+    acc
+}
+
+/// Block b's exact dot products of input rows `xq` with the sixteen rows of each tile of
+/// `ts`, chunk by chunk: each chunk of weights loaded once for all the input rows, each
+/// input's four bytes broadcast once for all the tiles. Q8_0's in signed form, Q4_0's with
+/// the offset still in (see the module's note).
+///
+/// # Safety
+/// AVX2; each of `tiles` points at a tile of `tl`; block b lies inside the tiles and each
+/// input row (`dots` asserts the rows' length).
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn block_dots<const R: usize, const T: usize>(
+    xq: &[&[i8]; R],
+    kind: QuantKind,
+    tl: Tiling,
+    tiles: &[*const u8; T],
+    b: usize,
+) -> [[Half2<__m256i>; T]; R] {
+    // chunk k of tile t at wp[t] + 64·k; input row j's element e at xp[j] + e
+    let (mut wp, mut xp) = ([std::ptr::null(); T], [std::ptr::null(); R]);
+    for t in 0..T {
+        // SAFETY: the block's chunks lie inside the tile (the caller's contract).
+        wp[t] = unsafe { tiles[t].add(tl.chunk_at(b, 0)) };
+    }
+    for j in 0..R {
+        xp[j] = xq[j][x_at(b, 0)..].as_ptr();
+    }
+    let ones = _mm256_set1_epi16(1);
+    let mut dot = [[[_mm256_setzero_si256(); 2]; T]; R];
+    // (loops, not closures: a closure would not inherit this fn's target features)
+    match kind {
+        QuantKind::Q8_0 => {
+            let flip = _mm256_set1_epi8(i8::MIN);
+            for k in 0..BLOCK / 4 {
+                let (mut mag, mut sign) = ([[_mm256_setzero_si256(); 2]; T], [[ones; 2]; T]);
+                for t in 0..T {
+                    for h in 0..2 {
+                        // SAFETY: a block's eight chunks lie inside the tile, on cache lines.
+                        let z = unsafe { _mm256_load_si256(wp[t].add(64 * k + 32 * h).cast()) };
+                        let q = _mm256_xor_si256(z, flip);
+                        (mag[t][h], sign[t][h]) = (_mm256_abs_epi8(q), q);
+                    }
+                }
+                for j in 0..R {
+                    // SAFETY: elements 4k..4k + 4 of the block (asserted above).
+                    let xv = _mm256_set1_epi32(unsafe {
+                        xp[j].add(4 * k).cast::<i32>().read_unaligned()
+                    });
+                    for t in 0..T {
+                        for h in 0..2 {
+                            let sx = _mm256_sign_epi8(xv, sign[t][h]);
+                            let pairs = _mm256_maddubs_epi16(mag[t][h], sx);
+                            let quads = _mm256_madd_epi16(pairs, ones);
+                            dot[j][t][h] = _mm256_add_epi32(dot[j][t][h], quads);
+                        }
+                    }
+                }
+            }
+        }
+        QuantKind::Q4_0 => {
+            let nib = _mm256_set1_epi8(15);
+            for k in 0..BLOCK / 8 {
+                // packed byte 4k + e holds elements 4k + e (low) and 4k + e + 16 (high)
+                let (mut lo, mut hi) = ([[nib; 2]; T], [[nib; 2]; T]);
+                for t in 0..T {
+                    for h in 0..2 {
+                        // SAFETY: a block's four chunks lie inside the tile, on cache lines.
+                        let z = unsafe { _mm256_load_si256(wp[t].add(64 * k + 32 * h).cast()) };
+                        lo[t][h] = _mm256_and_si256(z, nib);
+                        hi[t][h] = _mm256_and_si256(_mm256_srli_epi16(z, 4), nib);
+                    }
+                }
+                for j in 0..R {
+                    // SAFETY: elements 4k..4k + 4 and 4k + 16..4k + 20 of the block.
+                    let (xl, xh) = unsafe {
+                        (
+                            _mm256_set1_epi32(xp[j].add(4 * k).cast::<i32>().read_unaligned()),
+                            _mm256_set1_epi32(xp[j].add(4 * k + 16).cast::<i32>().read_unaligned()),
+                        )
+                    };
+                    for t in 0..T {
+                        for h in 0..2 {
+                            let low = _mm256_maddubs_epi16(lo[t][h], xl);
+                            let high = _mm256_maddubs_epi16(hi[t][h], xh);
+                            // each at most 2 · 15 · 127: their sum fits int16 too
+                            let quads = _mm256_madd_epi16(_mm256_add_epi16(low, high), ones);
+                            dot[j][t][h] = _mm256_add_epi32(dot[j][t][h], quads);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    dot
+}
