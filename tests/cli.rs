@@ -698,6 +698,46 @@ fn bench_matmul_nt_times_bf16_with_the_weight_packed_beforehand() {
     }
 }
 
+/// `bench matmul --layout nt` with K a multiple of 32 also times the quantised products, each
+/// kind on every integer engine the CPU has (the portable one always); K off the blocks, none.
+#[test]
+fn bench_matmul_nt_times_each_quantised_engine() {
+    use difftx::kernels::quant::Engine;
+    for (k, quantised) in [("64", true), ("45", false)] {
+        let out = difftx(&[
+            "--threads",
+            "2",
+            "bench",
+            "matmul",
+            "--m",
+            "5",
+            "--n",
+            "40",
+            "--k",
+            k,
+            "--reps",
+            "2",
+            "--layout",
+            "nt",
+            "--json",
+        ]);
+        ok(&out);
+        let text = String::from_utf8_lossy(&out.stdout);
+        let backends: Vec<String> = text
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).expect("one JSON object a line"))
+            .filter(|r| r["gflops"].as_f64().unwrap() > 0.0)
+            .map(|r| r["backend"].as_str().unwrap().to_string())
+            .collect();
+        for kind in ["q8_0", "q4_0"] {
+            for engine in Engine::available() {
+                let name = format!("difftx-{kind}-{}", engine.name());
+                assert_eq!(backends.contains(&name), quantised, "k {k}, {name}: {text}");
+            }
+        }
+    }
+}
+
 /// `bench decode --batch 5` decodes five sequences together and counts all their tokens; a
 /// batch of 0 is a one-line error.
 #[test]

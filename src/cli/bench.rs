@@ -16,7 +16,8 @@ pub enum BenchCmd {
     Train(BenchTrainArgs),
     /// GFLOP/s of one matrix product, difftx's f32 kernel against the `gemm` crate (and bf16
     /// where the CPU has AVX512_BF16; with --layout nt also with B packed beforehand, as
-    /// inference's weights are), alternating.
+    /// inference's weights are, and quantised to q8_0 and q4_0 on each integer engine the CPU
+    /// has, as --quant runs them), alternating.
     Matmul(BenchMatmulArgs),
     /// Prefill and greedy decode tokens/s, at batch 1 or --batch N (compare with
     /// bench/hf_decode.py and llama-bench).
@@ -685,7 +686,7 @@ fn matmul(a: BenchMatmulArgs) -> Result<()> {
             println!("{}", serde_json::to_string(&r)?);
         } else {
             println!(
-                "{:<18} {m}x{n}x{k} {}{}: {:.3} ms  {:.1} GFLOP/s  ({} threads)",
+                "{:<22} {m}x{n}x{k} {}{}: {:.3} ms  {:.1} GFLOP/s  ({} threads)",
                 r.backend,
                 a.layout,
                 if a.cold { " cold" } else { "" },

@@ -3,6 +3,7 @@
 use crate::config::{AttentionKind, ModelConfig};
 use crate::error::{Error, Result};
 use crate::kernels::adamw::AdamWParams;
+use crate::kernels::quant::Engine;
 use crate::kernels::Precision;
 use crate::model::{memory::Need, Model, Workspace};
 use crate::train::Optimizer;
@@ -193,7 +194,10 @@ pub struct MatmulBench {
 /// repetition takes the next of enough copies of A and C to overflow the L3, as a step's
 /// activations do. With B stored transposed (a weight) and AVX512_BF16, also "difftx-bf16-packed":
 /// B packed into bf16 tiles once beforehand, as inference keeps its weights, so that the time
-/// is the product's alone (the product a decoding step or a prefill chunk runs).
+/// is the product's alone (the product a decoding step or a prefill chunk runs); and where K
+/// is a multiple of 32, "difftx-q8_0-ENGINE" and "difftx-q4_0-ENGINE" for each quantised
+/// engine this CPU has (`--quant`'s products: B quantised once, A quantised in the timing, as a
+/// forward does; GFLOP/s counts the same 2·M·N·K).
 pub fn bench_matmul(
     m: usize,
     n: usize,
@@ -203,6 +207,7 @@ pub fn bench_matmul(
     cold: bool,
 ) -> Vec<MatmulBench> {
     use crate::kernels::gemm::{gemm_on, Backend, Dims, Mat, Out};
+    use crate::kernels::quant::{matmul_on, QuantAct, QuantKind, QuantMatrix};
     // `cold`: copies of A and C adding up to 128 MiB, four times this machine's L3, used in turn
     let sets = if cold {
         ((128usize << 20) / ((m * k + m * n) * 4)).clamp(2, 4096)
@@ -217,34 +222,52 @@ pub fn bench_matmul(
     let mut c: Vec<Vec<f32>> = (0..sets).map(|_| crate::kernels::zeroed(m * n)).collect();
     // touched once now, so that no timed product pays for its output's first page faults
     c.iter_mut().for_each(|c| c.fill(1.0));
-    // (None: bf16 with B packed beforehand)
-    let mut backends = vec![Some(Backend::F32), Some(Backend::GemmCrate)];
+    // what runs: difftx's and the gemm crate's products; with B a weight (stored transposed),
+    // also as inference keeps it, packed in bf16 tiles, or quantised for every engine this CPU has
+    let mut runs = vec![Run::Gemm(Backend::F32), Run::Gemm(Backend::GemmCrate)];
     let bf16 = crate::kernels::gemm::cpu::avx512_bf16();
     if bf16 {
-        backends.push(Some(Backend::Bf16));
+        runs.push(Run::Gemm(Backend::Bf16));
     }
     let packed = match bf16 && b_t {
         true => crate::kernels::gemm::bf16::pack_weight(&b, n, k),
         false => Vec::new(),
     };
     if bf16 && b_t {
-        backends.push(None);
+        runs.push(Run::Bf16Packed);
     }
-    let mut times = vec![Vec::new(); backends.len()];
+    let quant: Vec<QuantMatrix> = match b_t && k.is_multiple_of(32) {
+        true => QuantKind::ALL
+            .iter()
+            .filter_map(|&kind| QuantMatrix::new(kind, &b, n, k))
+            .collect(),
+        false => Vec::new(),
+    };
+    for (i, _) in quant.iter().enumerate() {
+        for engine in Engine::available() {
+            runs.push(Run::Quant(i, engine));
+        }
+    }
+    let mut times = vec![Vec::new(); runs.len()];
     crate::kernels::on_pool(|| {
         let threads = rayon::current_num_threads();
         for rep in 0..=reps {
-            for (bi, &be) in backends.iter().enumerate() {
-                let set = (rep * backends.len() + bi) % sets;
+            for (bi, &run) in runs.iter().enumerate() {
+                let set = (rep * runs.len() + bi) % sets;
                 let a = &a[set];
                 let lhs = if a_t { Mat::t(a, m) } else { Mat::rows(a, k) };
                 let (d, out) = (Dims::new(m, n, k), Out::set(&mut c[set], n));
                 let t0 = Instant::now();
-                match be {
-                    Some(be) => gemm_on(be, d, lhs, rhs, out),
-                    None => {
+                match run {
+                    Run::Gemm(be) => gemm_on(be, d, lhs, rhs, out),
+                    Run::Bf16Packed => {
                         use crate::kernels::gemm::bf16::{gemm_packed, PackedB};
                         gemm_packed(d, lhs, &PackedB::weight(&packed, n, k), out, threads)
+                    }
+                    Run::Quant(i, engine) => {
+                        // as a forward runs it: the input quantised, then the products
+                        let x = QuantAct::new(a, m, k, quant[i].kind);
+                        matmul_on(engine, &mut [(&mut *out.dst, &quant[i])], &x, false)
                     }
                 }
                 if rep > 0 {
@@ -253,18 +276,20 @@ pub fn bench_matmul(
             }
         }
     });
-    backends
-        .iter()
+    runs.iter()
         .zip(times)
-        .map(|(be, mut t)| {
+        .map(|(run, mut t)| {
             t.sort_by(|x, y| x.total_cmp(y));
             let med = t[t.len() / 2];
             MatmulBench {
-                backend: match be {
-                    Some(Backend::F32) => "difftx".into(),
-                    Some(Backend::GemmCrate) => "gemm-crate".into(),
-                    Some(Backend::Bf16) => "difftx-bf16".into(),
-                    None => "difftx-bf16-packed".into(),
+                backend: match *run {
+                    Run::Gemm(Backend::F32) => "difftx".into(),
+                    Run::Gemm(Backend::GemmCrate) => "gemm-crate".into(),
+                    Run::Gemm(Backend::Bf16) => "difftx-bf16".into(),
+                    Run::Bf16Packed => "difftx-bf16-packed".into(),
+                    Run::Quant(i, engine) => {
+                        format!("difftx-{}-{}", quant[i].kind, engine.name())
+                    }
                 },
                 m,
                 n,
@@ -276,6 +301,16 @@ pub fn bench_matmul(
             }
         })
         .collect()
+}
+
+/// One product `bench_matmul` times.
+#[derive(Clone, Copy)]
+enum Run {
+    Gemm(crate::kernels::gemm::Backend),
+    /// bf16 with B packed beforehand
+    Bf16Packed,
+    /// B quantised (the i-th kind of `QuantKind::ALL` that fits), on an engine
+    Quant(usize, Engine),
 }
 
 #[derive(Clone, Debug, serde::Serialize)]

@@ -251,6 +251,15 @@ impl Engine {
         }
     }
 
+    /// Its name in benchmarks: "vnni", "avx2" or "portable".
+    pub fn name(self) -> &'static str {
+        match self {
+            Engine::Vnni => "vnni",
+            Engine::Avx2 => "avx2",
+            Engine::Portable => "portable",
+        }
+    }
+
     /// The engines this CPU runs, fastest first (`Portable` last, always there).
     pub fn available() -> Vec<Engine> {
         let mut engines = Vec::with_capacity(3);
@@ -423,12 +432,16 @@ pub fn matmul_on(
             (t / tw) * act_chunk..((t / tw + 1) * act_chunk).min(n),
             (t % tw) * ROW_CHUNK..((t % tw + 1) * ROW_CHUNK).min(oc),
         );
-        // 2. each output of the tile: Σ over blocks of (int dot) · d_w · d_x
+        // 2. each output of the tile: Σ over blocks of (int dot) · d_w · d_x, handed over in
+        // runs of a row's consecutive outputs (a tile's sixteen)
         // SAFETY: outputs (rows × outs) belong to this task alone, and lie inside `out`
         // (asserted above).
-        let put = |r: usize, o: usize, v: f32| unsafe {
-            let y = out.slice(r * oc + o, 1);
-            y[0] = if accumulate { y[0] + v } else { v };
+        let put = |r: usize, o: usize, v: &[f32]| unsafe {
+            let y = out.slice(r * oc + o, v.len());
+            match accumulate {
+                true => y.iter_mut().zip(v).for_each(|(y, v)| *y += v),
+                false => y.copy_from_slice(v),
+            }
         };
         match engine {
             #[cfg(target_arch = "x86_64")]
@@ -465,7 +478,7 @@ fn simd_tile<const NX: usize, const NT: usize>(
     w: &QuantMatrix,
     rows: std::ops::Range<usize>,
     outs: std::ops::Range<usize>,
-    put: impl Fn(usize, usize, f32),
+    put: impl Fn(usize, usize, &[f32]),
     one: impl Fn(usize, &[u8]) -> TileSums,
     step: impl Fn([usize; NX], usize, [&[u8]; NT]) -> [[TileSums; NT]; NX],
 ) {
@@ -475,7 +488,7 @@ fn simd_tile<const NX: usize, const NT: usize>(
     let tiles = outs.start / TILE_ROWS..outs.end.div_ceil(TILE_ROWS);
     let emit = |r: usize, t: usize, s: &TileSums| {
         let o0 = t * TILE_ROWS;
-        (0..TILE_ROWS.min(outs.end - o0)).for_each(|i| put(r, o0 + i, s[i]));
+        put(r, o0, &s[..TILE_ROWS.min(outs.end - o0)]);
     };
     if rows.len() == 1 {
         for t in tiles {
@@ -512,7 +525,7 @@ fn portable_tile(
     w: &QuantMatrix,
     rows: std::ops::Range<usize>,
     outs: std::ops::Range<usize>,
-    put: impl Fn(usize, usize, f32),
+    put: impl Fn(usize, usize, &[f32]),
 ) {
     let nb = w.blocks();
     for o in outs {
@@ -533,7 +546,7 @@ fn portable_tile(
                 };
                 sum += dot as f32 * (half::f16::from_bits(w.scale(o, b)).to_f32() * xd[b]);
             }
-            put(r, o, sum);
+            put(r, o, &[sum]);
         }
     }
 }

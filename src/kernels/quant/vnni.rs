@@ -32,7 +32,7 @@ const NX: usize = 4;
 /// Tiles of weight rows the GEMM's step takes at once.
 const NT: usize = 2;
 
-/// The outputs (rows × outs), handed to `put(row, out, value)`, against one input row
+/// The outputs (rows × outs), handed to `put(row, first out, values)`, against one input row
 /// (decoding: a tile at a time) or `NX` at a time (`NT` tiles at a time), in the loop both
 /// SIMD engines share (`super::simd_tile`).
 ///
@@ -44,7 +44,7 @@ pub(super) unsafe fn tile(
     w: &QuantMatrix,
     rows: Range<usize>,
     outs: Range<usize>,
-    put: impl Fn(usize, usize, f32),
+    put: impl Fn(usize, usize, &[f32]),
 ) {
     let (tl, kind) = (w.tiling(), w.kind);
     // SAFETY: the features are this function's contract; `simd_tile` hands rows of `rows`
