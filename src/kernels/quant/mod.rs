@@ -636,26 +636,28 @@ mod tests {
     /// it: each engine's sum equals the exact one, computed in i64 from the same quants.
     #[test]
     fn full_scale_quants_do_not_saturate() {
-        let (n, c, oc) = (3, 128, 20);
-        // weight row o: ±1 in a pattern; Q8_0 quantises each block to ±127 (d = 1/127)
+        let (n, c, oc) = (4, 128, 20);
+        // weight row o: ±1 in a pattern, Q8_0 quantises each block to ±127 (d = 1/127); every
+        // third row −1 then +1s in each block, which Q4_0 quantises to nibbles 0 then 15 (a
+        // block's sum of nibble products at its largest against the all-positive input)
         let w: Vec<f32> = (0..oc * c)
-            .map(|i| {
-                if (i / c + i % c / 3) % 2 == 0 {
-                    1.0
-                } else {
-                    -1.0
-                }
+            .map(|i| match (i / c % 3, i % 32) {
+                (0, 0) => -1.0,
+                (0, _) => 1.0,
+                _ if (i / c + i % c / 3) % 2 == 0 => 1.0,
+                _ => -1.0,
             })
             .collect();
         for kind in QuantKind::ALL {
             let qw = QuantMatrix::new(kind, &w, oc, c).unwrap();
             // input row r: the signs of weight row r (every pair at its largest), their
-            // opposite, then alternating
+            // opposite, alternating, then all positive
             let x: Vec<f32> = (0..n * c)
                 .map(|i| match i / c {
                     0 => w[i % c],
                     1 => -w[c + i % c],
-                    _ => [1.0, -1.0][i % 2],
+                    2 => [1.0, -1.0][i % 2],
+                    _ => 1.0,
                 })
                 .collect();
             let qx = QuantAct::new(&x, n, c, kind);
