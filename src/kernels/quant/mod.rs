@@ -308,12 +308,18 @@ impl QuantAct {
     pub fn new(x: &[f32], n: usize, cols: usize, kind: QuantKind) -> QuantAct {
         assert!(cols.is_multiple_of(BLOCK) && x.len() >= n * cols);
         let stride = cols / BLOCK;
+        // this thread's buffers of its last input, which every element below overwrites: a
+        // prefill's inputs were fresh pages, zeroed by the kernel, at each product
+        let (mut qs, mut d, mut corr) = SPARE.take();
+        qs.resize(n * stride * BLOCK, 0);
+        d.resize(n * stride, 0.0);
+        corr.resize(n * stride, 0);
         let mut a = QuantAct {
             n,
             stride,
-            qs: vec![0; n * stride * BLOCK],
-            d: vec![0.0; n * stride],
-            corr: vec![0; n * stride],
+            qs,
+            d,
+            corr,
         };
         let offset = offset(kind);
         let qd = a.qs.chunks_mut(stride * BLOCK).zip(a.d.chunks_mut(stride));
@@ -334,6 +340,23 @@ impl QuantAct {
             &self.d[r * s..(r + 1) * s],
             &self.corr[r * s..(r + 1) * s],
         )
+    }
+}
+
+thread_local! {
+    /// The buffers of the last `QuantAct` dropped on this thread, for the next one.
+    static SPARE: std::cell::Cell<(Vec<i8>, Vec<f32>, Vec<i32>)> =
+        const { std::cell::Cell::new((Vec::new(), Vec::new(), Vec::new())) };
+}
+
+impl Drop for QuantAct {
+    fn drop(&mut self) {
+        let bufs = (
+            std::mem::take(&mut self.qs),
+            std::mem::take(&mut self.d),
+            std::mem::take(&mut self.corr),
+        );
+        SPARE.set(bufs);
     }
 }
 
