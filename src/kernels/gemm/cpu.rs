@@ -8,6 +8,15 @@ pub fn avx512f() -> bool {
     false
 }
 
+/// AVX2 with FMA: the f32 kernels' fallback where AVX-512F is missing (AMD Zen 2 and 3,
+/// Intel's client cores), for the products decoding runs most.
+pub fn avx2_fma() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma");
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
 /// AVX512_BF16 (with AVX-512F/BW): bf16 products at all (AMD Zen 4, Intel Cooper Lake on),
 /// whose dot products also pack the operands, with or without the tile unit.
 pub fn avx512_bf16() -> bool {
