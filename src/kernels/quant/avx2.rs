@@ -16,18 +16,17 @@
 //! engine's, and is scaled into the f32 sums by the same convert and FMA: the two engines
 //! give the same bits.
 
-use super::{x_at, QuantAct, QuantKind, QuantMatrix, TileSums, Tiling, BLOCK, TILE_ROWS};
+use super::{QuantAct, QuantKind, TileSums, Tiling, BLOCK, TILE_ROWS};
 use std::arch::x86_64::*;
-use std::ops::Range;
 
 /// Input rows the GEMM's step takes against `NT` tiles: AVX2 has sixteen registers, so four
 /// rows by one tile (eight int32 sums, two halves each; the f32 sums, touched once a block,
 /// may live in memory) where VNNI takes 4 × 2. Against two rows (`difftx bench matmul --m
 /// 512 --n 2816 --k 512 --layout nt`, Zen 3, three alternating runs, medians): Q4_0 124
 /// against 106 GFLOP/s, Q8_0 111 against 121, within this machine's noise.
-const NX: usize = 4;
+pub(super) const NX: usize = 4;
 /// Tiles of weight rows the GEMM's step takes at once.
-const NT: usize = 1;
+pub(super) const NT: usize = 1;
 
 /// Sixteen lanes as two registers: rows 0–7 of a tile, then 8–15.
 type Half2<T> = [T; 2];
@@ -42,41 +41,9 @@ pub(super) fn available() -> bool {
     })
 }
 
-/// `vnni::tile` on AVX2: the outputs (rows × outs), handed to `put(row, first out, values)`.
-///
-/// # Safety
-/// The CPU must have AVX2, FMA and F16C; `rows` and `outs` must lie inside `x` and `w`, and
-/// `outs` start at a tile.
-pub(super) unsafe fn tile(
-    x: &QuantAct,
-    w: &QuantMatrix,
-    rows: Range<usize>,
-    outs: Range<usize>,
-    put: impl Fn(usize, usize, &[f32]),
-) {
-    let (tl, kind) = (w.tiling(), w.kind);
-    // SAFETY: the features are this function's contract; `simd_tile` hands rows of `rows`
-    // and tiles of `outs`, which lie inside x and w.
-    let one = |r: usize, t: &[u8]| unsafe {
-        let [[v]] = dots::<1, 1>(x, [r], kind, tl, [t]);
-        lanes(v)
-    };
-    // SAFETY: as for `one`.
-    let step = |xr: [usize; NX], left: usize, ts: [&[u8]; NT]| unsafe {
-        let s = match left {
-            1 => pad(dots::<1, NT>(x, [xr[0]], kind, tl, ts)),
-            2 => pad(dots::<2, NT>(x, [xr[0], xr[1]], kind, tl, ts)),
-            _ => dots::<NX, NT>(x, xr, kind, tl, ts),
-        };
-        s.map(|s| s.map(|v| lanes(v)))
-    };
-    super::simd_tile::<NX, NT>(w, rows, outs, put, one, step)
-}
-
-/// `dots`' sums for fewer than `NX` input rows, in NX rows (the rest copies, not used).
-fn pad<const R: usize>(s: [[Half2<__m256>; NT]; R]) -> [[Half2<__m256>; NT]; NX] {
-    std::array::from_fn(|j| if j < R { s[j] } else { s[0] })
-}
+// The AVX2 engine as `super::engine_tile` runs it (the VNNI engine's loop, with `NX` and `NT`
+// of its own).
+simd_dots!(Avx2, Half2<__m256>);
 
 /// Two registers' sixteen lanes.
 #[target_feature(enable = "avx2")]
@@ -103,27 +70,8 @@ unsafe fn dots<const R: usize, const T: usize>(
     tl: Tiling,
     ts: [&[u8]; T],
 ) -> [[Half2<__m256>; T]; R] {
-    assert!(ts.iter().all(|t| t.len() >= tl.bytes()));
-    // (loops, not `map` or closures: those would not inherit this fn's target features)
-    let (mut wp, mut xq, mut xd, mut xc) = (
-        [std::ptr::null(); T],
-        [&[][..]; R],
-        [&[][..]; R],
-        [&[][..]; R],
-    );
-    for k in 0..T {
-        wp[k] = ts[k].as_ptr();
-    }
-    for j in 0..R {
-        (xq[j], xd[j], xc[j]) = x.row(xr[j]);
-        assert!(xq[j].len() >= tl.blocks * BLOCK && xd[j].len() >= tl.blocks);
-    }
-    // the scales are a short stretch of their own, asked for whole at once (as on VNNI)
-    for t in wp {
-        for line in (0..tl.scale_bytes()).step_by(64) {
-            _mm_prefetch::<_MM_HINT_T0>(t.wrapping_add(line).cast());
-        }
-    }
+    let ops = super::Operands::new(x, xr, tl, ts);
+    let (wp, xd, xc) = (ops.tiles, ops.xd, ops.xc);
     let corrected = kind == QuantKind::Q4_0;
     let mut acc = [[[_mm256_setzero_ps(); 2]; T]; R];
     for b in 0..tl.blocks {
@@ -139,7 +87,7 @@ unsafe fn dots<const R: usize, const T: usize>(
         }
         // 2. every block dot product, exact in int32
         // SAFETY: the block lies inside the tiles (asserted) and the input rows (`row`).
-        let dot = unsafe { block_dots::<R, T>(&xq, kind, tl, &wp, b) };
+        let dot = unsafe { block_dots::<R, T>(&ops, kind, tl, b) };
         // 3. scaled into the f32 sums
         for j in 0..R {
             let corr = _mm256_set1_epi32(if corrected { xc[j][b] } else { 0 });
@@ -162,26 +110,19 @@ unsafe fn dots<const R: usize, const T: usize>(
 /// the offset still in (see the module's note).
 ///
 /// # Safety
-/// AVX2; each of `tiles` points at a tile of `tl`; block b lies inside the tiles and each
-/// input row (`dots` asserts the rows' length).
+/// AVX2; `ops` was made for tiles of `tl`, with block b inside them (`Operands::new` checks
+/// the tiles' and the rows' lengths).
 #[target_feature(enable = "avx2")]
 #[inline]
 unsafe fn block_dots<const R: usize, const T: usize>(
-    xq: &[&[i8]; R],
+    ops: &super::Operands<R, T>,
     kind: QuantKind,
     tl: Tiling,
-    tiles: &[*const u8; T],
     b: usize,
 ) -> [[Half2<__m256i>; T]; R] {
     // chunk k of tile t at wp[t] + 64·k; input row j's element e at xp[j] + e
-    let (mut wp, mut xp) = ([std::ptr::null(); T], [std::ptr::null(); R]);
-    for t in 0..T {
-        // SAFETY: the block's chunks lie inside the tile (the caller's contract).
-        wp[t] = unsafe { tiles[t].add(tl.chunk_at(b, 0)) };
-    }
-    for j in 0..R {
-        xp[j] = xq[j][x_at(b, 0)..].as_ptr();
-    }
+    // SAFETY: block b lies inside the tiles (the caller's contract).
+    let (wp, xp) = unsafe { ops.block(tl, b) };
     let ones = _mm256_set1_epi16(1);
     let mut dot = [[[_mm256_setzero_si256(); 2]; T]; R];
     // (loops, not closures: a closure would not inherit this fn's target features)

@@ -10,6 +10,32 @@
 //! for those rows together; longer ones (prefill) run as a blocked GEMM over tiles of input and
 //! weight rows. Both split the weight rows (and the GEMM the input rows) over the rayon pool.
 
+/// `SimdDots` for the engine module it is called in, from that module's `dots` and `lanes`.
+#[cfg(target_arch = "x86_64")]
+macro_rules! simd_dots {
+    ($engine:ident, $sum:ty) => {
+        pub(super) struct $engine;
+
+        impl super::SimdDots for $engine {
+            type Sum = $sum;
+            unsafe fn dots<const R: usize, const T: usize>(
+                x: &QuantAct,
+                xr: [usize; R],
+                kind: QuantKind,
+                tl: Tiling,
+                ts: [&[u8]; T],
+            ) -> [[Self::Sum; T]; R] {
+                // SAFETY: the trait's contract is `dots`'s.
+                unsafe { dots(x, xr, kind, tl, ts) }
+            }
+            unsafe fn lanes(s: Self::Sum) -> TileSums {
+                // SAFETY: the trait's contract: this engine's CPU features.
+                unsafe { lanes(s) }
+            }
+        }
+    };
+}
+
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 pub mod block;
@@ -469,10 +495,14 @@ pub fn matmul_on(
         match engine {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: the assert above checked that the CPU has the engine's instructions.
-            Engine::Vnni => unsafe { vnni::tile(x, w, rows, outs, put) },
+            Engine::Vnni => unsafe {
+                engine_tile::<vnni::Vnni, { vnni::NX }, { vnni::NT }>(x, w, rows, outs, put)
+            },
             #[cfg(target_arch = "x86_64")]
             // SAFETY: as above.
-            Engine::Avx2 => unsafe { avx2::tile(x, w, rows, outs, put) },
+            Engine::Avx2 => unsafe {
+                engine_tile::<avx2::Avx2, { avx2::NX }, { avx2::NT }>(x, w, rows, outs, put)
+            },
             _ => portable_tile(x, w, rows, outs, put),
         }
     };
@@ -487,6 +517,119 @@ pub fn matmul_on(
 
 /// One input row's sums with the sixteen weight rows of a tile, lane i for the tile's row i.
 pub(crate) type TileSums = [f32; TILE_ROWS];
+
+/// A SIMD engine's block sums, as `engine_tile` runs them: `dots` gives the sums of input rows
+/// `xr` with the sixteen rows of each tile of `ts` (lane i for a tile's row i), in the
+/// engine's registers, which `lanes` stores.
+#[cfg(target_arch = "x86_64")]
+pub(super) trait SimdDots {
+    /// sixteen f32 lanes: one register on AVX-512, two on AVX2
+    type Sum: Copy;
+    /// # Safety
+    /// The engine's CPU features; the rows exist; each of `ts` is a tile of `tl`.
+    unsafe fn dots<const R: usize, const T: usize>(
+        x: &QuantAct,
+        xr: [usize; R],
+        kind: QuantKind,
+        tl: Tiling,
+        ts: [&[u8]; T],
+    ) -> [[Self::Sum; T]; R];
+    /// # Safety
+    /// The engine's CPU features.
+    unsafe fn lanes(s: Self::Sum) -> TileSums;
+}
+
+/// The outputs (rows × outs) on engine E, handed to `put(row, first out, values)`: one input
+/// row a tile at a time (decoding), or `NX` input rows against `NT` tiles a step (fewer rows
+/// at the end), in `simd_tile`'s loop.
+///
+/// # Safety
+/// The CPU has E's features; `rows` and `outs` lie inside `x` and `w`, `outs` from a tile.
+#[cfg(target_arch = "x86_64")]
+unsafe fn engine_tile<E: SimdDots, const NX: usize, const NT: usize>(
+    x: &QuantAct,
+    w: &QuantMatrix,
+    rows: std::ops::Range<usize>,
+    outs: std::ops::Range<usize>,
+    put: impl Fn(usize, usize, &[f32]),
+) {
+    let (tl, kind) = (w.tiling(), w.kind);
+    // (fewer than NX rows' sums in NX rows, the rest copies of the first, not used)
+    fn pad<S: Copy, const R: usize, const NX: usize, const NT: usize>(
+        s: [[S; NT]; R],
+    ) -> [[S; NT]; NX] {
+        std::array::from_fn(|j| if j < R { s[j] } else { s[0] })
+    }
+    // SAFETY: the features are this function's contract; `simd_tile` hands rows of `rows`
+    // and tiles of `outs`, which lie inside x and w.
+    let one = |r: usize, t: &[u8]| unsafe {
+        let [[v]] = E::dots::<1, 1>(x, [r], kind, tl, [t]);
+        E::lanes(v)
+    };
+    // SAFETY: as for `one`.
+    let step = |xr: [usize; NX], left: usize, ts: [&[u8]; NT]| unsafe {
+        let s: [[E::Sum; NT]; NX] = match left {
+            1 => pad(E::dots::<1, NT>(x, [xr[0]], kind, tl, ts)),
+            2 => pad(E::dots::<2, NT>(x, [xr[0], xr[1]], kind, tl, ts)),
+            _ => E::dots::<NX, NT>(x, xr, kind, tl, ts),
+        };
+        s.map(|s| s.map(|v| E::lanes(v)))
+    };
+    simd_tile::<NX, NT>(w, rows, outs, put, one, step)
+}
+
+/// What a SIMD engine's `dots` reads: where each tile starts, and each input row's quants,
+/// scales and corrections (checked to hold the tiling's blocks). Made once a call, it asks for
+/// the tiles' scales whole: a short stretch of their own, too short for the hardware
+/// prefetchers to follow.
+#[cfg(target_arch = "x86_64")]
+pub(super) struct Operands<'a, const R: usize, const T: usize> {
+    pub tiles: [*const u8; T],
+    pub xq: [&'a [i8]; R],
+    pub xd: [&'a [f32]; R],
+    pub xc: [&'a [i32]; R],
+}
+
+#[cfg(target_arch = "x86_64")]
+impl<'a, const R: usize, const T: usize> Operands<'a, R, T> {
+    pub fn new(x: &'a QuantAct, xr: [usize; R], tl: Tiling, ts: [&[u8]; T]) -> Self {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        assert!(ts.iter().all(|t| t.len() >= tl.bytes()));
+        let rows = xr.map(|r| x.row(r));
+        assert!(rows
+            .iter()
+            .all(|(q, d, _)| q.len() >= tl.blocks * BLOCK && d.len() >= tl.blocks));
+        for t in ts {
+            for line in (0..tl.scale_bytes()).step_by(64) {
+                // SAFETY: a hint, which reads nothing (SSE, on every x86_64).
+                unsafe { _mm_prefetch::<_MM_HINT_T0>(t[line..].as_ptr().cast()) };
+            }
+        }
+        Operands {
+            tiles: ts.map(|t| t.as_ptr()),
+            xq: rows.map(|r| r.0),
+            xd: rows.map(|r| r.1),
+            xc: rows.map(|r| r.2),
+        }
+    }
+
+    /// Block b's first chunk in each tile and first quant in each input row.
+    ///
+    /// # Safety
+    /// Block b lies inside the tiles (`new` checked their length).
+    #[inline(always)]
+    pub unsafe fn block(&self, tl: Tiling, b: usize) -> ([*const u8; T], [*const i8; R]) {
+        let (mut wp, mut xp) = ([std::ptr::null(); T], [std::ptr::null(); R]);
+        for (w, t) in wp.iter_mut().zip(self.tiles) {
+            // SAFETY: the block's chunks lie inside the tile (the caller's contract).
+            *w = unsafe { t.add(tl.chunk_at(b, 0)) };
+        }
+        for (x, q) in xp.iter_mut().zip(self.xq) {
+            *x = q[x_at(b, 0)..].as_ptr();
+        }
+        (wp, xp)
+    }
+}
 
 /// The loop of both SIMD engines over a task's outputs (rows × outs; `outs` from a tile):
 /// one input row a tile at a time (`one`: decoding, one stream of memory; two or four tiles

@@ -21,49 +21,19 @@
 //! load), and sums each output in the same order in both, so that a row's numbers are the same
 //! bits alone or in a batch.
 
-use super::{x_at, QuantAct, QuantKind, QuantMatrix, TileSums, Tiling, BLOCK, TILE_ROWS};
+use super::{x_at, QuantAct, QuantKind, TileSums, Tiling, BLOCK, TILE_ROWS};
 use std::arch::x86_64::*;
-use std::ops::Range;
 
 /// Input rows the GEMM's step takes against `NT` tiles of weight rows: 4 × 2 int32 block sums
 /// and as many f32 sums in registers, each weight chunk loaded once for four input rows and
 /// each broadcast input quad used for two tiles.
-const NX: usize = 4;
+pub(super) const NX: usize = 4;
 /// Tiles of weight rows the GEMM's step takes at once.
-const NT: usize = 2;
+pub(super) const NT: usize = 2;
 
-/// The outputs (rows × outs), handed to `put(row, first out, values)`, against one input row
-/// (decoding: a tile at a time) or `NX` at a time (`NT` tiles at a time), in the loop both
-/// SIMD engines share (`super::simd_tile`).
-///
-/// # Safety
-/// The CPU must have AVX-512F, AVX-512BW and AVX512-VNNI; `rows` and `outs` must lie inside
-/// `x` and `w`, and `outs` start at a tile.
-pub(super) unsafe fn tile(
-    x: &QuantAct,
-    w: &QuantMatrix,
-    rows: Range<usize>,
-    outs: Range<usize>,
-    put: impl Fn(usize, usize, &[f32]),
-) {
-    let (tl, kind) = (w.tiling(), w.kind);
-    // SAFETY: the features are this function's contract; `simd_tile` hands rows of `rows`
-    // and tiles of `outs`, which lie inside x and w.
-    let one = |r: usize, t: &[u8]| unsafe {
-        let [[v]] = dots::<1, 1>(x, [r], kind, tl, [t]);
-        lanes(v)
-    };
-    // SAFETY: as for `one`.
-    let step = |xr: [usize; NX], left: usize, ts: [&[u8]; NT]| unsafe {
-        let s = match left {
-            1 => pad(dots::<1, NT>(x, [xr[0]], kind, tl, ts)),
-            2 => pad(dots::<2, NT>(x, [xr[0], xr[1]], kind, tl, ts)),
-            _ => dots::<NX, NT>(x, xr, kind, tl, ts),
-        };
-        s.map(|s| s.map(|v| lanes(v)))
-    };
-    super::simd_tile::<NX, NT>(w, rows, outs, put, one, step)
-}
+// The VNNI engine as `super::engine_tile` runs it (`NX` input rows against `NT` tiles a GEMM
+// step, one input row a tile at a time when decoding).
+simd_dots!(Vnni, __m512);
 
 /// A register's sixteen lanes.
 #[target_feature(enable = "avx512f")]
@@ -72,11 +42,6 @@ fn lanes(v: __m512) -> TileSums {
     // SAFETY: sixteen f32 into sixteen.
     unsafe { _mm512_storeu_ps(s.as_mut_ptr(), v) };
     s
-}
-
-/// `dots`' sums for fewer than `NX` input rows, in NX rows (the rest copies, not used).
-fn pad<const R: usize>(s: [[__m512; NT]; R]) -> [[__m512; NT]; NX] {
-    std::array::from_fn(|j| if j < R { s[j] } else { s[0] })
 }
 
 /// The sums of input rows `xr` with the sixteen rows of each tile of `ts`, one register per
@@ -94,29 +59,8 @@ unsafe fn dots<const R: usize, const T: usize>(
     tl: Tiling,
     ts: [&[u8]; T],
 ) -> [[__m512; T]; R] {
-    assert!(ts.iter().all(|t| t.len() >= tl.bytes()));
-    // (loops, not `map` or closures: those would not inherit this fn's target features, and
-    // ran as calls once a block)
-    let (mut wp, mut xq, mut xd, mut xc) = (
-        [std::ptr::null(); T],
-        [&[][..]; R],
-        [&[][..]; R],
-        [&[][..]; R],
-    );
-    for k in 0..T {
-        wp[k] = ts[k].as_ptr();
-    }
-    for j in 0..R {
-        (xq[j], xd[j], xc[j]) = x.row(xr[j]);
-        assert!(xq[j].len() >= tl.blocks * BLOCK && xd[j].len() >= tl.blocks);
-    }
-    // the scales are a short stretch of their own, too short for the hardware prefetchers to
-    // follow: asked for whole at once
-    for t in wp {
-        for line in (0..tl.scale_bytes()).step_by(64) {
-            _mm_prefetch::<_MM_HINT_T0>(t.wrapping_add(line).cast());
-        }
-    }
+    let ops = super::Operands::new(x, xr, tl, ts);
+    let (wp, xd, xc) = (ops.tiles, ops.xd, ops.xc);
     let mut acc = [[_mm512_setzero_ps(); T]; R];
     for b in 0..tl.blocks {
         // 1. the block's scales: the tiles' sixteen rows' (f16), then each input row's
@@ -128,7 +72,7 @@ unsafe fn dots<const R: usize, const T: usize>(
         }
         // 2. every block dot product, exact in int32
         // SAFETY: the block lies inside the tiles (asserted) and the input rows (`row`).
-        let dot = unsafe { block_dots::<R, T>(&xq, kind, tl, &wp, b) };
+        let dot = unsafe { block_dots::<R, T>(&ops, kind, tl, b) };
         // 3. scaled into the f32 sums
         for j in 0..R {
             let (dx, corr) = (_mm512_set1_ps(xd[j][b]), _mm512_set1_epi32(xc[j][b]));
@@ -147,26 +91,19 @@ unsafe fn dots<const R: usize, const T: usize>(
 /// the tiles.
 ///
 /// # Safety
-/// AVX-512F/BW and AVX512-VNNI; each of `tiles` points at a tile of `tl`; block b lies inside
-/// the tiles and each input row (`dots` asserts the rows' length).
+/// AVX-512F/BW and AVX512-VNNI; `ops` was made for tiles of `tl`, with block b inside them
+/// (`Operands::new` checks the tiles' and the rows' lengths).
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
 #[inline]
 unsafe fn block_dots<const R: usize, const T: usize>(
-    xq: &[&[i8]; R],
+    ops: &super::Operands<R, T>,
     kind: QuantKind,
     tl: Tiling,
-    tiles: &[*const u8; T],
     b: usize,
 ) -> [[__m512i; T]; R] {
     // chunk k of tile t at wp[t] + 64·k; input row j's element e at xp[j] + e
-    let (mut wp, mut xp) = ([std::ptr::null(); T], [std::ptr::null(); R]);
-    for t in 0..T {
-        // SAFETY: the block's chunks lie inside the tile (the caller's contract).
-        wp[t] = unsafe { tiles[t].add(tl.chunk_at(b, 0)) };
-    }
-    for j in 0..R {
-        xp[j] = xq[j][x_at(b, 0)..].as_ptr();
-    }
+    // SAFETY: block b lies inside the tiles (the caller's contract).
+    let (wp, xp) = unsafe { ops.block(tl, b) };
     // Few sums (a lone row) run as two chains each, even and odd chunks (Q4_0: low and high
     // nibbles), added at the end: exact in int32, so the same sums; one chain of eight
     // dependent `vpdpbusd`s a block held a lone row back.
