@@ -114,10 +114,12 @@ mod tests {
             ws.keep_f32_panels(&m);
             let copy = ws.bytes() - Workspace::bytes_for(&m.config, b, t);
             assert_eq!(need.with_copies(&m, true).copies, copy);
+            // bf16 copies where the CPU multiplies in bf16, as the server and generation keep
+            // them (`keep_weight_copies`); none elsewhere, and the need says so
             let mut bf16 = m.clone();
             bf16.precision = crate::kernels::Precision::Bf16;
             let mut ws = Workspace::new(&bf16, b, t);
-            ws.keep_bf16_weights(&bf16);
+            ws.keep_weight_copies(&bf16, false);
             let copy = ws.bytes() - Workspace::bytes_for(&m.config, b, t);
             assert_eq!(need.with_copies(&bf16, false).copies, copy);
         }
