@@ -730,7 +730,7 @@ fn bench_matmul_nt_times_each_quantised_engine() {
             .map(|r| r["backend"].as_str().unwrap().to_string())
             .collect();
         for kind in ["q8_0", "q4_0"] {
-            for engine in Engine::available() {
+            for &engine in Engine::available() {
                 let name = format!("difftx-{kind}-{}", engine.name());
                 assert_eq!(backends.contains(&name), quantised, "k {k}, {name}: {text}");
             }

@@ -244,7 +244,7 @@ pub fn bench_matmul(
         false => Vec::new(),
     };
     for (i, _) in quant.iter().enumerate() {
-        for engine in Engine::available() {
+        for &engine in Engine::available() {
             runs.push(Run::Quant(i, engine));
         }
     }

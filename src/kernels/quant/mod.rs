@@ -286,18 +286,22 @@ impl Engine {
         }
     }
 
-    /// The engines this CPU runs, fastest first (`Portable` last, always there).
-    pub fn available() -> Vec<Engine> {
-        let mut engines = Vec::with_capacity(3);
-        if cpu_has_vnni() {
-            engines.push(Engine::Vnni);
-        }
-        #[cfg(target_arch = "x86_64")]
-        if avx2::available() {
-            engines.push(Engine::Avx2);
-        }
-        engines.push(Engine::Portable);
-        engines
+    /// The engines this CPU runs, fastest first (`Portable` last, always there); detected
+    /// once, since every product asks.
+    pub fn available() -> &'static [Engine] {
+        static ENGINES: std::sync::OnceLock<Vec<Engine>> = std::sync::OnceLock::new();
+        ENGINES.get_or_init(|| {
+            let mut engines = Vec::with_capacity(3);
+            if cpu_has_vnni() {
+                engines.push(Engine::Vnni);
+            }
+            #[cfg(target_arch = "x86_64")]
+            if avx2::available() {
+                engines.push(Engine::Avx2);
+            }
+            engines.push(Engine::Portable);
+            engines
+        })
     }
 }
 
@@ -757,7 +761,7 @@ mod tests {
                 let qw = QuantMatrix::new(kind, &w, oc, c).unwrap();
                 let qx = QuantAct::new(&x, n, c, kind);
                 let (wd, xd) = (qw.dequantize(), dequant_act(&qx, n, c));
-                for &engine in &engines {
+                for &engine in engines {
                     let mut got = vec![0.5; n * oc];
                     matmul_on(engine, &mut [(&mut got[..], &qw)], &qx, true);
                     for r in 0..n {
@@ -828,7 +832,7 @@ mod tests {
                 .collect();
             let qx = QuantAct::new(&x, n, c, kind);
             let (wd, xd) = (qw.dequantize(), dequant_act(&qx, n, c));
-            for engine in Engine::available() {
+            for &engine in Engine::available() {
                 let mut got = vec![0f32; n * oc];
                 matmul_on(engine, &mut [(&mut got[..], &qw)], &qx, false);
                 for r in 0..n {
@@ -852,7 +856,8 @@ mod tests {
     #[test]
     fn the_simd_engines_give_the_same_bits() {
         let simd: Vec<Engine> = Engine::available()
-            .into_iter()
+            .iter()
+            .copied()
             .filter(|&e| e != Engine::Portable)
             .collect();
         for (n, c, oc) in [(1, 544, 131), (9, 96, 40), (70, 64, 33)] {
@@ -890,7 +895,7 @@ mod tests {
         let (x, w) = (data(n * c, 5, true), data(oc * c, 6, false));
         for kind in QuantKind::ALL {
             let qw = QuantMatrix::new(kind, &w, oc, c).unwrap();
-            for engine in Engine::available() {
+            for &engine in Engine::available() {
                 let mut all = vec![0f32; n * oc];
                 let qx = QuantAct::new(&x, n, c, kind);
                 matmul_on(engine, &mut [(&mut all[..], &qw)], &qx, false);
