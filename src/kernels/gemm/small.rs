@@ -122,6 +122,14 @@ pub(crate) unsafe fn small_gemm(d: Dims, a: Mat, b: Mat, out: SharedOut, bf16: b
         unsafe { avx512::small_gemm(d, a, b, (c, out.rs, out.accumulate)) };
         return;
     }
+    #[cfg(target_arch = "x86_64")]
+    if super::cpu::avx2_fma() {
+        // SAFETY: as for AVX-512 above, with AVX2 and FMA present.
+        let c = unsafe { out.dst.ptr(0, super::extent(m, n, out.rs, 1)) };
+        // SAFETY: AVX2 and FMA are present; A, B and C are bounded as above.
+        unsafe { avx2::small_gemm(d, a, b, (c, out.rs, out.accumulate)) };
+        return;
+    }
     let _ = bf16;
     for r in 0..m {
         // SAFETY: row r < m of C, n values from r·rs, is the caller's to write alone (this
@@ -323,6 +331,146 @@ pub(crate) mod avx512 {
     }
 }
 
+/// `small_gemm` on AVX2 (AMD Zen 2/3, Intel's client cores): register tiles of 6 rows × 16
+/// columns, 12 accumulators, two registers of B and a broadcast of A among AVX2's sixteen;
+/// each element one FMA chain over p in order, as on AVX-512. (The plain loop, which the
+/// compiler vectorises to SSE2 without FMA, took 18% of a `medium` prefill of 512 tokens on a
+/// Zen 3.)
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx2 {
+    use super::{Dims, Mat};
+    use std::arch::x86_64::*;
+
+    /// Rows of a register tile.
+    const ROWS: usize = 6;
+
+    /// Loads of columns 8·v.. (v < 2) masked to the first `w` of 16 columns: each lane
+    /// whose column is below w has its sign bit set.
+    fn masks(w: usize) -> [__m256i; 2] {
+        std::array::from_fn(|v| {
+            let lanes: [i32; 8] = std::array::from_fn(|l| if 8 * v + l < w { -1 } else { 0 });
+            // SAFETY: eight i32 into one 256-bit register.
+            unsafe { std::mem::transmute::<[i32; 8], __m256i>(lanes) }
+        })
+    }
+
+    /// `super::small_gemm` on AVX2 and FMA registers.
+    ///
+    /// # Safety
+    /// AVX2 and FMA; A (m × k) and B (k × n, contiguous columns) in bounds; c (C, row stride,
+    /// accumulate) valid for writes of rows 0..m of n columns, which no other thread accesses
+    /// meanwhile.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn small_gemm(
+        d: Dims,
+        a: Mat,
+        b: Mat,
+        (c, c_rs, accumulate): (*mut f32, usize, bool),
+    ) {
+        let Dims { m, n, k } = d;
+        for j0 in (0..n).step_by(16) {
+            // whole strips load and store plainly, the ragged last one through masks
+            let mk = (n - j0 < 16).then(|| masks(n - j0));
+            let mut r0 = 0;
+            while r0 < m {
+                let h = ROWS.min(m - r0);
+                // SAFETY: the caller's contract bounds A's rows r0..r0 + h, B's k rows of
+                // columns j0.. (masked to the n − j0 left) and C's likewise.
+                unsafe {
+                    let args = (
+                        k,
+                        a.data.as_ptr().add(r0 * a.rs),
+                        (a.rs, a.cs),
+                        b.data.as_ptr().add(j0),
+                        b.rs,
+                        c.add(r0 * c_rs + j0),
+                        c_rs,
+                        mk,
+                        accumulate,
+                    );
+                    match h {
+                        6 => tile::<6>(args),
+                        5 => tile::<5>(args),
+                        4 => tile::<4>(args),
+                        3 => tile::<3>(args),
+                        2 => tile::<2>(args),
+                        _ => tile::<1>(args),
+                    }
+                }
+                r0 += h;
+            }
+        }
+    }
+
+    /// (k, A, A's (row, column) strides, B, B row stride, C, C row stride, column masks (none:
+    /// all 16 columns), accumulate)
+    type TileArgs = (
+        usize,
+        *const f32,
+        (usize, usize),
+        *const f32,
+        usize,
+        *mut f32,
+        usize,
+        Option<[__m256i; 2]>,
+        bool,
+    );
+
+    /// Columns 8·v.. 8·v + 8 of a row at p: all of them, or those the masks keep.
+    ///
+    /// # Safety
+    /// AVX2; the columns loaded in bounds.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    unsafe fn load(p: *const f32, v: usize, mk: Option<[__m256i; 2]>) -> __m256 {
+        // SAFETY: the caller's contract.
+        unsafe {
+            match mk {
+                None => _mm256_loadu_ps(p.add(8 * v)),
+                Some(mk) => _mm256_maskload_ps(p.add(8 * v), mk[v]),
+            }
+        }
+    }
+
+    /// H rows × 16 columns (masked) of C, accumulated over k in registers.
+    ///
+    /// # Safety
+    /// AVX2 and FMA; A's H rows, B's k rows and C's H rows (the columns masked by mk) in
+    /// bounds.
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    unsafe fn tile<const H: usize>(
+        (k, a, (a_rs, a_cs), b, b_rs, c, c_rs, mk, accumulate): TileArgs,
+    ) {
+        // SAFETY: the caller's contract, for the H rows and masked columns named.
+        unsafe {
+            let mut acc = [[_mm256_setzero_ps(); 2]; H];
+            for p in 0..k {
+                let b0 = load(b.add(p * b_rs), 0, mk);
+                let b1 = load(b.add(p * b_rs), 1, mk);
+                for (r, row) in acc.iter_mut().enumerate() {
+                    let av = _mm256_set1_ps(*a.add(r * a_rs + p * a_cs));
+                    row[0] = _mm256_fmadd_ps(av, b0, row[0]);
+                    row[1] = _mm256_fmadd_ps(av, b1, row[1]);
+                }
+            }
+            for (r, row) in acc.iter().enumerate() {
+                let cr = c.add(r * c_rs);
+                for (v, &x) in row.iter().enumerate() {
+                    let mut x = x;
+                    if accumulate {
+                        x = _mm256_add_ps(x, load(cr, v, mk));
+                    }
+                    match mk {
+                        None => _mm256_storeu_ps(cr.add(8 * v), x),
+                        Some(mk) => _mm256_maskstore_ps(cr.add(8 * v), mk[v], x),
+                    }
+                }
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -360,34 +508,45 @@ mod tests {
                     rs: 1,
                     cs: 2 * m,
                 };
-                let mut c = vec![1.0f32; m * (n + 2)];
-                let out = SharedOut {
-                    dst: crate::kernels::SharedMut::new(&mut c),
-                    rs: n + 2,
-                    accumulate: true,
-                };
                 let bm = Mat {
                     data: &b,
                     rs: n + 5,
                     cs: 1,
                 };
-                // SAFETY: c holds m rows of n + 2, which only this call writes.
-                unsafe { small_gemm(Dims::new(m, n, k), at, bm, out, bf16) };
-                for row in 0..m {
-                    for j in 0..n + 2 {
-                        let want: f32 = if j < n {
-                            1.0 + (0..k)
-                                .map(|p| r(a[p * 2 * m + row]) * r(b[p * (n + 5) + j]))
-                                .sum::<f32>()
-                        } else {
-                            1.0
-                        };
-                        let got = c[row * (n + 2) + j];
-                        assert!(
-                            (got - want).abs() < 1e-4 * (1.0 + want.abs()),
-                            "bf16 {bf16} {m}x{n}x{k} ({row},{j}): {got} vs {want}"
-                        );
+                let check = |c: &[f32], path: &str| {
+                    for row in 0..m {
+                        for j in 0..n + 2 {
+                            let want: f32 = if j < n {
+                                1.0 + (0..k)
+                                    .map(|p| r(a[p * 2 * m + row]) * r(b[p * (n + 5) + j]))
+                                    .sum::<f32>()
+                            } else {
+                                1.0
+                            };
+                            let got = c[row * (n + 2) + j];
+                            assert!(
+                                (got - want).abs() < 1e-4 * (1.0 + want.abs()),
+                                "{path} bf16 {bf16} {m}x{n}x{k} ({row},{j}): {got} vs {want}"
+                            );
+                        }
                     }
+                };
+                let (d, rs) = (Dims::new(m, n, k), n + 2);
+                let mut c = vec![1.0f32; m * rs];
+                let out = SharedOut {
+                    dst: crate::kernels::SharedMut::new(&mut c),
+                    rs,
+                    accumulate: true,
+                };
+                // SAFETY: c holds m rows of n + 2, which only this call writes.
+                unsafe { small_gemm(d, at, bm, out, bf16) };
+                check(&c, "dispatch");
+                // the AVX2 path too where the CPU has it (the dispatch prefers AVX-512)
+                if !bf16 && crate::kernels::gemm::cpu::avx2_fma() {
+                    let mut c = vec![1.0f32; m * rs];
+                    // SAFETY: AVX2 and FMA detected; c holds m rows of n + 2.
+                    unsafe { avx2::small_gemm(d, at, bm, (c.as_mut_ptr(), rs, true)) };
+                    check(&c, "avx2");
                 }
             }
         }
