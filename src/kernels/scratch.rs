@@ -50,10 +50,7 @@ pub fn prepare_threads(
     precision: Precision,
 ) {
     let prepare = || {
-        #[cfg(target_arch = "x86_64")]
-        if gemm::cpu::avx512f() {
-            gemm::f32_avx512::reserve(n_max.max(shared));
-        }
+        gemm::f32::reserve(n_max.max(shared));
         #[cfg(target_arch = "x86_64")]
         if precision.is_bf16() {
             // an operand is at most (rows or n_max) × n_max, or n_max × rows

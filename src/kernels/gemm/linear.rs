@@ -124,20 +124,16 @@ pub fn matmul_forward_each(
         });
         return gemv(&jobs[..count]);
     }
-    #[cfg(target_arch = "x86_64")]
-    {
-        use super::f32_avx512::{sgemm_parts, Part, MAX_PARTS};
-        if !precision.is_bf16() && parts.len() <= MAX_PARTS && super::cpu::avx512f() {
-            // (sgemm_parts checks that input, outputs and weights hold what it reads and writes)
-            let (count, width) = (parts.len(), parts.iter().map(|p| p.2).sum());
-            let mut each = parts
-                .iter_mut()
-                .map(|(out, w, oc)| Part::new(out, *oc, *oc, Mat::t(w.f32, c)));
-            let cols: [Part; MAX_PARTS] =
-                std::array::from_fn(|_| each.next().unwrap_or(Part::NONE));
-            let (cols, threads) = (&cols[..count], threads_for(n, width, c));
-            return sgemm_parts(n, c, Mat::rows(inp, c), cols, false, threads);
-        }
+    use super::f32::{sgemm_parts, Isa, Part, MAX_PARTS};
+    if let Some(isa) = Isa::detect().filter(|_| !precision.is_bf16() && parts.len() <= MAX_PARTS) {
+        // (sgemm_parts checks that input, outputs and weights hold what it reads and writes)
+        let (count, width) = (parts.len(), parts.iter().map(|p| p.2).sum());
+        let mut each = parts
+            .iter_mut()
+            .map(|(out, w, oc)| Part::new(out, *oc, *oc, Mat::t(w.f32, c)));
+        let cols: [Part; MAX_PARTS] = std::array::from_fn(|_| each.next().unwrap_or(Part::NONE));
+        let (cols, threads) = (&cols[..count], threads_for(n, width, c));
+        return sgemm_parts(isa, (n, c), Mat::rows(inp, c), cols, false, threads);
     }
     for (out, w, oc) in parts.iter_mut() {
         matmul_forward(out, inp, *w, n, c, *oc, false, precision);
@@ -651,12 +647,14 @@ mod tests {
     #[test]
     #[should_panic(expected = "sgemm:")]
     fn a_part_too_small_for_its_rows_is_refused() {
-        use crate::kernels::gemm::f32_avx512::{sgemm_parts, Part};
+        use crate::kernels::gemm::f32::{sgemm_parts, Isa, Part};
         let (m, k, n) = (20, 8, 16);
         let (a, b) = (vec![1.0; m * k], vec![1.0; k * n]);
         let mut short = vec![0.0; (m - 1) * n];
         let part = Part::new(&mut short, n, n, Mat::rows(&b, n));
-        sgemm_parts(m, k, Mat::rows(&a, k), &[part], false, 1);
+        // (a CPU with no kernel is refused by the same assert's "sgemm: the CPU has no")
+        let isa = Isa::detect().unwrap_or(Isa::Avx2);
+        sgemm_parts(isa, (m, k), Mat::rows(&a, k), &[part], false, 1);
     }
 
     /// Parts with row-major B packed in parallel from one KC slice: the pass is cut into two
@@ -665,11 +663,7 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn parts_packed_in_column_groups_match_each_product() {
-        use crate::kernels::gemm::cpu::avx512f as available;
-        use crate::kernels::gemm::f32_avx512::{sgemm_parts, Part};
-        if !available() {
-            return;
-        }
+        use crate::kernels::gemm::f32::{sgemm_parts, Isa, Part};
         let (m, k) = (50, 200);
         let widths = [70, 130, 35];
         let a: Vec<f32> = (0..m * k)
@@ -683,7 +677,7 @@ mod tests {
                     .collect()
             })
             .collect();
-        for threads in [1, 2] {
+        for (isa, threads) in Isa::available_all().flat_map(|i| [(i, 1), (i, 2)]) {
             let mut outs: Vec<Vec<f32>> = widths.iter().map(|&n| vec![0.0; m * n]).collect();
             let [o0, o1, o2] = &mut outs[..] else {
                 unreachable!()
@@ -693,7 +687,7 @@ mod tests {
                 Part::new(o1, widths[1], widths[1], Mat::rows(&bs[1], widths[1])),
                 Part::new(o2, widths[2], widths[2], Mat::rows(&bs[2], widths[2])),
             ];
-            sgemm_parts(m, k, Mat::rows(&a, k), &parts, false, threads);
+            sgemm_parts(isa, (m, k), Mat::rows(&a, k), &parts, false, threads);
             for ((out, b), &n) in outs.iter().zip(&bs).zip(&widths) {
                 for i in 0..m {
                     for j in 0..n {
@@ -703,7 +697,7 @@ mod tests {
                         let got = out[i * n + j] as f64;
                         assert!(
                             (got - want).abs() < 1e-4 * (1.0 + want.abs()),
-                            "{threads} threads, width {n} ({i},{j}): {got} vs {want}"
+                            "{isa:?} {threads} threads, width {n} ({i},{j}): {got} vs {want}"
                         );
                     }
                 }

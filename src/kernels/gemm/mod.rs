@@ -1,7 +1,8 @@
 //! Every matrix product in difftx: C (m × n) (+)= A (m × k) · B (k × n), through `gemm`. The
 //! engines behind it:
 //!
-//! - f32_avx512.rs: our own BLIS-style AVX-512 kernel, where the CPU has AVX-512F;
+//! - f32.rs: our own BLIS-style f32 product, on the AVX-512 micro-kernel (f32_avx512.rs)
+//!   where the CPU has AVX-512F, else on the AVX2 one (f32_avx2.rs) where it has AVX2 and FMA;
 //! - bf16.rs: bf16 operands (AMX tiles, or VDPBF16PS) under `Precision::Bf16`;
 //! - the `gemm` crate elsewhere (and for comparison, `Backend::GemmCrate`);
 //! - small.rs: the attention kernel's small cache-resident products (no packing in f32);
@@ -11,6 +12,9 @@
 #[cfg(target_arch = "x86_64")]
 pub mod bf16;
 pub mod cpu;
+pub mod f32;
+#[cfg(target_arch = "x86_64")]
+pub mod f32_avx2;
 #[cfg(target_arch = "x86_64")]
 pub mod f32_avx512;
 pub mod linear;
@@ -152,7 +156,8 @@ pub(crate) fn threads_for(m: usize, n: usize, k: usize) -> usize {
 pub enum Backend {
     /// always the `gemm` crate (for comparison)
     GemmCrate,
-    /// f32 on difftx's AVX-512 kernel where the CPU has AVX-512F, else the `gemm` crate
+    /// f32 on difftx's kernels where the CPU has AVX-512F or AVX2 and FMA, else the `gemm`
+    /// crate
     F32,
     /// bf16 where the CPU has AVX512_BF16 (else as `F32`)
     Bf16,
@@ -200,9 +205,8 @@ pub fn gemm_on(backend: Backend, d: Dims, a: Mat, b: Mat, out: Out) {
         bf16::gemm(d, a, b, Out::new(dst, dst_rs, accumulate), threads);
         return;
     }
-    #[cfg(target_arch = "x86_64")]
-    if backend != Backend::GemmCrate && cpu::avx512f() {
-        f32_avx512::gemm(d, a, b, Out::new(dst, dst_rs, accumulate), threads);
+    if let Some(isa) = f32::Isa::detect().filter(|_| backend != Backend::GemmCrate) {
+        f32::gemm(isa, d, a, b, Out::new(dst, dst_rs, accumulate), threads);
         return;
     }
     let par = if threads == 1 {
@@ -286,17 +290,23 @@ mod tests {
             for (li, l) in lhs.iter().enumerate() {
                 for (ri, r) in rhs.iter().enumerate() {
                     // accumulating onto 0.5, or overwriting it
-                    for (acc, base) in [(true, 0.5), (false, 0.0)] {
+                    // each of difftx's kernels this CPU has, and the `gemm` crate
+                    let engines = f32::Isa::available_all().map(Some).chain([None]);
+                    let runs = engines.flat_map(|e| [(e, true, 0.5), (e, false, 0.0)]);
+                    for (engine, acc, base) in runs {
                         let mut out = vec![0.5f32; m * (n + 3)];
-                        let o = Out::new(&mut out, n + 3, acc);
-                        gemm(Dims::new(m, n, k), *l, *r, o, Precision::F32);
+                        let (d, o) = (Dims::new(m, n, k), Out::new(&mut out, n + 3, acc));
+                        match engine {
+                            Some(isa) => f32::gemm(isa, d, *l, *r, o, threads_for(m, n, k)),
+                            None => gemm_on(Backend::GemmCrate, d, *l, *r, o),
+                        }
                         for i in 0..m {
                             for j in 0..n + 3 {
                                 let got = out[i * (n + 3) + j] as f64;
                                 let exp = if j < n { base + want[i * n + j] } else { 0.5 };
                                 assert!(
                                     (got - exp).abs() < 1e-4 * (1.0 + exp.abs()),
-                                    "{m}x{n}x{k} lhs{li} rhs{ri} acc {acc} ({i},{j}): {got} vs {exp}"
+                                    "{engine:?} {m}x{n}x{k} lhs{li} rhs{ri} acc {acc} ({i},{j}): {got} vs {exp}"
                                 );
                             }
                         }
