@@ -67,6 +67,63 @@ pub(crate) trait Kernel {
     );
 }
 
+/// `Kernel` for the type `$name` of the kernel module it is called in, from that module's
+/// `MR`, `NR`, `kernel` and `transpose_rows`, with depth `kc` and row block `max_mc`.
+macro_rules! f32_kernel {
+    ($name:ident, kc: $kc:expr, max_mc: $max_mc:expr) => {
+        impl super::f32::Kernel for $name {
+            const MR: usize = MR;
+            const NR: usize = NR;
+            const KC: usize = $kc;
+            const MAX_MC: usize = $max_mc;
+
+            unsafe fn kernel(
+                kc: usize,
+                ap: &[f32],
+                bp: &[f32],
+                c: *mut f32,
+                ldc: usize,
+                h: usize,
+                w: usize,
+                accumulate: bool,
+            ) {
+                // SAFETY: the trait's contract is the module's `kernel`'s.
+                unsafe { kernel(kc, ap, bp, c, ldc, h, w, accumulate) }
+            }
+
+            unsafe fn transpose_rows<const R: usize>(
+                panel: &mut [f32],
+                rows: &[&[f32]; R],
+                kc: usize,
+            ) {
+                // SAFETY: the trait's contract is the module's `transpose_rows`'.
+                unsafe { transpose_rows::<R>(panel, rows, kc) }
+            }
+
+            fn pack_a_panels(
+                panels: &mut [f32],
+                stride: usize,
+                x: &super::Mat,
+                depth: (usize, usize),
+                cols: (usize, usize),
+            ) {
+                super::f32::pack_panels::<MR, Self>(panels, stride, x, depth, cols)
+            }
+
+            fn pack_b_panels(
+                panels: &mut [f32],
+                stride: usize,
+                x: &super::Mat,
+                depth: (usize, usize),
+                cols: (usize, usize),
+            ) {
+                super::f32::pack_panels::<NR, Self>(panels, stride, x, depth, cols)
+            }
+        }
+    };
+}
+pub(crate) use f32_kernel;
+
 /// The micro-kernel this CPU runs, if any (the `gemm` crate's otherwise).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Isa {

@@ -3,8 +3,6 @@
 //! ymm registers accumulating, two holding a row of the B panel and one a broadcast of A.
 //! Before it such CPUs ran the `gemm` crate, which allocates its packing buffers at every call.
 
-use super::f32::{pack_panels, Kernel};
-use super::Mat;
 use std::arch::x86_64::*;
 
 /// Micro-tile: 6 rows × 16 columns = 12 ymm accumulators (of 16 registers).
@@ -14,52 +12,8 @@ const NR: usize = 16;
 /// The AVX2 kernel.
 pub(crate) struct Avx2;
 
-impl Kernel for Avx2 {
-    const MR: usize = MR;
-    const NR: usize = NR;
-    const KC: usize = 256;
-    /// 168 rows: a packed A block of 168 KiB in a Zen 3's 512 KiB of L2.
-    const MAX_MC: usize = 28 * MR;
-
-    unsafe fn kernel(
-        kc: usize,
-        ap: &[f32],
-        bp: &[f32],
-        c: *mut f32,
-        ldc: usize,
-        h: usize,
-        w: usize,
-        accumulate: bool,
-    ) {
-        // SAFETY: the trait's contract is `kernel`'s.
-        unsafe { kernel(kc, ap, bp, c, ldc, h, w, accumulate) }
-    }
-
-    unsafe fn transpose_rows<const R: usize>(panel: &mut [f32], rows: &[&[f32]; R], kc: usize) {
-        // SAFETY: the trait's contract is `transpose_rows`'.
-        unsafe { transpose_rows::<R>(panel, rows, kc) }
-    }
-
-    fn pack_a_panels(
-        panels: &mut [f32],
-        stride: usize,
-        x: &Mat,
-        depth: (usize, usize),
-        cols: (usize, usize),
-    ) {
-        pack_panels::<MR, Self>(panels, stride, x, depth, cols)
-    }
-
-    fn pack_b_panels(
-        panels: &mut [f32],
-        stride: usize,
-        x: &Mat,
-        depth: (usize, usize),
-        cols: (usize, usize),
-    ) {
-        pack_panels::<NR, Self>(panels, stride, x, depth, cols)
-    }
-}
+// a row block of 168 rows: a packed A block of 168 KiB in a Zen 3's 512 KiB of L2
+super::f32::f32_kernel!(Avx2, kc: 256, max_mc: 28 * MR);
 
 /// C[0..h, 0..w] (row stride ldc) = (or +=) Σ_p ap[p][r] · bp[p][c] over one packed A panel
 /// and one packed B panel of depth kc. The panels are zero-padded, so a ragged tile runs the

@@ -1,9 +1,7 @@
 //! The f32 product's micro-kernel for CPUs with AVX-512F (`super::f32` drives it): tiles of
 //! 14 rows × 32 columns, 28 of the 32 zmm registers accumulating.
 
-use super::f32::{pack_panels, Kernel};
 use super::small::avx512::products;
-use super::Mat;
 use std::arch::x86_64::*;
 
 /// Micro-tile: 14 rows × 32 columns = 28 zmm accumulators (of 32 registers).
@@ -13,51 +11,7 @@ const NR: usize = 32;
 /// The AVX-512F kernel.
 pub(crate) struct Avx512;
 
-impl Kernel for Avx512 {
-    const MR: usize = MR;
-    const NR: usize = NR;
-    const KC: usize = 256;
-    const MAX_MC: usize = 16 * MR;
-
-    unsafe fn kernel(
-        kc: usize,
-        ap: &[f32],
-        bp: &[f32],
-        c: *mut f32,
-        ldc: usize,
-        h: usize,
-        w: usize,
-        accumulate: bool,
-    ) {
-        // SAFETY: the trait's contract is `kernel`'s.
-        unsafe { kernel(kc, ap, bp, c, ldc, h, w, accumulate) }
-    }
-
-    unsafe fn transpose_rows<const R: usize>(panel: &mut [f32], rows: &[&[f32]; R], kc: usize) {
-        // SAFETY: the trait's contract is `transpose_rows`'.
-        unsafe { transpose_rows::<R>(panel, rows, kc) }
-    }
-
-    fn pack_a_panels(
-        panels: &mut [f32],
-        stride: usize,
-        x: &Mat,
-        depth: (usize, usize),
-        cols: (usize, usize),
-    ) {
-        pack_panels::<MR, Self>(panels, stride, x, depth, cols)
-    }
-
-    fn pack_b_panels(
-        panels: &mut [f32],
-        stride: usize,
-        x: &Mat,
-        depth: (usize, usize),
-        cols: (usize, usize),
-    ) {
-        pack_panels::<NR, Self>(panels, stride, x, depth, cols)
-    }
-}
+super::f32::f32_kernel!(Avx512, kc: 256, max_mc: 16 * MR);
 
 /// C[0..h, 0..w] (row stride ldc) = (or +=) Σ_p ap[p][r] · bp[p][c] over one packed A panel
 /// and one packed B panel of depth kc.
