@@ -60,7 +60,7 @@ unsafe fn kernel(
             pa = pa.add(MR);
             pb = pb.add(NR);
         }
-        // rows by a loop of fixed length, so that acc stays in registers
+        // rows by a loop of fixed length, stopping at h
         for (r, &[x0, x1]) in acc.iter().enumerate() {
             if r == h {
                 break;
