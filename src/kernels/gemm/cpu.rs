@@ -9,7 +9,7 @@ pub fn avx512f() -> bool {
 }
 
 /// AVX2 with FMA: the f32 kernels' fallback where AVX-512F is missing (AMD Zen 2 and 3,
-/// Intel's client cores), for the products decoding runs most.
+/// Intel's client cores): the packed products, attention's small products, decoding's panels.
 pub fn avx2_fma() -> bool {
     #[cfg(target_arch = "x86_64")]
     return is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma");

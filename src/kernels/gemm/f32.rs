@@ -134,34 +134,22 @@ pub enum Isa {
 impl Isa {
     /// The best kernel this CPU has: AVX-512F, else AVX2 with FMA, else none.
     pub fn detect() -> Option<Isa> {
-        #[cfg(target_arch = "x86_64")]
-        {
-            if super::cpu::avx512f() {
-                return Some(Isa::Avx512);
-            }
-            if super::cpu::avx2_fma() {
-                return Some(Isa::Avx2);
-            }
-        }
-        None
+        Isa::available_all().next()
     }
 
-    /// Every kernel this CPU runs (for tests that check each).
+    /// Every kernel this CPU runs, the best first.
     pub fn available_all() -> impl Iterator<Item = Isa> {
         [Isa::Avx512, Isa::Avx2]
             .into_iter()
             .filter(|i| i.available())
     }
 
-    /// Whether this CPU runs it.
+    /// Whether this CPU runs it (never off x86-64).
     pub fn available(self) -> bool {
-        #[cfg(target_arch = "x86_64")]
         match self {
-            Isa::Avx512 => return super::cpu::avx512f(),
-            Isa::Avx2 => return super::cpu::avx2_fma(),
+            Isa::Avx512 => super::cpu::avx512f(),
+            Isa::Avx2 => super::cpu::avx2_fma(),
         }
-        #[allow(unreachable_code)]
-        false
     }
 }
 
