@@ -197,7 +197,8 @@ pub struct MatmulBench {
 /// is the product's alone (the product a decoding step or a prefill chunk runs); and where K
 /// is a multiple of 32, "difftx-q8_0-ENGINE" and "difftx-q4_0-ENGINE" for each quantised
 /// engine this CPU has (`--quant`'s products: B quantised once, A quantised in the timing, as a
-/// forward does; GFLOP/s counts the same 2·M·N·K).
+/// forward does; GFLOP/s counts the same 2·M·N·K); and for up to 64 rows "difftx-f32-panels":
+/// B packed in panels of 32 outputs beforehand, as a server's decoding batch reads f32 weights.
 pub fn bench_matmul(
     m: usize,
     n: usize,
@@ -236,6 +237,13 @@ pub fn bench_matmul(
     if bf16 && b_t {
         runs.push(Run::Bf16Packed);
     }
+    let panels = match b_t && m <= 64 {
+        true => crate::kernels::gemm::panels::pack(&b, n, k),
+        false => Vec::new(),
+    };
+    if !panels.is_empty() {
+        runs.push(Run::F32Panels);
+    }
     let quant: Vec<QuantMatrix> = match b_t && k.is_multiple_of(32) {
         true => QuantKind::ALL
             .iter()
@@ -264,6 +272,14 @@ pub fn bench_matmul(
                         use crate::kernels::gemm::bf16::{gemm_packed, PackedB};
                         gemm_packed(d, lhs, &PackedB::weight(&packed, n, k), out, threads)
                     }
+                    Run::F32Panels => {
+                        use crate::kernels::gemm::linear::{matmul_forward, Weight};
+                        let w = Weight {
+                            panels: Some(&panels),
+                            ..Weight::from(&b[..])
+                        };
+                        matmul_forward(out.dst, a, w, m, k, n, false, Precision::F32)
+                    }
                     Run::Quant(i, engine) => {
                         // as a forward runs it: the input quantised, then the products
                         let x = QuantAct::new(a, m, k, quant[i].kind);
@@ -287,6 +303,7 @@ pub fn bench_matmul(
                     Run::Gemm(Backend::GemmCrate) => "gemm-crate".into(),
                     Run::Gemm(Backend::Bf16) => "difftx-bf16".into(),
                     Run::Bf16Packed => "difftx-bf16-packed".into(),
+                    Run::F32Panels => "difftx-f32-panels".into(),
                     Run::Quant(i, engine) => {
                         format!("difftx-{}-{}", quant[i].kind, engine.name())
                     }
@@ -309,6 +326,8 @@ enum Run {
     Gemm(crate::kernels::gemm::Backend),
     /// bf16 with B packed beforehand
     Bf16Packed,
+    /// f32 with B packed in panels beforehand
+    F32Panels,
     /// B quantised (the i-th kind of `QuantKind::ALL` that fits), on an engine
     Quant(usize, Engine),
 }
