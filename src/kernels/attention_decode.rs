@@ -9,10 +9,11 @@
 //! do the results.
 //!
 //! The cache holds f32 or bf16 keys and values (`Elem`, `--kv-cache bf16`): bf16 rows are
-//! widened to f32 as they are loaded (on AVX-512 a zero-extension and a shift, `load16`),
-//! and everything after the load runs in f32 either way.
+//! widened to f32 as they are loaded (a zero-extension and a shift, `load16` on AVX-512,
+//! `load8` on AVX2), and everything after the load runs in f32 either way.
 
 use super::attention::{attention_forward, AttnShape};
+use super::gemm::f32::Isa;
 use super::Precision;
 use super::{axpy, exp_nonpos, map_lanes, Elem, SharedMut, MAX, SUM};
 use rayon::prelude::*;
@@ -36,8 +37,8 @@ thread_local! {
 /// o (B, NQ, DV) and lse (B, NQ) for one query per sequence, q (B, NQ, DK), that sees the
 /// first `visible` of the sequence's `tkv` cached rows in k (B, Tkv, NK, DK) and
 /// v (B, Tkv, NV, DV); `attention_forward`, its caller, checked these lengths. Same results as
-/// the tile kernel, up to rounding. The AVX-512 loops where the CPU has AVX-512F, else the
-/// portable ones.
+/// the tile kernel, up to rounding. The loops of the best vector unit the CPU has (AVX-512F,
+/// else AVX2 with FMA), else the portable ones.
 // attention_forward's decoding branch: the same operands, passed on as they came
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn attention_decode<T: Elem>(
@@ -51,16 +52,15 @@ pub(crate) fn attention_decode<T: Elem>(
     visible: usize,
     s: &AttnShape,
 ) {
-    let simd = super::gemm::cpu::avx512f();
-    attention_decode_on(simd, o, lse, q, k, v, b, tkv, visible, s)
+    attention_decode_on(Isa::detect(), o, lse, q, k, v, b, tkv, visible, s)
 }
 
-/// `attention_decode` on the AVX-512 loops (`simd`, which the caller has checked the CPU can
-/// run) or the portable ones: tests compare the two.
+/// `attention_decode` on the loops of `isa` (which the CPU must have) or, with `None`, the
+/// portable ones: tests compare them.
 // attention_decode's operands and the path
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn attention_decode_on<T: Elem>(
-    simd: bool,
+    isa: Option<Isa>,
     o: &mut [f32],
     lse: &mut [f32],
     q: &[f32],
@@ -71,7 +71,7 @@ pub(crate) fn attention_decode_on<T: Elem>(
     visible: usize,
     s: &AttnShape,
 ) {
-    assert!(!simd || super::gemm::cpu::avx512f());
+    assert!(isa.is_none_or(Isa::available));
     let AttnShape { nq, dk, dv, .. } = *s;
     assert!(visible >= 1 && visible <= tkv);
     let chunk = chunk_rows(visible);
@@ -96,7 +96,7 @@ pub(crate) fn attention_decode_on<T: Elem>(
                     len,
                     part,
                 };
-                chunk_partials(simd, out, q, &rows, s, heads);
+                chunk_partials(isa, out, q, &rows, s, heads);
             };
             if chunks * b > 1 {
                 (0..b * chunks).into_par_iter().for_each(run);
@@ -238,7 +238,7 @@ macro_rules! shaped {
 /// L2 in software or not. A GQA group's query heads (diff_v2's) go together (`Heads`), each
 /// cached row loaded once for them.
 fn chunk_partials<T: Elem>(
-    simd: bool,
+    isa: Option<Isa>,
     out: &mut [f32],
     q: &[f32],
     r: &Rows<T>,
@@ -249,7 +249,7 @@ fn chunk_partials<T: Elem>(
     let part = r.part;
     let scale = 1.0 / (dk as f32).sqrt();
     // 1. every head's scores, into out[j][dv + 2..]
-    shaped!(scores_rows, heads.group, dk)(simd, out, q, r, s, heads);
+    shaped!(scores_rows, heads.group, dk)(isa, out, q, r, s, heads);
     // 2. each head's max m and Σ exp(score − m), the scores turned into those exps
     for o in out.chunks_exact_mut(part) {
         let (stats, sc) = o[dv..].split_at_mut(2);
@@ -260,7 +260,7 @@ fn chunk_partials<T: Elem>(
     }
     // 3. every head's values weighted by its exps, into out[j][..dv]
     out.chunks_exact_mut(part).for_each(|o| o[..dv].fill(0.0));
-    shaped!(values_rows, heads.group, dv)(simd, out, r, s, heads);
+    shaped!(values_rows, heads.group, dv)(isa, out, r, s, heads);
 }
 
 /// Phase 1: out[j][dv + 2 + t] = q_j · k_t over the chunk's rows t, for the query heads in
@@ -269,7 +269,7 @@ fn chunk_partials<T: Elem>(
 /// allocation, and standard's single heads decoded 4–5% slower).
 #[inline(never)]
 fn scores_rows<const Q: usize, const N: usize, T: Elem>(
-    simd: bool,
+    isa: Option<Isa>,
     out: &mut [f32],
     q: &[f32],
     r: &Rows<T>,
@@ -284,19 +284,19 @@ fn scores_rows<const Q: usize, const N: usize, T: Elem>(
         let row = &r.k[(r.row0 + t) * kw..][..kw];
         for (g, &at) in heads.k_at.iter().enumerate() {
             let (j0, k) = (g * Q, &row[at..at + dk]);
-            #[cfg(target_arch = "x86_64")]
-            if simd {
-                // SAFETY: AVX-512F is present (the caller checked); k holds dk values and the
-                // Q queries from j0 dk each (asserted above).
-                let dots = unsafe { super::dot_tree::<Q, N, T>(&q[j0 * dk..(j0 + Q) * dk], k) };
-                for (i, x) in dots.into_iter().enumerate() {
-                    out[(j0 + i) * part + s.dv + 2 + t] = x;
-                }
-                continue;
-            }
-            for i in 0..Q {
-                let qi = &q[(j0 + i) * dk..(j0 + i + 1) * dk];
-                out[(j0 + i) * part + s.dv + 2 + t] = super::dot_elems(qi, k);
+            let qs = &q[j0 * dk..(j0 + Q) * dk];
+            // k holds dk values and qs the Q queries' dk each; where N > 0, dk = 16·N (asserted)
+            let dots = match isa {
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: the CPU has AVX-512F (`attention_decode_on` checked); lengths above.
+                Some(Isa::Avx512) => unsafe { super::dot_tree::<Q, N, T>(qs, k) },
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: the CPU has AVX2 and FMA (checked likewise); lengths above.
+                Some(Isa::Avx2) => unsafe { super::dot_tree8::<Q, N, T>(qs, k) },
+                _ => std::array::from_fn(|i| super::dot_elems(&qs[i * dk..(i + 1) * dk], k)),
+            };
+            for (i, x) in dots.into_iter().enumerate() {
+                out[(j0 + i) * part + s.dv + 2 + t] = x;
             }
         }
     }
@@ -307,7 +307,7 @@ fn scores_rows<const Q: usize, const N: usize, T: Elem>(
 /// in `out` (a few KiB, in L1) between rows.
 #[inline(never)]
 fn values_rows<const Q: usize, const N: usize, T: Elem>(
-    simd: bool,
+    isa: Option<Isa>,
     out: &mut [f32],
     r: &Rows<T>,
     s: &AttnShape,
@@ -322,16 +322,25 @@ fn values_rows<const Q: usize, const N: usize, T: Elem>(
         for (g, &at) in heads.v_at.iter().enumerate() {
             let (j0, v) = (g * Q, &row[at..at + dv]);
             let heads = &mut out[j0 * part..(j0 + Q) * part];
-            #[cfg(target_arch = "x86_64")]
-            if simd {
-                // SAFETY: AVX-512F is present (the caller checked); heads holds Q partials of
-                // dv + 2 + the chunk's length, t < that length, and v holds dv values.
-                unsafe { weighted_row_avx512::<Q, N, T>(heads, part, dv + 2 + t, v) };
-                continue;
-            }
-            for o in heads.chunks_exact_mut(part) {
-                let p = o[dv + 2 + t];
-                super::axpy_elems(&mut o[..dv], p, v);
+            // heads holds Q partials of dv + 2 + the chunk's length, t < that length, and v
+            // holds dv values; where N > 0, dv = 16·N (asserted)
+            match isa {
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: the CPU has AVX-512F (`attention_decode_on` checked); lengths above.
+                Some(Isa::Avx512) => unsafe {
+                    weighted_row_avx512::<Q, N, T>(heads, part, dv + 2 + t, v)
+                },
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: the CPU has AVX2 and FMA (checked likewise); lengths above.
+                Some(Isa::Avx2) => unsafe {
+                    weighted_row_avx2::<Q, N, T>(heads, part, dv + 2 + t, v)
+                },
+                _ => {
+                    for o in heads.chunks_exact_mut(part) {
+                        let p = o[dv + 2 + t];
+                        super::axpy_elems(&mut o[..dv], p, v);
+                    }
+                }
             }
         }
     }
@@ -369,22 +378,58 @@ unsafe fn weighted_row_avx512<const Q: usize, const N: usize, T: Elem>(
     }
 }
 
+/// `weighted_row_avx512` on AVX2: eight lanes at a time, a ragged tail of fewer than eight
+/// values one at a time.
+///
+/// # Safety
+/// AVX2 and FMA; heads holds Q partials of `part` ≥ dv values, at < part; where N > 0,
+/// v.len() = 16·N.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn weighted_row_avx2<const Q: usize, const N: usize, T: Elem>(
+    heads: &mut [f32],
+    part: usize,
+    at: usize,
+    v: &[T],
+) {
+    use std::arch::x86_64::*;
+    let dv = if N > 0 { 16 * N } else { v.len() };
+    let full = dv / 8 * 8;
+    let mut p = [_mm256_setzero_ps(); Q];
+    for (i, p) in p.iter_mut().enumerate() {
+        *p = _mm256_set1_ps(heads[i * part + at]);
+    }
+    for c in (0..full).step_by(8) {
+        // SAFETY: c + 8 ≤ dv values of v and of each partial's first dv.
+        unsafe {
+            let x = super::load8(v.as_ptr().add(c));
+            for (i, p) in p.iter().enumerate() {
+                let a = heads.as_mut_ptr().add(i * part + c);
+                _mm256_storeu_ps(a, _mm256_fmadd_ps(*p, x, _mm256_loadu_ps(a)));
+            }
+        }
+    }
+    for o in heads.chunks_exact_mut(part).take(Q) {
+        let p = o[at];
+        super::axpy_elems(&mut o[full..dv], p, &v[full..dv]);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use half::bf16;
 
     /// A bf16 cache decodes exactly as an f32 cache holding the same (widened) values, on the
-    /// portable loops and, where the CPU has AVX-512F, on the AVX-512 ones, which agree with
-    /// the portable ones to rounding: ragged head widths (dk 20, dv 40 and 8) and the unrolled
-    /// ones (32, 64, 128), a last chunk of 13 rows (77 cached) and chunks of 64 (600 cached),
-    /// GQA groups of 4, 2 and 1, two sequences.
+    /// portable loops and on each vector unit's the CPU has (AVX-512, AVX2), which agree with
+    /// the portable ones to rounding: ragged head widths (dk 20 and 24, dv 40, 12 and 8: on
+    /// AVX2 a pair of blocks of eight, a lone block, a tail) and the unrolled ones (32, 64,
+    /// 128), a last chunk of 13 rows (77 cached) and chunks of 64 (600 cached), GQA groups of
+    /// 4, 2 and 1, two sequences.
     #[test]
-    fn bf16_caches_decode_as_their_widened_values_on_both_paths() {
-        let mut paths = vec![false];
-        if crate::kernels::gemm::cpu::avx512f() {
-            paths.push(true);
-        }
+    fn bf16_caches_decode_as_their_widened_values_on_every_path() {
+        let paths: Vec<Option<Isa>> = Isa::available_all().map(Some).collect();
         let mut seed = 1u32;
         let mut rand = |n: usize| -> Vec<f32> {
             (0..n)
@@ -399,6 +444,7 @@ mod tests {
             (77, 8, 2, 2, 20, 40),
             (77, 4, 2, 2, 32, 8),
             (77, 6, 6, 6, 16, 16),
+            (77, 4, 4, 4, 24, 12),
             (600, 4, 4, 2, 64, 128),
             (600, 8, 2, 2, 64, 128),
         ] {
@@ -423,29 +469,32 @@ mod tests {
                 kb.iter().map(|x| x.widen()).collect(),
                 vb.iter().map(|x| x.widen()).collect(),
             );
-            let run = |simd: bool, bf: bool| {
+            let run = |isa: Option<Isa>, bf: bool| {
                 let (mut o, mut lse) = (vec![0f32; b * nq * dv], vec![0f32; b * nq]);
                 match bf {
                     true => {
-                        attention_decode_on(simd, &mut o, &mut lse, &q, &kb, &vb, b, tkv, tkv, &s)
+                        attention_decode_on(isa, &mut o, &mut lse, &q, &kb, &vb, b, tkv, tkv, &s)
                     }
                     false => {
-                        attention_decode_on(simd, &mut o, &mut lse, &q, &kf, &vf, b, tkv, tkv, &s)
+                        attention_decode_on(isa, &mut o, &mut lse, &q, &kf, &vf, b, tkv, tkv, &s)
                     }
                 }
                 (o, lse)
             };
-            let portable = run(false, false);
+            let portable = run(None, false);
             assert!(portable.0.iter().any(|&x| x != 0.0));
-            for &simd in &paths {
-                let f = run(simd, false);
-                assert_eq!(run(simd, true), f, "{s:?} simd={simd}: bf16 vs widened f32");
+            for &isa in &paths {
+                let f = run(isa, false);
+                assert_eq!(run(isa, true), f, "{s:?} {isa:?}: bf16 vs widened f32");
                 for (a, b) in
                     f.0.iter()
                         .chain(&f.1)
                         .zip(portable.0.iter().chain(&portable.1))
                 {
-                    assert!((a - b).abs() <= 1e-5 * (1.0 + b.abs()), "{s:?}: {a} vs {b}");
+                    assert!(
+                        (a - b).abs() <= 1e-5 * (1.0 + b.abs()),
+                        "{s:?} {isa:?}: {a} vs {b}"
+                    );
                 }
             }
         }

@@ -43,4 +43,6 @@ pub use simd::{
     reduce_lanes, scale, sigmoid, sum_lanes, MAX, SUM,
 };
 #[cfg(target_arch = "x86_64")]
-pub(crate) use simd::{dot_grid, dot_tree, exp_nonpos16, lane_mask, load16, transpose16};
+pub(crate) use simd::{
+    dot_grid, dot_tree, dot_tree8, exp_nonpos16, lane_mask, load16, load8, transpose16,
+};

@@ -226,10 +226,89 @@ pub(crate) fn sum_lanes16(acc: [std::arch::x86_64::__m512i; 16]) -> std::arch::x
 pub(crate) fn sum_lanes_tree(v: std::arch::x86_64::__m512) -> f32 {
     use std::arch::x86_64::*;
     let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
-    let a = _mm256_add_ps(_mm512_castps512_ps256(v), hi);
+    sum_lanes8(_mm256_add_ps(_mm512_castps512_ps256(v), hi))
+}
+
+/// The sum of a's eight lanes, i with i + 4, then i + 2, i + 1: the last three levels of
+/// `sum_lanes_tree`, and the sums of `dot_tree8`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx")]
+#[inline]
+pub(crate) fn sum_lanes8(a: std::arch::x86_64::__m256) -> f32 {
+    use std::arch::x86_64::*;
     let b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps::<1>(a));
     let c = _mm_add_ps(b, _mm_movehl_ps(b, b));
     _mm_cvtss_f32(_mm_add_ss(c, _mm_shuffle_ps::<1>(c, c)))
+}
+
+/// Eight values from `p` widened to f32 on AVX2: f32 as they are; bf16 zero-extended to 32
+/// bits and shifted into the upper half, as `load16` widens sixteen.
+///
+/// # Safety
+/// AVX2; `p..p + 8` is in bounds.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(crate) unsafe fn load8<T: Elem>(p: *const T) -> std::arch::x86_64::__m256 {
+    use std::arch::x86_64::*;
+    // SAFETY: the caller guarantees eight values from p in bounds.
+    unsafe {
+        if !T::BF16 {
+            return _mm256_loadu_ps(p as *const f32);
+        }
+        let bits = _mm_loadu_si128(p as *const __m128i);
+        _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(bits)))
+    }
+}
+
+/// `dot_tree` on AVX2: xs[i] · w for the Q rows of xs (each w.len() long), w loaded (and
+/// widened, for bf16) once for all of them; FMAs over pairs of blocks of eight columns into
+/// two accumulators (so that one block's FMA does not wait for the last), their sum's lanes
+/// summed by `sum_lanes8`, and a ragged tail of fewer than eight values added one at a time.
+/// With N > 0 the caller has checked w.len() = 16·N, and the loop unrolls.
+///
+/// # Safety
+/// AVX2 and FMA; xs holds Q · w.len() values; where N > 0, w.len() = 16·N.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+pub(crate) unsafe fn dot_tree8<const Q: usize, const N: usize, T: Elem>(
+    xs: &[f32],
+    w: &[T],
+) -> [f32; Q] {
+    use std::arch::x86_64::*;
+    let len = if N > 0 { 16 * N } else { w.len() };
+    let mut acc = [[_mm256_setzero_ps(); 2]; Q];
+    let mut p = 0;
+    while p + 8 <= len {
+        let pair = p + 16 <= len;
+        // SAFETY: p + 8 ≤ len, and p + 16 ≤ len for the second block of a pair: w holds len
+        // values and xs Q·len (the contract).
+        unsafe {
+            let w0 = load8(w.as_ptr().add(p));
+            let w1 = if pair {
+                load8(w.as_ptr().add(p + 8))
+            } else {
+                _mm256_setzero_ps()
+            };
+            for (i, a) in acc.iter_mut().enumerate() {
+                let x = xs.as_ptr().add(i * len + p);
+                a[0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x), a[0]);
+                if pair {
+                    a[1] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x.add(8)), a[1]);
+                }
+            }
+        }
+        p += if pair { 16 } else { 8 };
+    }
+    let mut out = [0f32; Q];
+    for (i, (o, a)) in out.iter_mut().zip(&acc).enumerate() {
+        *o = sum_lanes8(_mm256_add_ps(a[0], a[1]));
+        for (x, w) in xs[i * len + p..(i + 1) * len].iter().zip(&w[p..len]) {
+            *o = x.mul_add(w.widen(), *o);
+        }
+    }
+    out
 }
 
 /// xs[i] · w for the Q rows of xs (each w.len() long), each summed exactly as `dot_grid` sums
