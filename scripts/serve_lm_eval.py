@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """lm-evaluation-harness's `local-completions` model against `difftx serve` (not CI: needs
-`pip install lm-eval`), on a small task defined here (YAML over a JSONL file; no downloads).
+`pip install "lm-eval[api]"`: its API models need the extra), on a small task defined here
+(YAML over a JSONL file; no downloads).
 
     difftx init --preset tiny --seed 3 --out /tmp/tiny
     difftx serve --model /tmp/tiny --port 18190 &
