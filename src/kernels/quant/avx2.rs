@@ -201,3 +201,74 @@ unsafe fn block_dots<const R: usize, const T: usize>(
     }
     dot
 }
+
+/// `super::quantize_row` eight lanes at a time: the same arithmetic (the block's largest
+/// magnitude over 127, each value times its inverse rounded half away from zero), so the same
+/// quants, scales and corrections; `vnni::quantize_row` is its sixteen-lane twin.
+///
+/// # Safety
+/// AVX2.
+#[target_feature(enable = "avx2")]
+pub(super) unsafe fn quantize_row(
+    x: &[f32],
+    qs: &mut [i8],
+    d: &mut [f32],
+    corr: &mut [i32],
+    offset: i32,
+) {
+    let nb = x.len() / BLOCK;
+    assert!(qs.len() >= nb * BLOCK && d.len() >= nb && corr.len() >= nb);
+    let sign = _mm256_set1_ps(-0.0);
+    // after the packs below, int32 lane r holds values 0–3 of register r and lane r + 4 its
+    // values 4–7: these lanes in this order give the block's 32 quants in order
+    let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for b in 0..nb {
+        let mut v = [_mm256_setzero_ps(); 4];
+        let mut m = _mm256_setzero_ps();
+        for (i, v) in v.iter_mut().enumerate() {
+            // SAFETY: block b's 32 values are in x (nb blocks of it).
+            *v = unsafe { _mm256_loadu_ps(x.as_ptr().add(b * BLOCK + 8 * i)) };
+            m = _mm256_max_ps(m, _mm256_andnot_ps(sign, *v));
+        }
+        let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
+        let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+        let amax = _mm_cvtss_f32(_mm_max_ss(m, _mm_shuffle_ps::<1>(m, m)));
+        let scale = amax / 127.0;
+        let id = _mm256_set1_ps(if scale == 0.0 { 0.0 } else { 1.0 / scale });
+        let mut q = [_mm256_setzero_si256(); 4];
+        let mut sum = _mm256_setzero_si256();
+        for (q, v) in q.iter_mut().zip(&v) {
+            *q = round_away(_mm256_mul_ps(*v, id));
+            sum = _mm256_add_epi32(sum, *q);
+        }
+        // int32 → int16 → int8, saturating as `as i8` does (each pack works within a 128-bit
+        // half), then the runs of four back in order
+        let w = _mm256_packs_epi16(
+            _mm256_packs_epi32(q[0], q[1]),
+            _mm256_packs_epi32(q[2], q[3]),
+        );
+        let w = _mm256_permutevar8x32_epi32(w, order);
+        // SAFETY: x_at(b, 0..32) = b·32.. < qs.len() (asserted above), in order.
+        unsafe { _mm256_storeu_si256(qs.as_mut_ptr().add(super::x_at(b, 0)).cast(), w) };
+        let s = _mm_add_epi32(
+            _mm256_castsi256_si128(sum),
+            _mm256_extracti128_si256::<1>(sum),
+        );
+        let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
+        let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
+        d[b] = scale;
+        corr[b] = -offset * _mm_cvtsi128_si32(s);
+    }
+}
+
+/// `f32::round` (half away from zero) of each lane, as int32: the truncation, plus one step
+/// away from zero where the dropped fraction (exact, by Sterbenz) is at least a half.
+#[target_feature(enable = "avx2")]
+fn round_away(p: __m256) -> __m256i {
+    let t = _mm256_round_ps::<{ _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC }>(p);
+    let frac = _mm256_andnot_ps(_mm256_set1_ps(-0.0), _mm256_sub_ps(p, t));
+    let half = _mm256_cmp_ps::<_CMP_GE_OQ>(frac, _mm256_set1_ps(0.5));
+    // ±1 with p's sign: 1.0's bits with p's sign bit, kept where the fraction was a half or more
+    let step = _mm256_or_ps(_mm256_and_ps(p, _mm256_set1_ps(-0.0)), _mm256_set1_ps(1.0));
+    _mm256_cvttps_epi32(_mm256_add_ps(t, _mm256_and_ps(step, half)))
+}

@@ -391,12 +391,18 @@ impl Drop for QuantAct {
 }
 
 /// One input row's blocks: quants, scales and the VNNI engine's corrections; sixteen lanes at
-/// a time where the CPU has AVX-512 (`vnni::quantize_row`, the same bytes).
+/// a time where the CPU has AVX-512 (`vnni::quantize_row`), eight where it has AVX2
+/// (`avx2::quantize_row`): the same bytes.
 fn quantize_row(x: &[f32], qs: &mut [i8], d: &mut [f32], corr: &mut [i32], offset: i32) {
     #[cfg(target_arch = "x86_64")]
     if cpu_has_vnni() {
         // SAFETY: the CPU has AVX-512F/BW (with VNNI).
         return unsafe { vnni::quantize_row(x, qs, d, corr, offset) };
+    }
+    #[cfg(target_arch = "x86_64")]
+    if avx2::available() {
+        // SAFETY: the CPU has AVX2.
+        return unsafe { avx2::quantize_row(x, qs, d, corr, offset) };
     }
     quantize_row_scalar(x, qs, d, corr, offset)
 }
@@ -926,14 +932,11 @@ mod tests {
         out
     }
 
-    /// The VNNI engine's quantiser gives the scalar one's bytes, ties (x/d ending in exactly
-    /// .5, rounded away from zero) included.
+    /// The vector quantisers (VNNI's, AVX2's) give the scalar one's bytes, ties (x/d ending in
+    /// exactly .5, rounded away from zero) included.
     #[cfg(target_arch = "x86_64")]
     #[test]
-    fn the_vector_quantiser_matches_the_scalar_one() {
-        if !cpu_has_vnni() {
-            return;
-        }
+    fn the_vector_quantisers_match_the_scalar_one() {
         // block 0: d = 1 exactly, so the halves are ties; then ordinary and all-zero blocks
         let mut x: Vec<f32> = (0..32).map(|i| i as f32 - 15.5).collect();
         x[31] = 127.0;
@@ -944,14 +947,22 @@ mod tests {
         let fresh = || (vec![0i8; nb * BLOCK], vec![0f32; nb], vec![0i32; nb]);
         let ((mut q1, mut d1, mut c1), (mut q2, mut d2, mut c2)) = (fresh(), fresh());
         quantize_row_scalar(&x, &mut q1, &mut d1, &mut c1, 128);
-        // SAFETY: the CPU has AVX-512F/BW (checked above).
-        unsafe { vnni::quantize_row(&x, &mut q2, &mut d2, &mut c2, 128) };
         // each block's correction takes the offset back out of its sum: −128 · Σq
         for (b, &c) in c1.iter().enumerate() {
             let sum: i32 = (0..BLOCK).map(|e| q1[x_at(b, e)] as i32).sum();
             assert_eq!(c, -128 * sum, "block {b}");
         }
-        assert_eq!((q1, d1, c1), (q2, d2, c2));
+        if cpu_has_vnni() {
+            // SAFETY: the CPU has AVX-512F/BW.
+            unsafe { vnni::quantize_row(&x, &mut q2, &mut d2, &mut c2, 128) };
+            assert_eq!((&q1, &d1, &c1), (&q2, &d2, &c2), "vnni");
+        }
+        if avx2::available() {
+            (q2, d2, c2) = fresh();
+            // SAFETY: the CPU has AVX2.
+            unsafe { avx2::quantize_row(&x, &mut q2, &mut d2, &mut c2, 128) };
+            assert_eq!((&q1, &d1, &c1), (&q2, &d2, &c2), "avx2");
+        }
     }
 
     #[test]
