@@ -88,7 +88,7 @@ fn training_steps_allocate_nothing_after_warm_up() {
         // Without AVX-512F or AVX2 the f32 products run on the `gemm` crate, which allocates
         // its packing buffers at every call (348 allocations in 3 steps of the standard model
         // when it ran them on an AVX2 Zen 3): the promise holds for difftx's own kernels only.
-        if difftx::kernels::gemm::f32::Isa::detect().is_none() {
+        if difftx::kernels::gemm::cpu::Isa::detect().is_none() {
             eprintln!("{label}: {n} allocations in 3 training steps (gemm crate)");
             continue;
         }

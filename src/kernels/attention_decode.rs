@@ -13,7 +13,7 @@
 //! `load8` on AVX2), and everything after the load runs in f32 either way.
 
 use super::attention::{attention_forward, AttnShape};
-use super::gemm::f32::Isa;
+use super::gemm::cpu::Isa;
 use super::Precision;
 use super::{axpy, exp_nonpos, map_lanes, Elem, SharedMut, MAX, SUM};
 use rayon::prelude::*;

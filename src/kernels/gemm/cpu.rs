@@ -17,6 +17,37 @@ pub fn avx2_fma() -> bool {
     false
 }
 
+/// The vector unit a kernel with a loop for each runs: the f32 products' micro-kernels
+/// (`f32_avx512`, `f32_avx2`; the `gemm` crate's where there is none) and the decoding
+/// attention's loops (the portable ones where there is none).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Isa {
+    Avx512,
+    Avx2,
+}
+
+impl Isa {
+    /// The best unit this CPU has: AVX-512F, else AVX2 with FMA, else none.
+    pub fn detect() -> Option<Isa> {
+        Isa::available_all().next()
+    }
+
+    /// Every unit this CPU runs, the best first.
+    pub fn available_all() -> impl Iterator<Item = Isa> {
+        [Isa::Avx512, Isa::Avx2]
+            .into_iter()
+            .filter(|i| i.available())
+    }
+
+    /// Whether this CPU runs it (never off x86-64).
+    pub fn available(self) -> bool {
+        match self {
+            Isa::Avx512 => avx512f(),
+            Isa::Avx2 => avx2_fma(),
+        }
+    }
+}
+
 /// AVX512_BF16 (with AVX-512F/BW): bf16 products at all (AMD Zen 4, Intel Cooper Lake on),
 /// whose dot products also pack the operands, with or without the tile unit.
 pub fn avx512_bf16() -> bool {

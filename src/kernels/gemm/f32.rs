@@ -8,6 +8,7 @@
 //! AVX-512's 32 registers) and f32_avx2.rs (6 × 16 in AVX2's 16); everything else here serves
 //! both.
 
+use super::cpu::Isa;
 use super::{extent, Dims, Mat, Out};
 use crate::kernels::{ensure, ensure_aligned, with_thread_buffer};
 use rayon::prelude::*;
@@ -123,35 +124,6 @@ macro_rules! f32_kernel {
     };
 }
 pub(crate) use f32_kernel;
-
-/// The micro-kernel this CPU runs, if any (the `gemm` crate's otherwise).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Isa {
-    Avx512,
-    Avx2,
-}
-
-impl Isa {
-    /// The best kernel this CPU has: AVX-512F, else AVX2 with FMA, else none.
-    pub fn detect() -> Option<Isa> {
-        Isa::available_all().next()
-    }
-
-    /// Every kernel this CPU runs, the best first.
-    pub fn available_all() -> impl Iterator<Item = Isa> {
-        [Isa::Avx512, Isa::Avx2]
-            .into_iter()
-            .filter(|i| i.available())
-    }
-
-    /// Whether this CPU runs it (never off x86-64).
-    pub fn available(self) -> bool {
-        match self {
-            Isa::Avx512 => super::cpu::avx512f(),
-            Isa::Avx2 => super::cpu::avx2_fma(),
-        }
-    }
-}
 
 /// f::<K>(args) for the kernel of `isa`.
 macro_rules! on_isa {

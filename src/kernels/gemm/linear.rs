@@ -124,7 +124,8 @@ pub fn matmul_forward_each(
         });
         return gemv(&jobs[..count]);
     }
-    use super::f32::{sgemm_parts, Isa, Part, MAX_PARTS};
+    use super::cpu::Isa;
+    use super::f32::{sgemm_parts, Part, MAX_PARTS};
     if let Some(isa) = Isa::detect().filter(|_| !precision.is_bf16() && parts.len() <= MAX_PARTS) {
         // (sgemm_parts checks that input, outputs and weights hold what it reads and writes)
         let (count, width) = (parts.len(), parts.iter().map(|p| p.2).sum());
@@ -647,7 +648,10 @@ mod tests {
     #[test]
     #[should_panic(expected = "sgemm:")]
     fn a_part_too_small_for_its_rows_is_refused() {
-        use crate::kernels::gemm::f32::{sgemm_parts, Isa, Part};
+        use crate::kernels::gemm::{
+            cpu::Isa,
+            f32::{sgemm_parts, Part},
+        };
         let (m, k, n) = (20, 8, 16);
         let (a, b) = (vec![1.0; m * k], vec![1.0; k * n]);
         let mut short = vec![0.0; (m - 1) * n];
@@ -663,7 +667,10 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn parts_packed_in_column_groups_match_each_product() {
-        use crate::kernels::gemm::f32::{sgemm_parts, Isa, Part};
+        use crate::kernels::gemm::{
+            cpu::Isa,
+            f32::{sgemm_parts, Part},
+        };
         let (m, k) = (50, 200);
         let widths = [70, 130, 35];
         let a: Vec<f32> = (0..m * k)

@@ -205,7 +205,7 @@ pub fn gemm_on(backend: Backend, d: Dims, a: Mat, b: Mat, out: Out) {
         bf16::gemm(d, a, b, Out::new(dst, dst_rs, accumulate), threads);
         return;
     }
-    if let Some(isa) = f32::Isa::detect().filter(|_| backend != Backend::GemmCrate) {
+    if let Some(isa) = cpu::Isa::detect().filter(|_| backend != Backend::GemmCrate) {
         f32::gemm(isa, d, a, b, Out::new(dst, dst_rs, accumulate), threads);
         return;
     }
@@ -291,7 +291,7 @@ mod tests {
                 for (ri, r) in rhs.iter().enumerate() {
                     // accumulating onto 0.5, or overwriting it
                     // each of difftx's kernels this CPU has, and the `gemm` crate
-                    let engines = f32::Isa::available_all().map(Some).chain([None]);
+                    let engines = cpu::Isa::available_all().map(Some).chain([None]);
                     let runs = engines.flat_map(|e| [(e, true, 0.5), (e, false, 0.0)]);
                     for (engine, acc, base) in runs {
                         let mut out = vec![0.5f32; m * (n + 3)];
