@@ -237,7 +237,8 @@ pub fn bench_matmul(
     if bf16 && b_t {
         runs.push(Run::Bf16Packed);
     }
-    let panels = match b_t && m <= 64 {
+    // (past GRID_ROWS rows, matmul_forward packs the f32 weights instead of reading panels)
+    let panels = match b_t && m <= crate::kernels::gemm::linear::GRID_ROWS {
         true => crate::kernels::gemm::panels::pack(&b, n, k),
         false => Vec::new(),
     };

@@ -178,7 +178,7 @@ fn gemv_rows(w: &Weight) -> usize {
 /// Up to this many rows `dot_grid` beats packing the weights for one product (f32, 1408 × 512
 /// from memory, 2 threads: 94 against 61 GFLOP/s at 16 rows, 137 against 133 at 64; packing
 /// wins from about 128), so that the server's short prefill chunks take it too.
-const GRID_ROWS: usize = 64;
+pub(crate) const GRID_ROWS: usize = 64;
 
 /// Most weights that `matmul_forward_each` runs in one matrix-vector region (q, k and v).
 const GEMV_PARTS: usize = 4;
