@@ -233,8 +233,8 @@ pub(super) unsafe fn quantize_row(
         let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
         let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
         let amax = _mm_cvtss_f32(_mm_max_ss(m, _mm_shuffle_ps::<1>(m, m)));
-        let scale = amax / 127.0;
-        let id = _mm256_set1_ps(if scale == 0.0 { 0.0 } else { 1.0 / scale });
+        let (scale, id) = super::block::q8_scale(amax);
+        let id = _mm256_set1_ps(id);
         let mut q = [_mm256_setzero_si256(); 4];
         let mut sum = _mm256_setzero_si256();
         for (q, v) in q.iter_mut().zip(&v) {

@@ -70,14 +70,32 @@ impl std::str::FromStr for QuantKind {
     }
 }
 
+/// Q8_0's scale for a block whose largest magnitude is `amax`, and the factor its values are
+/// multiplied by before rounding: the weights' blocks here and the inputs' (every quantiser,
+/// scalar or vector, `super::quantize_row`) take both from this one rule.
+#[inline(always)]
+pub(crate) fn q8_scale(amax: f32) -> (f32, f32) {
+    let d = amax / 127.0;
+    (d, inverse(d))
+}
+
+/// 1 / d, or 0 where d is 0 (a block of zeros, whose quants are then all 0).
+#[inline(always)]
+fn inverse(d: f32) -> f32 {
+    if d == 0.0 {
+        0.0
+    } else {
+        1.0 / d
+    }
+}
+
 /// One block's scale (as f16 bits) and quants, written into `qs` (`kind.quant_bytes()` bytes,
 /// in the GGUF layout).
 pub fn quantize_block(kind: QuantKind, x: &[f32; BLOCK], qs: &mut [u8]) -> u16 {
     match kind {
         QuantKind::Q8_0 => {
             let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
-            let d = amax / 127.0;
-            let id = if d == 0.0 { 0.0 } else { 1.0 / d };
+            let (d, id) = q8_scale(amax);
             for (q, &v) in qs[..BLOCK].iter_mut().zip(x) {
                 *q = (v * id).round() as i8 as u8;
             }
@@ -89,7 +107,7 @@ pub fn quantize_block(kind: QuantKind, x: &[f32; BLOCK], qs: &mut [u8]) -> u16 {
                 .iter()
                 .fold(0f32, |m, &v| if v.abs() > m.abs() { v } else { m });
             let d = m / -8.0;
-            let id = if d == 0.0 { 0.0 } else { 1.0 / d };
+            let id = inverse(d);
             let q = |v: f32| ((v * id + 8.5).trunc() as u8).min(15);
             for j in 0..BLOCK / 2 {
                 qs[j] = q(x[j]) | (q(x[j + BLOCK / 2]) << 4);

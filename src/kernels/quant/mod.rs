@@ -411,8 +411,7 @@ fn quantize_row(x: &[f32], qs: &mut [i8], d: &mut [f32], corr: &mut [i32], offse
 fn quantize_row_scalar(x: &[f32], qs: &mut [i8], d: &mut [f32], corr: &mut [i32], offset: i32) {
     for (b, x) in x.chunks_exact(BLOCK).enumerate() {
         let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
-        let scale = amax / 127.0;
-        let id = if scale == 0.0 { 0.0 } else { 1.0 / scale };
+        let (scale, id) = block::q8_scale(amax);
         let mut sum = 0i32;
         for (e, &v) in x.iter().enumerate() {
             let q = (v * id).round() as i8;

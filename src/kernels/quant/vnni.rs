@@ -192,8 +192,7 @@ pub(super) unsafe fn quantize_row(
             [_mm512_loadu_ps(p), _mm512_loadu_ps(p.add(16))]
         };
         let amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v[0]), _mm512_abs_ps(v[1])));
-        let scale = amax / 127.0;
-        let id = if scale == 0.0 { 0.0 } else { 1.0 / scale };
+        let (scale, id) = super::block::q8_scale(amax);
         let q = v.map(|v| round_away(_mm512_mul_ps(v, _mm512_set1_ps(id))));
         for (h, q) in q.iter().enumerate() {
             // elements 16h..16h + 16, four at a time to their chunks (`x_at`); the conversion
