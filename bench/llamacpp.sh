@@ -19,7 +19,9 @@
 # vocabulary, default 256; 32000 sizes the LM head as a real tokenizer's), DEPTH (the second
 # decode depth, default 512; 1920 at PRESET=large, whose context is 2048), KV (difftx's --kv-cache,
 # default f32; llama.cpp's own cache is f16, so KV=bf16 compares caches of equal width), JOBS (build parallelism,
-# default 2). Not part of CI. On a shared, loaded machine run it as
+# default 2), DIFFTX (a difftx binary to run instead of building this checkout: for a machine
+# without cargo, with a llama.cpp build copied into LLAMACPP_DIR/build/bin). Not part of CI.
+# On a shared, loaded machine run it as
 # `OMP_WAIT_POLICY=passive bench/llamacpp.sh bench`: llama.cpp's OpenMP threads otherwise spin
 # for each other and its decode drops ten-fold (docs/BENCHMARKS.md); difftx uses no OpenMP.
 set -euo pipefail
@@ -69,8 +71,8 @@ formats=("$@"); [ ${#formats[@]} -gt 0 ] || formats=(f32 bf16)
 threads=${THREADS:-2}
 preset=${PRESET:-medium}
 depth=${DEPTH:-512}
-cargo build --release --quiet
-bin=target/release/difftx
+bin=${DIFFTX:-}
+if [ -z "$bin" ]; then cargo build --release --quiet; bin=target/release/difftx; fi
 llama=$LLAMACPP_DIR/build/bin
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 vocab=${VOCAB:-256}
@@ -118,7 +120,8 @@ for r in $(seq "$rounds"); do
       "$f" "$r" "${vals[@]}"
   done
 done
-echo "preset $preset (standard, vocabulary $vocab), $threads threads, difftx KV cache ${KV:-f32}, llama.cpp from $(basename "$(ls "$LLAMACPP_DIR"/download/*.tar.gz | head -1)")"
+sdist=$(ls "$LLAMACPP_DIR"/download/*.tar.gz 2>/dev/null | head -1 || true)
+echo "preset $preset (standard, vocabulary $vocab), $threads threads, difftx KV cache ${KV:-f32}, llama.cpp from ${sdist:+$(basename "$sdist")}${sdist:-$LLAMACPP_DIR}"
 for f in "${formats[@]}"; do
   summary "$f decode at depth 0 (tg128)" "${L[$f,tg0]}" "${D[$f,tg0]}"
   summary "$f decode at depth $depth (tg128 @ d$depth)" "${L[$f,tgd]}" "${D[$f,tgd]}"
