@@ -292,7 +292,11 @@ fn pack_b(dst: &mut [u16], x: Mat, rows: usize, depth: usize, threads: usize) {
 
 /// C (+)= the 32 × 32 block from the `kts` consecutive tiles at a[0], a[1] (two tile rows of
 /// A) and b[0], b[1] (two tile columns of B), clipped to (h, w) valid rows and columns: on
-/// the tile unit (which takes no prefetch hint: `_ahead` is `block_dot`'s).
+/// the tile unit (which takes no prefetch hint: `_ahead` is `block_dot`'s). When accumulating,
+/// every C tile starts from C's values, the edge tiles' through a buffer too, so that an
+/// output's sum is the same whether its tile is whole or clipped: a row's bits do not depend
+/// on how many rows run beside it (the server's batch invariance; edge tiles that added C
+/// after their products differed from whole ones in the last bit on AMX).
 ///
 /// # Safety
 /// AMX tiles configured with `CONFIG` on this thread; c valid for h rows of w columns at ldc.
@@ -313,16 +317,28 @@ unsafe fn block(
     // SAFETY: the caller configured the tiles with `CONFIG` on this thread and holds
     // c valid for h rows of w columns at ldc (this fn's `# Safety`): full tiles are loaded and
     // stored only where `full` says the 16 × 16 tile lies inside (h, w), edge tiles go through
-    // `edge` and write only rows < h, columns < w; a[i], b[i] hold `kts` tiles each (the packed
-    // rows `products` slices).
+    // `edge` and read and write only rows < h, columns < w; a[i], b[i] hold `kts` tiles each
+    // (the packed rows `products` slices).
     unsafe {
         let stride = ldc * 4;
         let full = |ti: usize, tj: usize| h >= (ti + 1) * TR && w >= (tj + 1) * TR;
         let at = |ti: usize, tj: usize| c.wrapping_add(ti * TR * ldc + tj * TR);
+        let clip = |ti: usize, tj: usize| (TR.min(h - ti * TR), TR.min(w - tj * TR));
         macro_rules! init {
         ($t:literal, $ti:literal, $tj:literal) => {
             if accumulate && full($ti, $tj) {
                 asm!(concat!("tileloadd tmm", $t, ", [{p} + {s}]"), p = in(reg) at($ti, $tj), s = in(reg) stride);
+            } else if accumulate && h > $ti * TR && w > $tj * TR {
+                // C's part of an edge tile, zeros past the edge
+                let mut edge = [0f32; TR * TR];
+                let (hh, ww) = clip($ti, $tj);
+                for r in 0..hh {
+                    let row = at($ti, $tj).add(r * ldc);
+                    for j in 0..ww {
+                        edge[r * TR + j] = *row.add(j);
+                    }
+                }
+                asm!(concat!("tileloadd tmm", $t, ", [{p} + {s}]"), p = in(reg) edge.as_ptr(), s = in(reg) 64usize);
             } else {
                 asm!(concat!("tilezero tmm", $t));
             }
@@ -361,12 +377,12 @@ unsafe fn block(
                 // Only edge tiles go through this buffer (zeroing it for every block costs).
                 let mut edge = [0f32; TR * TR];
                 asm!(concat!("tilestored [{p} + {s}], tmm", $t), p = in(reg) edge.as_mut_ptr(), s = in(reg) 64usize);
-                let (hh, ww) = (TR.min(h - $ti * TR), TR.min(w - $tj * TR));
+                let (hh, ww) = clip($ti, $tj);
                 for r in 0..hh {
                     let row = at($ti, $tj).add(r * ldc);
                     for j in 0..ww {
-                        let v = edge[r * TR + j];
-                        *row.add(j) = if accumulate { *row.add(j) + v } else { v };
+                        // (C is in the sum already when accumulating: `init!`)
+                        *row.add(j) = edge[r * TR + j];
                     }
                 }
             }
