@@ -103,9 +103,13 @@ PY
 declare -A L D
 for r in $(seq "$rounds"); do
   for f in "${formats[@]}"; do
-    lb=$("$llama/llama-bench" -m "$tmp/$f.gguf" -p 512 -n 128 -d "0,$depth" -t "$threads" -r 3 -o json 2>/dev/null)
+    lb=$("$llama/llama-bench" -m "$tmp/$f.gguf" -p 512 -n 128 -d "0,$depth" -t "$threads" -r 3 -o json 2>"$tmp/err") ||
+      { echo "llama-bench failed on the $f GGUF (exit $?); its last words:" >&2; tail -n 5 "$tmp/err" >&2; exit 1; }
     read -r -a fl <<< "$(difftx_flags "$f" | tr '\n' ' ')"
-    run() { "$bin" --threads "$threads" bench decode "${fl[@]}" --model "$tmp/model" --reps 3 --json "$@"; }
+    run() {
+      "$bin" --threads "$threads" bench decode "${fl[@]}" --model "$tmp/model" --reps 3 --json "$@" ||
+        { echo "difftx bench decode failed at $f (exit $?): $bin ${fl[*]} $*" >&2; return 1; }
+    }
     d0=$(run --prompt-len 1 --new-tokens 128)
     dd=$(run --prompt-len "$depth" --new-tokens 128)
     # prefill 512 from the depth run when it is 512, else from a run of its own
