@@ -100,34 +100,45 @@ PY
 }
 
 # 3. Alternate llama-bench and difftx bench decode per round and format; medians and ratios.
-declare -A L D
+#    A format whose run fails on either side is reported (which side, how) and left out of the
+#    later rounds; the others go on, and the script exits 1 at the end.
+declare -A L D failed
+# (set -e does not reach inside a function called before ||: each step says its own failure)
+one_round() {
+  local f=$1 r=$2 lb d0 dd p512 fl vals
+  lb=$("$llama/llama-bench" -m "$tmp/$f.gguf" -p 512 -n 128 -d "0,$depth" -t "$threads" -r 3 -o json 2>"$tmp/err") ||
+    { echo "$f: llama-bench failed on the GGUF (exit $?); its last words:" >&2; tail -n 5 "$tmp/err" >&2; return 1; }
+  read -r -a fl <<< "$(difftx_flags "$f" | tr '\n' ' ')"
+  run() {
+    "$bin" --threads "$threads" bench decode "${fl[@]}" --model "$tmp/model" --reps 3 --json "$@" ||
+      { echo "$f: difftx bench decode failed (exit $?): $bin ${fl[*]} $*" >&2; return 1; }
+  }
+  d0=$(run --prompt-len 1 --new-tokens 128) || return 1
+  dd=$(run --prompt-len "$depth" --new-tokens 128) || return 1
+  # prefill 512 from the depth run when it is 512, else from a run of its own
+  p512=$dd; [ "$depth" = 512 ] || p512=$(run --prompt-len 512 --new-tokens 8) || return 1
+  vals=("$(llama_ts "$lb" 0 128 0)" "$(field "$d0" decode_tokens_per_s)"
+        "$(llama_ts "$lb" 0 128 "$depth")" "$(field "$dd" decode_tokens_per_s)"
+        "$(llama_ts "$lb" 512 0 0)" "$(field "$p512" prefill_tokens_per_s)")
+  L[$f,tg0]+=" ${vals[0]}"; D[$f,tg0]+=" ${vals[1]}"
+  L[$f,tgd]+=" ${vals[2]}"; D[$f,tgd]+=" ${vals[3]}"
+  L[$f,pp512]+=" ${vals[4]}"; D[$f,pp512]+=" ${vals[5]}"
+  printf "%s round %s (llama.cpp / difftx tok/s): decode d0 %.0f / %.0f, decode d$depth %.0f / %.0f, prefill 512 %.0f / %.0f\n" \
+    "$f" "$r" "${vals[@]}"
+}
 for r in $(seq "$rounds"); do
   for f in "${formats[@]}"; do
-    lb=$("$llama/llama-bench" -m "$tmp/$f.gguf" -p 512 -n 128 -d "0,$depth" -t "$threads" -r 3 -o json 2>"$tmp/err") ||
-      { echo "llama-bench failed on the $f GGUF (exit $?); its last words:" >&2; tail -n 5 "$tmp/err" >&2; exit 1; }
-    read -r -a fl <<< "$(difftx_flags "$f" | tr '\n' ' ')"
-    run() {
-      "$bin" --threads "$threads" bench decode "${fl[@]}" --model "$tmp/model" --reps 3 --json "$@" ||
-        { echo "difftx bench decode failed at $f (exit $?): $bin ${fl[*]} $*" >&2; return 1; }
-    }
-    d0=$(run --prompt-len 1 --new-tokens 128)
-    dd=$(run --prompt-len "$depth" --new-tokens 128)
-    # prefill 512 from the depth run when it is 512, else from a run of its own
-    p512=$dd; [ "$depth" = 512 ] || p512=$(run --prompt-len 512 --new-tokens 8)
-    vals=("$(llama_ts "$lb" 0 128 0)" "$(field "$d0" decode_tokens_per_s)"
-          "$(llama_ts "$lb" 0 128 "$depth")" "$(field "$dd" decode_tokens_per_s)"
-          "$(llama_ts "$lb" 512 0 0)" "$(field "$p512" prefill_tokens_per_s)")
-    L[$f,tg0]+=" ${vals[0]}"; D[$f,tg0]+=" ${vals[1]}"
-    L[$f,tgd]+=" ${vals[2]}"; D[$f,tgd]+=" ${vals[3]}"
-    L[$f,pp512]+=" ${vals[4]}"; D[$f,pp512]+=" ${vals[5]}"
-    printf "%s round %s (llama.cpp / difftx tok/s): decode d0 %.0f / %.0f, decode d$depth %.0f / %.0f, prefill 512 %.0f / %.0f\n" \
-      "$f" "$r" "${vals[@]}"
+    [ -z "${failed[$f]:-}" ] || continue
+    one_round "$f" "$r" || failed[$f]=1
   done
 done
 sdist=$(ls "$LLAMACPP_DIR"/download/*.tar.gz 2>/dev/null | head -1 || true)
-echo "preset $preset (standard, vocabulary $vocab), $threads threads, difftx KV cache ${KV:-f32}, llama.cpp from ${sdist:+$(basename "$sdist")}${sdist:-$LLAMACPP_DIR}"
+from=$LLAMACPP_DIR; [ -z "$sdist" ] || from=$(basename "$sdist")
+echo "preset $preset (standard, vocabulary $vocab), $threads threads, difftx KV cache ${KV:-f32}, llama.cpp from $from"
 for f in "${formats[@]}"; do
+  if [ -z "${D[$f,tg0]:-}" ]; then echo "$f: no round completed (see above)"; continue; fi
   summary "$f decode at depth 0 (tg128)" "${L[$f,tg0]}" "${D[$f,tg0]}"
   summary "$f decode at depth $depth (tg128 @ d$depth)" "${L[$f,tgd]}" "${D[$f,tgd]}"
   summary "$f prefill 512 (pp512)" "${L[$f,pp512]}" "${D[$f,pp512]}"
 done
+[ ${#failed[@]} -eq 0 ] || { echo "failed: ${!failed[*]}" >&2; exit 1; }
