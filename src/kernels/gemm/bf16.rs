@@ -331,13 +331,7 @@ unsafe fn block(
             } else if accumulate && h > $ti * TR && w > $tj * TR {
                 // C's part of an edge tile, zeros past the edge
                 let mut edge = [0f32; TR * TR];
-                let (hh, ww) = clip($ti, $tj);
-                for r in 0..hh {
-                    let row = at($ti, $tj).add(r * ldc);
-                    for j in 0..ww {
-                        edge[r * TR + j] = *row.add(j);
-                    }
-                }
+                edge_rows(at($ti, $tj), ldc, clip($ti, $tj), &mut edge, false);
                 asm!(concat!("tileloadd tmm", $t, ", [{p} + {s}]"), p = in(reg) edge.as_ptr(), s = in(reg) 64usize);
             } else {
                 asm!(concat!("tilezero tmm", $t));
@@ -377,14 +371,8 @@ unsafe fn block(
                 // Only edge tiles go through this buffer (zeroing it for every block costs).
                 let mut edge = [0f32; TR * TR];
                 asm!(concat!("tilestored [{p} + {s}], tmm", $t), p = in(reg) edge.as_mut_ptr(), s = in(reg) 64usize);
-                let (hh, ww) = clip($ti, $tj);
-                for r in 0..hh {
-                    let row = at($ti, $tj).add(r * ldc);
-                    for j in 0..ww {
-                        // (C is in the sum already when accumulating: `init!`)
-                        *row.add(j) = edge[r * TR + j];
-                    }
-                }
+                // (C is in the sum already when accumulating: `init!`)
+                edge_rows(at($ti, $tj), ldc, clip($ti, $tj), &mut edge, true);
             }
         };
     }
@@ -392,6 +380,32 @@ unsafe fn block(
         store!("1", 0, 1);
         store!("2", 1, 0);
         store!("3", 1, 1);
+    }
+}
+
+/// An edge tile's way through the tile unit: copies the (hh, ww) corner of the C tile at
+/// `tile` (rows ldc apart) into the 16 × 16 buffer `edge`, or back from it into C when `back`.
+/// One walk over the clipped rows serves both directions, so they cannot disagree on which
+/// elements belong to C.
+///
+/// # Safety
+/// `tile` valid for hh rows of ww columns at ldc; hh, ww at most 16.
+unsafe fn edge_rows(
+    tile: *mut f32,
+    ldc: usize,
+    (hh, ww): (usize, usize),
+    edge: &mut [f32; TR * TR],
+    back: bool,
+) {
+    for r in 0..hh {
+        // SAFETY: row r of the clipped tile lies inside C (this fn's `# Safety`).
+        let row = unsafe { std::slice::from_raw_parts_mut(tile.add(r * ldc), ww) };
+        let buffered = &mut edge[r * TR..r * TR + ww];
+        if back {
+            row.copy_from_slice(buffered);
+        } else {
+            buffered.copy_from_slice(row);
+        }
     }
 }
 
