@@ -102,7 +102,7 @@ PY
 # 3. Alternate llama-bench and difftx bench decode per round and format; medians and ratios.
 #    A format whose run fails on either side is reported (which side, how) and left out of the
 #    later rounds; the others go on, and the script exits 1 at the end.
-declare -A L D failed
+declare -A L=() D=() failed=()
 # (set -e does not reach inside a function called before ||: each step says its own failure)
 one_round() {
   local f=$1 r=$2 lb d0 dd p512 fl vals
