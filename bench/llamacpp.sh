@@ -107,7 +107,10 @@ declare -A L=() D=() failed=()
 one_round() {
   local f=$1 r=$2 lb d0 dd p512 fl vals
   lb=$("$llama/llama-bench" -m "$tmp/$f.gguf" -p 512 -n 128 -d "0,$depth" -t "$threads" -r 3 -o json 2>"$tmp/err") ||
-    { echo "$f: llama-bench failed on the GGUF (exit $?); its last words:" >&2; tail -n 5 "$tmp/err" >&2; return 1; }
+    { local rc=$?; echo "$f: llama-bench failed on the GGUF (exit $rc); its last words:" >&2; tail -n 5 "$tmp/err" >&2
+      # 132: SIGILL, as llama.cpp's sapphirerapids variant did on q8_0/q4_0 under a sandbox
+      [ "$rc" != 132 ] || echo "$f: an illegal instruction in llama.cpp; a build with every CPU variant can be steered off the one it loaded (above) by moving that libggml-cpu-*.so aside" >&2
+      return 1; }
   read -r -a fl <<< "$(difftx_flags "$f" | tr '\n' ' ')"
   run() {
     "$bin" --threads "$threads" bench decode "${fl[@]}" --model "$tmp/model" --reps 3 --json "$@" ||
