@@ -174,30 +174,6 @@ async fn request(app: &App, headers: &HeaderMap, body: Body) -> ApiResult<(Arc<R
     Ok((ready, req))
 }
 
-/// A prompt's token ids and text, checked against the vocabulary; an empty one is refused.
-pub(super) fn encode_one(ready: &Ready, p: &Prompt) -> ApiResult<(Vec<u32>, String)> {
-    let (i, t) = match p {
-        Prompt::Text(s) => {
-            let i = ready
-                .tok
-                .encode(s)
-                .map_err(|e| ApiError::bad("prompt", e.to_string()))?;
-            (i, s.clone())
-        }
-        Prompt::Ids(i) => {
-            api::check_ids(i, ready.vocab, "prompt")?;
-            (i.clone(), ready.tok.decode(i).unwrap_or_default())
-        }
-    };
-    if i.is_empty() {
-        return Err(ApiError::bad(
-            "prompt",
-            "the prompt is empty: at least one token is needed",
-        ));
-    }
-    Ok((i, t))
-}
-
 /// Token ids of each prompt, checked against the vocabulary and the context.
 fn encode(
     ready: &Ready,
@@ -206,7 +182,7 @@ fn encode(
 ) -> ApiResult<(Vec<Vec<u32>>, Vec<String>)> {
     let (mut ids, mut texts) = (Vec::new(), Vec::new());
     for p in prompts {
-        let (i, t) = encode_one(ready, p)?;
+        let (i, t) = ready.encode(p)?;
         if i.len() + max_tokens > ready.context {
             return Err(ApiError::bad(
                 "max_tokens",

@@ -37,7 +37,7 @@ pub async fn attention(app: Arc<App>, ready: Arc<Ready>, req: Value) -> ApiResul
             "give one prompt (a string or token ids)",
         ));
     }
-    let (ids, _) = super::http::encode_one(&ready, &prompts[0])?;
+    let (ids, _) = ready.encode(&prompts[0])?;
     let cap = MAX_MAP_TOKENS.min(ready.context);
     if ids.len() > cap {
         return Err(ApiError::bad(

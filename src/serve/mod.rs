@@ -67,6 +67,32 @@ pub struct Ready {
     pub heads: usize,
 }
 
+impl Ready {
+    /// A prompt's token ids and text, checked against the vocabulary; an empty one is refused.
+    fn encode(&self, p: &api::Prompt) -> ApiResult<(Vec<u32>, String)> {
+        let (i, t) = match p {
+            api::Prompt::Text(s) => {
+                let i = self
+                    .tok
+                    .encode(s)
+                    .map_err(|e| ApiError::bad("prompt", e.to_string()))?;
+                (i, s.clone())
+            }
+            api::Prompt::Ids(i) => {
+                api::check_ids(i, self.vocab, "prompt")?;
+                (i.clone(), self.tok.decode(i).unwrap_or_default())
+            }
+        };
+        if i.is_empty() {
+            return Err(ApiError::bad(
+                "prompt",
+                "the prompt is empty: at least one token is needed",
+            ));
+        }
+        Ok((i, t))
+    }
+}
+
 pub struct App {
     opts: ServeOptions,
     name: String,
