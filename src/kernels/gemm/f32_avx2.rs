@@ -13,7 +13,7 @@ const NR: usize = 16;
 pub(crate) struct Avx2;
 
 // a row block of 168 rows: a packed A block of 168 KiB in a Zen 3's 512 KiB of L2
-super::f32::f32_kernel!(Avx2, kc: 256, max_mc: 28 * MR);
+super::f32_kernel::f32_kernel!(Avx2, kc: 256, max_mc: 28 * MR);
 
 /// C[0..h, 0..w] (row stride ldc) = (or +=) Σ_p ap[p][r] · bp[p][c] over one packed A panel
 /// and one packed B panel of depth kc. The panels are zero-padded, so a ragged tile runs the

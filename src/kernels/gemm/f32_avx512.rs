@@ -11,7 +11,7 @@ const NR: usize = 32;
 /// The AVX-512F kernel.
 pub(crate) struct Avx512;
 
-super::f32::f32_kernel!(Avx512, kc: 256, max_mc: 16 * MR);
+super::f32_kernel::f32_kernel!(Avx512, kc: 256, max_mc: 16 * MR);
 
 /// C[0..h, 0..w] (row stride ldc) = (or +=) Σ_p ap[p][r] · bp[p][c] over one packed A panel
 /// and one packed B panel of depth kc.

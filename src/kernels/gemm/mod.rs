@@ -3,6 +3,7 @@
 //!
 //! - f32.rs: our own BLIS-style f32 product, on the AVX-512 micro-kernel (f32_avx512.rs)
 //!   where the CPU has AVX-512F, else on the AVX2 one (f32_avx2.rs) where it has AVX2 and FMA;
+//!   f32_kernel.rs, below the three, says what a micro-kernel provides and packs its panels;
 //! - bf16.rs: bf16 operands (AMX tiles, or VDPBF16PS) under `Precision::Bf16`;
 //! - the `gemm` crate elsewhere (and for comparison, `Backend::GemmCrate`);
 //! - small.rs: the attention kernel's small cache-resident products (no packing in f32);
@@ -17,6 +18,7 @@ pub mod f32;
 pub mod f32_avx2;
 #[cfg(target_arch = "x86_64")]
 pub mod f32_avx512;
+mod f32_kernel;
 pub mod linear;
 pub mod panels;
 pub mod small;
