@@ -6,62 +6,27 @@
 //! in how the outputs are combined afterwards (model/attention.rs); the backward is told that
 //! combination (`Lambda`), so that a diff pair's two maps share their value products.
 
+use super::attention_decode::attention_decode;
+pub use super::attention_parts::AttnShape;
+use super::attention_parts::{Online, PairRow, BK};
 #[cfg(target_arch = "x86_64")]
 use super::attention_scores::{probs_grads_row, scores_softmax};
 use super::gemm::small::{small_gemm, with_packed, PackedB, MAX_PACKED};
 use super::gemm::{extent, Dims, Mat, SharedOut};
 use super::precision::Precision;
-use super::{dot, exp_nonpos, map_lanes, SharedMut, MAX, SUM};
+use super::{dot, exp_nonpos, map_lanes, Elem, SharedMut, MAX, SUM};
 use rayon::prelude::*;
 use std::ops::Range;
 
-/// Query rows per block and keys per tile; a tile of k and v rows stays in L1 across a block.
+/// Query rows per block (and `BK` keys per tile); a tile of k and v rows stays in L1 across a
+/// block.
 const BQ: usize = 64;
-pub(crate) const BK: usize = 64;
 
 /// Whether a call's products run in bf16 tiles: under `--bf16`, for calls of at least one
 /// tile of queries (training, prefill); decoding's few queries per call stay f32, where a
 /// tile would hold 15 rows of padding.
 fn on_tiles(precision: Precision, queries: usize) -> bool {
     precision.is_bf16() && queries >= 16
-}
-
-/// Head counts and widths of one attention call.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct AttnShape {
-    /// NQ query heads of width DK
-    pub nq: usize,
-    /// NK key heads of width DK
-    pub nk: usize,
-    /// NV value heads of width DV
-    pub nv: usize,
-    pub dk: usize,
-    pub dv: usize,
-    /// diff_v1: query sub-head j of group g reads key sub-head 2g + j % 2 (Q1 with K1, Q2 with K2).
-    pub diff_pairs: bool,
-}
-
-impl AttnShape {
-    /// Query head j reads value head j / (NQ / NV): plain GQA grouping.
-    pub fn v_head(&self, j: usize) -> usize {
-        j / (self.nq / self.nv)
-    }
-    pub fn k_head(&self, j: usize) -> usize {
-        if self.diff_pairs {
-            2 * self.v_head(j) + j % 2
-        } else {
-            j / (self.nq / self.nk)
-        }
-    }
-    pub(crate) fn check(&self) {
-        assert!(
-            self.nq.is_multiple_of(self.nv) && self.nq.is_multiple_of(self.nk),
-            "{self:?}"
-        );
-        if self.diff_pairs {
-            assert_eq!(self.nk, 2 * self.nv, "{self:?}");
-        }
-    }
 }
 
 /// Copies rows t0..t0+len of head `h` of x (rows of `heads`×`w`) into tile[w][BK], transposed,
@@ -173,6 +138,8 @@ struct Scratch<'a> {
 
 thread_local! {
     static SCRATCH: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
+    /// a bf16 cache's rows widened for a prefill (`attention_cached`)
+    static WIDENED: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
 /// Sizes this thread's scratch for heads of widths dk, dv over `keys` keys (see
@@ -259,7 +226,7 @@ pub fn attention_forward(
     // 2. Decoding: one query per sequence, nothing for a tile to be reused by.
     if tq == 1 {
         let visible = q_offset + 1;
-        return super::attention_decode::attention_decode(o, lse, q, k, v, b, tkv, visible, s);
+        return attention_decode(o, lse, q, k, v, b, tkv, visible, s);
     }
     // 3. One task per (sequence, key head): it runs every query head that reads that key head
     //    (a GQA group, or one diff sub-head) together, so each key tile is transposed once for
@@ -281,6 +248,44 @@ pub fn attention_forward(
     (0..b * nk)
         .into_par_iter()
         .for_each(|task| call.task(task / nk, task % nk));
+}
+
+/// Attention of the `tq` new queries of one sequence, at positions `q_offset..`, over the first
+/// `q_offset + tq` rows of its KV cache (k (Tkv, NK, DK), v (Tkv, NV, DV), f32 or bf16): an f32
+/// cache is read in place by `attention_forward`; a bf16 one by the decoding kernel when one
+/// token is decoded (widened as it is loaded), else (prefill) widened first into a thread
+/// buffer for the tile kernel.
+// attention_forward's operands for one sequence, its cache rows of either element type
+#[allow(clippy::too_many_arguments)]
+pub fn attention_cached<T: Elem>(
+    o: &mut [f32],
+    lse: &mut [f32],
+    q: &[f32],
+    k: &[T],
+    v: &[T],
+    tq: usize,
+    q_offset: usize,
+    s: &AttnShape,
+    precision: Precision,
+) {
+    let tkv = q_offset + tq;
+    let (k, v) = (&k[..tkv * s.nk * s.dk], &v[..tkv * s.nv * s.dv]);
+    let run = |o: &mut [f32], lse: &mut [f32], k: &[f32], v: &[f32]| {
+        attention_forward(o, lse, q, k, v, 1, tq, tkv, q_offset, s, precision)
+    };
+    match (T::as_f32(k), T::as_f32(v)) {
+        (Some(k), Some(v)) => run(o, lse, k, v),
+        _ if tq == 1 => {
+            s.check();
+            attention_decode(o, lse, q, k, v, 1, tkv, tkv, s)
+        }
+        _ => super::with_thread_buffer(&WIDENED, |buf| {
+            let (kf, vf) = super::ensure(buf, k.len() + v.len()).split_at_mut(k.len());
+            kf.iter_mut().zip(k).for_each(|(d, x)| *d = x.widen());
+            vf.iter_mut().zip(v).for_each(|(d, x)| *d = x.widen());
+            run(o, lse, kf, vf)
+        }),
+    }
 }
 
 /// One forward call over many queries, shared by its tasks.
@@ -605,15 +610,6 @@ fn cut_step(n: usize, len: usize, valid: impl Fn(usize) -> usize, src: Src) -> u
 
 /// Rows or keys per chunk on a diagonal tile: two of small_gemm's six-row register tiles.
 const CAUSAL_CHUNK: usize = 12;
-
-/// A query block's online-softmax state, one entry per row: the running max m and sum l, and
-/// corr = exp(m_old − m_new), by which the current key tile rescales what the row accumulated
-/// before.
-pub(crate) struct Online<'a> {
-    pub m: &'a mut [f32],
-    pub l: &'a mut [f32],
-    pub corr: &'a mut [f32],
-}
 
 /// The online softmax's update of a block's score rows in place (rows of BK, row r seeing the
 /// first `valid(r)` keys), where `scores_softmax` does not run: two passes that vectorise,
@@ -1116,15 +1112,6 @@ impl Backward<'_> {
 /// Map mi's (BQ, BK) tile of the backward's scratch scores or dS, by rows.
 fn map_tile(x: &[f32], mi: usize) -> Mat<'_> {
     Mat::rows(&x[mi * BQ * BK..(mi + 1) * BQ * BK], BK)
-}
-
-/// The second map of a pair in the backward's row pass: its score and dS rows, its lse and
-/// delta, and the pair's λ.
-pub(crate) struct PairRow<'a> {
-    pub p: &'a mut [f32],
-    pub ds: &'a mut [f32],
-    pub lse_delta: (f32, f32),
-    pub lambda: f32,
 }
 
 /// The backward's P and dS of one score row in place, where `probs_grads_row` does not run:

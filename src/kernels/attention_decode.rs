@@ -12,9 +12,8 @@
 //! widened to f32 as they are loaded (a zero-extension and a shift, `load16` on AVX-512,
 //! `load8` on AVX2), and everything after the load runs in f32 either way.
 
-use super::attention::{attention_forward, AttnShape};
+use super::attention_parts::AttnShape;
 use super::gemm::cpu::Isa;
-use super::Precision;
 use super::{axpy, exp_nonpos, map_lanes, Elem, SharedMut, MAX, SUM};
 use rayon::prelude::*;
 
@@ -28,8 +27,6 @@ fn chunk_rows(visible: usize) -> usize {
 
 thread_local! {
     static PARTIALS: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
-    /// a bf16 cache's rows widened for a prefill
-    static WIDENED: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
     /// each run of query heads' key and value offsets (`Heads`)
     static OFFSETS: std::cell::Cell<Vec<usize>> = const { std::cell::Cell::new(Vec::new()) };
 }
@@ -122,44 +119,6 @@ pub(crate) fn attention_decode_on<T: Elem>(
             }
         })
     });
-}
-
-/// Attention of the `tq` new queries of one sequence, at positions `q_offset..`, over the first
-/// `q_offset + tq` rows of its KV cache (k (Tkv, NK, DK), v (Tkv, NV, DV), f32 or bf16): an f32
-/// cache is read in place by `attention_forward`; a bf16 one by the decoding kernel when one
-/// token is decoded (widened as it is loaded), else (prefill) widened first into a thread
-/// buffer for the tile kernel.
-// attention_forward's operands for one sequence, its cache rows of either element type
-#[allow(clippy::too_many_arguments)]
-pub fn attention_cached<T: Elem>(
-    o: &mut [f32],
-    lse: &mut [f32],
-    q: &[f32],
-    k: &[T],
-    v: &[T],
-    tq: usize,
-    q_offset: usize,
-    s: &AttnShape,
-    precision: Precision,
-) {
-    let tkv = q_offset + tq;
-    let (k, v) = (&k[..tkv * s.nk * s.dk], &v[..tkv * s.nv * s.dv]);
-    let run = |o: &mut [f32], lse: &mut [f32], k: &[f32], v: &[f32]| {
-        attention_forward(o, lse, q, k, v, 1, tq, tkv, q_offset, s, precision)
-    };
-    match (T::as_f32(k), T::as_f32(v)) {
-        (Some(k), Some(v)) => run(o, lse, k, v),
-        _ if tq == 1 => {
-            s.check();
-            attention_decode(o, lse, q, k, v, 1, tkv, tkv, s)
-        }
-        _ => super::with_thread_buffer(&WIDENED, |buf| {
-            let (kf, vf) = super::ensure(buf, k.len() + v.len()).split_at_mut(k.len());
-            kf.iter_mut().zip(k).for_each(|(d, x)| *d = x.widen());
-            vf.iter_mut().zip(v).for_each(|(d, x)| *d = x.widen());
-            run(o, lse, kf, vf)
-        }),
-    }
 }
 
 /// The largest of 4, 2 and 1 such that each aligned run of that many query heads reads one

@@ -4,7 +4,7 @@
 //! and read back by two passes instead, the softmax cost a quarter of the forward's time.
 //! attention.rs keeps those passes for other CPUs and for bf16 tiles.
 
-use super::attention::{Online, PairRow, BK};
+use super::attention_parts::{Online, PairRow, BK};
 use super::gemm::small::avx512::{products, WIDE_ROWS};
 use super::gemm::Mat;
 use super::{exp_nonpos, exp_nonpos16, lane_mask};

@@ -14,6 +14,7 @@ pub mod adamw;
 pub mod attention;
 mod attention_decode;
 pub mod attention_lowbit;
+mod attention_parts;
 #[cfg(target_arch = "x86_64")]
 mod attention_scores;
 pub mod cross_entropy;
@@ -29,7 +30,7 @@ mod shared;
 mod simd;
 pub mod swiglu;
 
-pub use attention_decode::attention_cached;
+pub use attention::attention_cached;
 pub use pool::on_pool;
 pub use precision::Precision;
 pub(crate) use scratch::{ensure, ensure_aligned, with_thread_buffer, ROW_CHUNK};
