@@ -1,7 +1,8 @@
 //! The crate's layering, read from the source: every top-level module sits on a layer, and a
 //! module may name only modules on its own layer or below, with no cycle among them (in the
 //! spirit of ArchUnit). A new `use crate::…` that points up, or closes a loop, fails here with
-//! the file and the edge.
+//! the file and the edge. Inside a folder too, no files import each other in a loop: what
+//! several files share sits in a file below them (`kernels/attention_parts.rs`).
 //!
 //! ```text
 //! cli (the binary) → experiments | serve → data | train | infer | interop → model → kernels
@@ -139,32 +140,25 @@ fn dependencies_point_down_the_layers() {
     );
 }
 
-#[test]
-fn top_level_modules_form_no_cycle() {
-    let edges = module_graph();
-    let mut next: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
-    for (from, to) in edges.keys() {
-        if layer_of(to).is_some() {
-            next.entry(from).or_default().push(to);
-        }
-    }
+/// A cycle of the graph `next` (each node's successors), as the path that closes it, or `None`.
+fn find_cycle(next: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
     // depth-first search; a node met again while on the path closes a cycle
-    fn visit<'a>(
-        n: &'a str,
-        next: &BTreeMap<&'a str, Vec<&'a str>>,
-        path: &mut Vec<&'a str>,
-        done: &mut BTreeSet<&'a str>,
-    ) -> Option<Vec<&'a str>> {
-        if let Some(i) = path.iter().position(|&p| p == n) {
+    fn visit(
+        n: &str,
+        next: &BTreeMap<String, BTreeSet<String>>,
+        path: &mut Vec<String>,
+        done: &mut BTreeSet<String>,
+    ) -> Option<Vec<String>> {
+        if let Some(i) = path.iter().position(|p| p == n) {
             let mut cycle = path[i..].to_vec();
-            cycle.push(n);
+            cycle.push(n.to_string());
             return Some(cycle);
         }
-        if !done.insert(n) {
+        if !done.insert(n.to_string()) {
             return None;
         }
-        path.push(n);
-        for &m in next.get(n).into_iter().flatten() {
+        path.push(n.to_string());
+        for m in next.get(n).into_iter().flatten() {
             if let Some(c) = visit(m, next, path, done) {
                 return Some(c);
             }
@@ -173,10 +167,80 @@ fn top_level_modules_form_no_cycle() {
         None
     }
     let mut done = BTreeSet::new();
-    for &n in next.keys() {
-        if let Some(c) = visit(n, &next, &mut Vec::new(), &mut done) {
-            panic!("a cycle among top-level modules: {}", c.join(" -> "));
+    next.keys()
+        .find_map(|n| visit(n, next, &mut Vec::new(), &mut done))
+}
+
+#[test]
+fn top_level_modules_form_no_cycle() {
+    let mut next: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (from, to) in module_graph().into_keys() {
+        if layer_of(&to).is_some() {
+            next.entry(from).or_default().insert(to);
         }
+    }
+    if let Some(c) = find_cycle(&next) {
+        panic!("a cycle among top-level modules: {}", c.join(" -> "));
+    }
+}
+
+/// Edges between the files of one folder (`src/kernels/attention.rs` names
+/// `super::attention_decode`), each file by its path under `src/` without `.rs`, a subfolder by
+/// its path (its `mod.rs` is its face, and declares its files rather than importing them). Read
+/// from `super::x` and `crate::folder::x` in the code above a file's tests: inside an inline
+/// module `super::` means the file itself, so a name there counts only where it is a file of
+/// the folder (`super::super::x` is not read).
+fn sibling_graph() -> BTreeMap<String, BTreeSet<String>> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let mut next: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for f in files {
+        let (dir, stem) = (
+            f.parent().unwrap(),
+            f.file_stem().unwrap().to_string_lossy(),
+        );
+        if dir == src || stem == "mod" {
+            continue; // the crate's top level is module_graph's; a face declares its files
+        }
+        let folder = dir
+            .strip_prefix(&src)
+            .unwrap()
+            .to_string_lossy()
+            .replace('/', "::");
+        let text = std::fs::read_to_string(&f).unwrap();
+        let code = text
+            .split("#[cfg(test)]")
+            .next()
+            .unwrap()
+            .replace("super::super::", "");
+        let mut names = named_modules(&code, "super::");
+        names.extend(named_modules(&code, &format!("crate::{folder}::")));
+        let node = |name: &str| {
+            dir.strip_prefix(&src)
+                .unwrap()
+                .join(name)
+                .display()
+                .to_string()
+        };
+        for n in names {
+            let sibling = dir.join(format!("{n}.rs")).is_file() || dir.join(&n).is_dir();
+            if sibling && n != stem {
+                next.entry(node(&stem)).or_default().insert(node(&n));
+            }
+        }
+    }
+    next
+}
+
+#[test]
+fn the_files_of_a_folder_form_no_cycle() {
+    if let Some(c) = find_cycle(&sibling_graph()) {
+        panic!(
+            "files that import each other in a loop (one of them should hold, or a file below \
+             them should, what the others take): {}",
+            c.join(" -> ")
+        );
     }
 }
 
@@ -213,4 +277,22 @@ fn the_checks_catch_what_they_are_for() {
     assert_eq!(found, want);
     assert!(layer_of("kernels") < layer_of("model"));
     assert_eq!(layer_of("train"), layer_of("data"));
+    // the cycle finder finds a loop of three and passes a chain
+    let graph = |edges: &[(&str, &str)]| {
+        let mut next: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        for (a, b) in edges {
+            next.entry(a.to_string()).or_default().insert(b.to_string());
+        }
+        next
+    };
+    let looped = find_cycle(&graph(&[("a", "b"), ("b", "c"), ("c", "a"), ("c", "d")]));
+    assert_eq!(looped.unwrap().join(" -> "), "a -> b -> c -> a");
+    assert_eq!(
+        find_cycle(&graph(&[("a", "b"), ("b", "c"), ("a", "c")])),
+        None
+    );
+    // the sibling graph sees this tree's folders: the kernels read their shared parts
+    let siblings = sibling_graph();
+    assert!(siblings["kernels/attention"].contains("kernels/attention_parts"));
+    assert!(siblings["kernels/attention"].contains("kernels/attention_decode"));
 }
