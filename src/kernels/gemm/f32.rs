@@ -9,7 +9,7 @@
 //! both.
 
 use super::cpu::Isa;
-use super::f32_kernel::Kernel;
+use super::f32_kernel::{CTile, Kernel};
 use super::{extent, Dims, Mat, Out};
 use crate::kernels::{ensure, ensure_aligned, with_thread_buffer};
 use rayon::prelude::*;
@@ -375,16 +375,15 @@ fn sgemm_rows<K: Kernel>(
                                 // row blocks handed to different tasks do not overlap.
                                 unsafe {
                                     let c = part.dst.at(r0 * part.dst_rs + j0);
-                                    K::kernel(
-                                        kc,
-                                        &ap[ip * a_panel::<K>(kc)..][..kc * K::MR],
-                                        bpanel,
+                                    let tile = CTile {
                                         c,
-                                        part.dst_rs,
+                                        ldc: part.dst_rs,
                                         h,
                                         w,
-                                        acc,
-                                    );
+                                        accumulate: acc,
+                                    };
+                                    let apanel = &ap[ip * a_panel::<K>(kc)..][..kc * K::MR];
+                                    K::kernel(kc, apanel, bpanel, tile);
                                 }
                             }
                         }

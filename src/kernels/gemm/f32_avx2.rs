@@ -3,6 +3,7 @@
 //! ymm registers accumulating, two holding a row of the B panel and one a broadcast of A.
 //! Before it such CPUs ran the `gemm` crate, which allocates its packing buffers at every call.
 
+use super::f32_kernel::CTile;
 use std::arch::x86_64::*;
 
 /// Micro-tile: 6 rows × 16 columns = 12 ymm accumulators (of 16 registers).
@@ -20,21 +21,17 @@ super::f32_kernel::f32_kernel!(Avx2, kc: 256, max_mc: 28 * MR);
 /// whole tile's FMAs and stores only its h rows and w columns.
 ///
 /// # Safety
-/// Needs AVX2 and FMA; `c` must be valid for h ≤ 6 rows of w ≤ 16 columns at stride ldc.
+/// Needs AVX2 and FMA; the tile's `c` must be valid for h ≤ 6 rows of w ≤ 16 columns at ldc.
 #[target_feature(enable = "avx2,fma")]
-// the micro-kernel's raw operands, unpacked once per call
-#[allow(clippy::too_many_arguments)]
 #[inline(never)]
-unsafe fn kernel(
-    kc: usize,
-    ap: &[f32],
-    bp: &[f32],
-    c: *mut f32,
-    ldc: usize,
-    h: usize,
-    w: usize,
-    accumulate: bool,
-) {
+unsafe fn kernel(kc: usize, ap: &[f32], bp: &[f32], tile: CTile) {
+    let CTile {
+        c,
+        ldc,
+        h,
+        w,
+        accumulate,
+    } = tile;
     assert!(ap.len() >= kc * MR && bp.len() >= kc * NR && h <= MR && w <= NR);
     // SAFETY: AVX2, FMA and c valid for h rows of w columns at ldc are this fn's contract; the
     // panel loads (kc steps of MR and NR values) stay inside ap and bp (asserted); the stores

@@ -1,6 +1,7 @@
 //! The f32 product's micro-kernel for CPUs with AVX-512F (`super::f32` drives it): tiles of
 //! 14 rows × 32 columns, 28 of the 32 zmm registers accumulating.
 
+use super::f32_kernel::CTile;
 use super::small::avx512::products;
 use std::arch::x86_64::*;
 
@@ -17,21 +18,17 @@ super::f32_kernel::f32_kernel!(Avx512, kc: 256, max_mc: 16 * MR);
 /// and one packed B panel of depth kc.
 ///
 /// # Safety
-/// Needs AVX-512F; `c` must be valid for h rows of w columns at stride ldc.
+/// Needs AVX-512F; the tile's `c` must be valid for h rows of w columns at stride ldc.
 #[target_feature(enable = "avx512f")]
-// the micro-kernel's raw operands, unpacked once per call
-#[allow(clippy::too_many_arguments)]
 #[inline(never)]
-unsafe fn kernel(
-    kc: usize,
-    ap: &[f32],
-    bp: &[f32],
-    c: *mut f32,
-    ldc: usize,
-    h: usize,
-    w: usize,
-    accumulate: bool,
-) {
+unsafe fn kernel(kc: usize, ap: &[f32], bp: &[f32], tile: CTile) {
+    let CTile {
+        c,
+        ldc,
+        h,
+        w,
+        accumulate,
+    } = tile;
     // SAFETY: AVX-512F and c valid for h rows of w columns at ldc are this
     // fn's contract; the callers slice ap to kc · MR and bp to kc · NR values, which the panel
     // loads (kc steps of MR and NR) stay inside; the stores write rows r < h, columns masked to w.

@@ -4,6 +4,17 @@
 
 use super::Mat;
 
+/// The tile of C that one micro-kernel call writes: h rows of w columns from `c`, rows `ldc`
+/// apart, set to the product or, with `accumulate`, added to what they hold.
+#[derive(Clone, Copy)]
+pub(crate) struct CTile {
+    pub c: *mut f32,
+    pub ldc: usize,
+    pub h: usize,
+    pub w: usize,
+    pub accumulate: bool,
+}
+
 /// A register micro-kernel and the packing that feeds it.
 pub(crate) trait Kernel {
     /// Rows (of A) and columns (of B) of a register tile.
@@ -14,24 +25,13 @@ pub(crate) trait Kernel {
     /// Largest row block: a packed A block of MAX_MC × KC stays in L2.
     const MAX_MC: usize;
 
-    /// C[0..h, 0..w] (row stride ldc) = (or +=) Σ_p ap[p][r] · bp[p][c] over one packed A panel
-    /// (kc · MR values) and one packed B panel (kc · NR) of depth kc.
+    /// The tile `c` (+)= Σ_p ap[p][r] · bp[p][j] over one packed A panel (kc · MR values) and
+    /// one packed B panel (kc · NR) of depth kc.
     ///
     /// # Safety
-    /// The CPU has the kernel's instructions (`available`); `c` is valid for h ≤ MR rows of
-    /// w ≤ NR columns at stride ldc.
-    // the micro-kernel's raw operands
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn kernel(
-        kc: usize,
-        ap: &[f32],
-        bp: &[f32],
-        c: *mut f32,
-        ldc: usize,
-        h: usize,
-        w: usize,
-        accumulate: bool,
-    );
+    /// The CPU has the kernel's instructions (`available`); `c.c` is valid for c.h ≤ MR rows
+    /// of c.w ≤ NR columns at stride c.ldc.
+    unsafe fn kernel(kc: usize, ap: &[f32], bp: &[f32], c: CTile);
 
     /// panel[p·R + c] = rows[c][p] for p < kc, c < R (a panel of R columns from R rows).
     ///
@@ -67,18 +67,9 @@ macro_rules! f32_kernel {
             const KC: usize = $kc;
             const MAX_MC: usize = $max_mc;
 
-            unsafe fn kernel(
-                kc: usize,
-                ap: &[f32],
-                bp: &[f32],
-                c: *mut f32,
-                ldc: usize,
-                h: usize,
-                w: usize,
-                accumulate: bool,
-            ) {
+            unsafe fn kernel(kc: usize, ap: &[f32], bp: &[f32], c: super::f32_kernel::CTile) {
                 // SAFETY: the trait's contract is the module's `kernel`'s.
-                unsafe { kernel(kc, ap, bp, c, ldc, h, w, accumulate) }
+                unsafe { kernel(kc, ap, bp, c) }
             }
 
             unsafe fn transpose_rows<const R: usize>(
