@@ -933,6 +933,13 @@ mod tests {
         }
     }
 
+    /// n input rows and an oc × c weight of small values with many bits.
+    fn inputs_and_weight(n: usize, c: usize, oc: usize) -> (Vec<f32>, Vec<f32>) {
+        let x = (0..n * c).map(|i| ((i * 13 % 97) as f32 - 48.0) / 9.0);
+        let w = (0..oc * c).map(|i| ((i * 29 % 83) as f32 - 41.0) / 11.0);
+        (x.collect(), w.collect())
+    }
+
     /// A pre-packed weight gives the same bits as packing it on the fly.
     #[test]
     fn a_prepacked_weight_matches_packing_per_call() {
@@ -941,12 +948,7 @@ mod tests {
             return;
         }
         let (n, c, oc) = (37, 70, 45);
-        let x: Vec<f32> = (0..n * c)
-            .map(|i| ((i * 13 % 97) as f32 - 48.0) / 9.0)
-            .collect();
-        let w: Vec<f32> = (0..oc * c)
-            .map(|i| ((i * 29 % 83) as f32 - 41.0) / 11.0)
-            .collect();
+        let (x, w) = inputs_and_weight(n, c, oc);
         let packed = pack_weight(&w, oc, c);
         assert_eq!(packed.len(), packed_len(oc, c));
         for threads in [1, 2] {
@@ -969,12 +971,7 @@ mod tests {
             return;
         }
         for (c, oc) in [(3, 17), (68, 45), (69, 45), (70, 45), (71, 33), (130, 16)] {
-            let x: Vec<f32> = (0..4 * c)
-                .map(|i| ((i * 13 % 97) as f32 - 48.0) / 9.0)
-                .collect();
-            let w: Vec<f32> = (0..oc * c)
-                .map(|i| ((i * 29 % 83) as f32 - 41.0) / 11.0)
-                .collect();
+            let (x, w) = inputs_and_weight(4, c, oc);
             let packed = pack_weight(&w, oc, c);
             for rows in 1..=4 {
                 let mut y = vec![0.25f32; rows * oc];
