@@ -620,8 +620,9 @@ unsafe fn row_sums<const R: usize>(x: &[f32], row: &[u16], c: usize) -> [__m512;
     }
     // each row's four chains
     let mut acc = [[_mm512_setzero_ps(); 4]; R];
-    // SAFETY: AVX-512F is the caller's; p < c is even, so the 32 values at TR·p end by
-    // TR·(c + 1) ≤ the kts·TILE of `row`; r < R and p + i < c keep x's reads inside R rows of c.
+    // SAFETY: AVX-512F is the caller's; p < c is even, so the 32 values at TR·p end at
+    // TR·(p + 2), and the even p + 2 ≤ c + 1 is at most TK·kts (even, ≥ c): inside the kts·TILE
+    // of `row`. r < R and p + i < c keep x's reads inside R rows of c.
     unsafe {
         // 1. Two pairs at a time, into four chains.
         let mut p = 0;
