@@ -25,13 +25,13 @@ pub(crate) trait Kernel {
     /// Largest row block: a packed A block of MAX_MC × KC stays in L2.
     const MAX_MC: usize;
 
-    /// The tile `c` (+)= Σ_p ap[p][r] · bp[p][j] over one packed A panel (kc · MR values) and
-    /// one packed B panel (kc · NR) of depth kc.
+    /// `tile` (+)= Σ_p ap[p][r] · bp[p][j] over one packed A panel (kc · MR values) and one
+    /// packed B panel (kc · NR) of depth kc.
     ///
     /// # Safety
-    /// The CPU has the kernel's instructions (`available`); `c.c` is valid for c.h ≤ MR rows
-    /// of c.w ≤ NR columns at stride c.ldc.
-    unsafe fn kernel(kc: usize, ap: &[f32], bp: &[f32], c: CTile);
+    /// The CPU has the kernel's instructions (`available`); `tile.c` is valid for tile.h ≤ MR
+    /// rows of tile.w ≤ NR columns at stride tile.ldc.
+    unsafe fn kernel(kc: usize, ap: &[f32], bp: &[f32], tile: CTile);
 
     /// panel[p·R + c] = rows[c][p] for p < kc, c < R (a panel of R columns from R rows).
     ///
@@ -67,9 +67,9 @@ macro_rules! f32_kernel {
             const KC: usize = $kc;
             const MAX_MC: usize = $max_mc;
 
-            unsafe fn kernel(kc: usize, ap: &[f32], bp: &[f32], c: super::f32_kernel::CTile) {
+            unsafe fn kernel(kc: usize, ap: &[f32], bp: &[f32], tile: super::f32_kernel::CTile) {
                 // SAFETY: the trait's contract is the module's `kernel`'s.
-                unsafe { kernel(kc, ap, bp, c) }
+                unsafe { kernel(kc, ap, bp, tile) }
             }
 
             unsafe fn transpose_rows<const R: usize>(
