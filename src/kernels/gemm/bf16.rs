@@ -415,9 +415,10 @@ const DOT_ROWS: usize = 8;
 
 /// `block` on AVX512_BF16 alone, from the same packed tiles: a B tile row (a depth pair of 16
 /// columns) is one register, and each A pair (row r, depths 2q and 2q + 1) is broadcast
-/// against it, VDPBF16PS adding both products into f32 lanes. With `ahead` > 0 the first
-/// group of rows asks for B's values `ahead` elements on (the next block's tiles) into L2 as
-/// it reads this block's: a hint, which reads nothing.
+/// against it, VDPBF16PS adding both products into f32 lanes. With `ahead` > 0 the rows ask
+/// for B's values `ahead` elements on (the next block's tiles) into L2 as they read this
+/// block's, the first group of rows for one half of the columns and the second for the
+/// other, so that the memory streams while both run: a hint, which reads nothing.
 ///
 /// # Safety
 /// Needs AVX-512F/BF16; the pointers hold `kts` tiles each; c valid for h rows of w columns
@@ -448,8 +449,14 @@ unsafe fn block_dot(
             // invariance), each row's sums the same either way
             let a = a[g / 2].add((g % 2) * DOT_ROWS * TK) as *const i32;
             let c = c.add(g * DOT_ROWS * ldc);
-            // the first group fetches the next block's B into L2 as it reads this one's
-            let ahead = if g == 0 { ahead } else { 0 };
+            // the next block's B into L2 as this one's is read: the first group fetches the
+            // half that pairs with b[0] and the second the other (a lone group both)
+            let ahead = match (g, h > DOT_ROWS) {
+                (0, false) => [ahead; 2],
+                (0, true) => [ahead, 0],
+                (1, _) => [0, ahead],
+                _ => [0; 2],
+            };
             match h - g * DOT_ROWS {
                 1 => dot_rows::<1>(a, b, kts, c, ldc, 1, w, accumulate, ahead),
                 2 => dot_rows::<2>(a, b, kts, c, ldc, 2, w, accumulate, ahead),
@@ -461,7 +468,8 @@ unsafe fn block_dot(
 }
 
 /// `block_dot` for R ≤ 8 rows of A from `a` (rows at TK apart within each tile), of which
-/// the first `h` are stored: 2R accumulators, B's two registers reused R times.
+/// the first `h` are stored: 2R accumulators, B's two registers reused R times; `ahead[i]`
+/// (> 0) fetches b[i]'s values that far on.
 ///
 /// # Safety
 /// As for `block_dot`, with `a` inside A's packed tiles and c valid for h rows.
@@ -478,7 +486,7 @@ unsafe fn dot_rows<const R: usize>(
     h: usize,
     w: usize,
     accumulate: bool,
-    ahead: usize,
+    ahead: [usize; 2],
 ) {
     // SAFETY: as for `block_dot` (r < R ≤ DOT_ROWS stays inside the group's tile rows).
     unsafe {
@@ -491,8 +499,8 @@ unsafe fn dot_rows<const R: usize>(
                     std::mem::transmute(_mm512_loadu_si512(b[0].add(o + 2 * TR * q) as *const _));
                 let b1: __m512bh =
                     std::mem::transmute(_mm512_loadu_si512(b[1].add(o + 2 * TR * q) as *const _));
-                if ahead > 0 {
-                    for b in b {
+                for (b, ahead) in b.into_iter().zip(ahead) {
+                    if ahead > 0 {
                         let p = b.wrapping_add(o + 2 * TR * q + ahead);
                         _mm_prefetch::<_MM_HINT_T1>(p as *const i8);
                     }
