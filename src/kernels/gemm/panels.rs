@@ -267,6 +267,34 @@ mod tests {
         check::<PANEL_ROWS>(&x, c, &p);
     }
 
+    /// The passes' shares of the next panel follow one another from its first value to its
+    /// last, each starting on a cache line: every line is asked for, once.
+    #[test]
+    fn the_passes_share_the_next_panel_line_by_line() {
+        let base = std::ptr::null::<f32>().wrapping_add(1 << 20);
+        for c in [1, 3, 37, 512, 1408] {
+            for passes in 2..=8 {
+                let values = PANEL * c;
+                let mut at = 0;
+                for pass in 0..passes {
+                    let a = Ahead::share(base, values, pass, passes);
+                    // (pointer distance without offset_from: the base is no allocation)
+                    let start = (a.from as usize - base as usize) / 4;
+                    assert_eq!(start, at, "c {c}, pass {pass} of {passes}");
+                    assert!(start.is_multiple_of(16) || a.values == 0);
+                    // a step asks for one line, and a pass has c steps
+                    assert!(
+                        a.values <= 16 * c,
+                        "c {c}: {} values in {c} steps",
+                        a.values
+                    );
+                    at += a.values;
+                }
+                assert_eq!(at, values, "c {c}, {passes} passes");
+            }
+        }
+    }
+
     /// Every row count gives each row the same bits, and the sums match an f64 reference.
     #[test]
     fn panel_sums_match_f64_and_do_not_depend_on_the_rows_beside() {
