@@ -357,7 +357,7 @@ impl<'a> Gemv<'a> {
     /// `F32Panels`), a lone row streams them as fast as `lone_row` streams the weights' rows
     /// (each panel in small pages of its own: 0.7× at `medium`).
     fn panel_rows(&self, outs: Range<usize>, p: &[f32]) {
-        use super::panels::{rows, Ahead, PANEL, PANEL_ROWS};
+        use super::panels::{rows, NextPanel, PANEL, PANEL_ROWS};
         let (n, c) = (self.n, self.c);
         let passes = n.div_ceil(PANEL_ROWS);
         for o0 in outs.step_by(PANEL) {
@@ -366,25 +366,22 @@ impl<'a> Gemv<'a> {
             // With two passes or more over a panel, the passes after the first reread it from
             // cache while the memory would idle: each pass fetches its share of the next panel
             // (the next task's after the task's last, which this worker most often runs next).
-            let next = match passes > 1 && o0 + PANEL < self.oc {
-                true => p.as_ptr().wrapping_add((o0 + PANEL) * c),
-                false => std::ptr::null(),
-            };
+            let following = (passes > 1 && o0 + PANEL < self.oc)
+                .then(|| p.as_ptr().wrapping_add((o0 + PANEL) * c));
             for (pass, r0) in (0..n).step_by(PANEL_ROWS).enumerate() {
                 let x = &self.x[r0 * c..];
-                let ahead = match next.is_null() {
-                    true => Ahead::NONE,
-                    false => Ahead::share(next, PANEL * c, pass, passes),
-                };
+                let next = following.map_or(NextPanel::NONE, |f| {
+                    NextPanel::share(f, PANEL * c, pass, passes)
+                });
                 match n - r0 {
-                    1 => self.put(r0, o0, h, &rows::<1>(x, c, panel, ahead)),
-                    2 => self.put(r0, o0, h, &rows::<2>(x, c, panel, ahead)),
-                    3 => self.put(r0, o0, h, &rows::<3>(x, c, panel, ahead)),
-                    4 => self.put(r0, o0, h, &rows::<4>(x, c, panel, ahead)),
-                    5 => self.put(r0, o0, h, &rows::<5>(x, c, panel, ahead)),
-                    6 => self.put(r0, o0, h, &rows::<6>(x, c, panel, ahead)),
-                    7 => self.put(r0, o0, h, &rows::<7>(x, c, panel, ahead)),
-                    _ => self.put(r0, o0, h, &rows::<PANEL_ROWS>(x, c, panel, ahead)),
+                    1 => self.put(r0, o0, h, &rows::<1>(x, c, panel, next)),
+                    2 => self.put(r0, o0, h, &rows::<2>(x, c, panel, next)),
+                    3 => self.put(r0, o0, h, &rows::<3>(x, c, panel, next)),
+                    4 => self.put(r0, o0, h, &rows::<4>(x, c, panel, next)),
+                    5 => self.put(r0, o0, h, &rows::<5>(x, c, panel, next)),
+                    6 => self.put(r0, o0, h, &rows::<6>(x, c, panel, next)),
+                    7 => self.put(r0, o0, h, &rows::<7>(x, c, panel, next)),
+                    _ => self.put(r0, o0, h, &rows::<PANEL_ROWS>(x, c, panel, next)),
                 }
             }
         }

@@ -3,7 +3,9 @@
 //! one k of a panel (two registers) and multiplies it by up to `PANEL_ROWS` input values
 //! broadcast, an outer product: no loads of input rows as vectors, no sums reduced across lanes
 //! at the end (`dot_grid`'s costs), and each output is the sum over k in order in one lane,
-//! whatever the rows beside it, so a sequence's numbers do not depend on its batch.
+//! whatever the rows beside it, so a sequence's numbers do not depend on its batch. Where a
+//! batch passes over a panel more than once, each pass also fetches its share of the next
+//! panel (`NextPanel`), so that the memory streams while the later passes reread this one.
 
 /// Outputs a panel holds (the last panel of a matrix is padded with zeros).
 pub const PANEL: usize = 32;
@@ -16,25 +18,25 @@ pub const PANEL_ROWS: usize = 8;
 /// Values of another panel (the next one) that a pass asks the memory for as it goes, into L2,
 /// one cache line a step of its depth: a hint, which reads nothing and changes no sum.
 #[derive(Clone, Copy)]
-pub struct Ahead {
+pub struct NextPanel {
     /// the first value to fetch (any address: a prefetch never faults)
     pub from: *const f32,
     /// how many values from there, one line of 16 a step
     pub values: usize,
 }
 
-impl Ahead {
+impl NextPanel {
     /// Fetch nothing.
-    pub const NONE: Ahead = Ahead {
+    pub const NONE: NextPanel = NextPanel {
         from: std::ptr::null(),
         values: 0,
     };
 
     /// Pass `pass` of `passes`' share of the `values` from `from`: as many lines each.
-    pub fn share(from: *const f32, values: usize, pass: usize, passes: usize) -> Ahead {
+    pub fn share(from: *const f32, values: usize, pass: usize, passes: usize) -> NextPanel {
         let each = values.div_ceil(passes).next_multiple_of(16);
         let start = (pass * each).min(values);
-        Ahead {
+        NextPanel {
             from: from.wrapping_add(start),
             values: each.min(values - start),
         }
@@ -78,22 +80,27 @@ pub fn pack_into(p: &mut [f32], w: &[f32], oc: usize, c: usize) {
 
 /// Sums of rows r < R of `x` (rows of `c` values) with the 32 outputs of `panel`: lane j of row r
 /// is Σ_k x[r·c + k] · panel[k·32 + j], one fused multiply-add after another in k order,
-/// whatever R. Fetches `ahead`'s lines as it goes.
-pub fn rows<const R: usize>(x: &[f32], c: usize, panel: &[f32], ahead: Ahead) -> [[f32; PANEL]; R] {
+/// whatever R. Fetches `next`'s lines as it goes.
+pub fn rows<const R: usize>(
+    x: &[f32],
+    c: usize,
+    panel: &[f32],
+    next: NextPanel,
+) -> [[f32; PANEL]; R] {
     assert!(R <= PANEL_ROWS && x.len() >= R * c && panel.len() >= PANEL * c);
     #[cfg(target_arch = "x86_64")]
     if super::cpu::avx512f() {
         // SAFETY: AVX-512F detected; the lengths were checked above.
-        return unsafe { rows_avx512::<R>(x, c, panel, ahead) };
+        return unsafe { rows_avx512::<R>(x, c, panel, next) };
     }
     #[cfg(target_arch = "x86_64")]
     if super::cpu::avx2_fma() {
         let mut out = [[0f32; PANEL]; R];
         // SAFETY: AVX2 and FMA detected; the lengths were checked above.
-        unsafe { rows_avx2(&mut out, x, c, panel, ahead) };
+        unsafe { rows_avx2(&mut out, x, c, panel, next) };
         return out;
     }
-    rows_portable::<R>(x, c, panel, ahead)
+    rows_portable::<R>(x, c, panel, next)
 }
 
 /// `rows` one value at a time, on any CPU.
@@ -101,11 +108,11 @@ fn rows_portable<const R: usize>(
     x: &[f32],
     c: usize,
     panel: &[f32],
-    ahead: Ahead,
+    next: NextPanel,
 ) -> [[f32; PANEL]; R] {
     let mut acc = [[0f32; PANEL]; R];
     for k in 0..c {
-        ahead.fetch(k);
+        next.fetch(k);
         let w = &panel[k * PANEL..][..PANEL];
         for (r, a) in acc.iter_mut().enumerate() {
             let b = x[r * c + k];
@@ -127,13 +134,13 @@ unsafe fn rows_avx512<const R: usize>(
     x: &[f32],
     c: usize,
     panel: &[f32],
-    ahead: Ahead,
+    next: NextPanel,
 ) -> [[f32; PANEL]; R] {
     use std::arch::x86_64::*;
     let mut acc = [[_mm512_setzero_ps(); 2]; R];
     let (xp, pp) = (x.as_ptr(), panel.as_ptr());
     for k in 0..c {
-        ahead.fetch(k);
+        next.fetch(k);
         // SAFETY: k < c, so k·32 + 32 ≤ 32·c and r·c + k < R·c (the contract).
         unsafe {
             let w0 = _mm512_loadu_ps(pp.add(k * PANEL));
@@ -168,19 +175,19 @@ unsafe fn rows_avx512<const R: usize>(
 /// AVX2 and FMA; x holds out.len()·c values and panel 32·c.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn rows_avx2(out: &mut [[f32; PANEL]], x: &[f32], c: usize, panel: &[f32], ahead: Ahead) {
+unsafe fn rows_avx2(out: &mut [[f32; PANEL]], x: &[f32], c: usize, panel: &[f32], next: NextPanel) {
     for half in 0..2 {
         for (g, out) in out.chunks_mut(4).enumerate() {
             let x = &x[4 * g * c..];
-            // (the first run over the panel fetches `ahead`)
-            let ahead = if half + g == 0 { ahead } else { Ahead::NONE };
+            // (the first run over the panel fetches `next`)
+            let next = if half + g == 0 { next } else { NextPanel::NONE };
             // SAFETY: AVX2 and FMA (this fn's contract); `half_rows` checks the lengths.
             unsafe {
                 match out.len() {
-                    1 => half_rows::<1>(out, x, c, panel, half, ahead),
-                    2 => half_rows::<2>(out, x, c, panel, half, ahead),
-                    3 => half_rows::<3>(out, x, c, panel, half, ahead),
-                    _ => half_rows::<4>(out, x, c, panel, half, ahead),
+                    1 => half_rows::<1>(out, x, c, panel, half, next),
+                    2 => half_rows::<2>(out, x, c, panel, half, next),
+                    3 => half_rows::<3>(out, x, c, panel, half, next),
+                    _ => half_rows::<4>(out, x, c, panel, half, next),
                 }
             }
         }
@@ -200,14 +207,14 @@ unsafe fn half_rows<const G: usize>(
     c: usize,
     panel: &[f32],
     half: usize,
-    ahead: Ahead,
+    next: NextPanel,
 ) {
     use std::arch::x86_64::*;
     assert!(half < 2 && out.len() >= G && x.len() >= G * c && panel.len() >= PANEL * c);
     let mut acc = [[_mm256_setzero_ps(); 2]; G];
     let (xp, pp) = (x.as_ptr(), panel.as_ptr().wrapping_add(16 * half));
     for k in 0..c {
-        ahead.fetch(k);
+        next.fetch(k);
         // SAFETY: k < c, so k·32 + 16·half + 16 ≤ 32·c and r·c + k < G·c (asserted).
         unsafe {
             let w0 = _mm256_loadu_ps(pp.add(k * PANEL));
@@ -242,18 +249,18 @@ mod tests {
         let p = pack(&w, oc, c);
         fn check<const R: usize>(x: &[f32], c: usize, p: &[f32]) {
             let bits = |v: [[f32; PANEL]; R]| v.map(|r| r.map(f32::to_bits));
-            let want = bits(rows_portable::<R>(x, c, p, Ahead::NONE));
+            let want = bits(rows_portable::<R>(x, c, p, NextPanel::NONE));
             #[cfg(target_arch = "x86_64")]
             {
                 if super::super::cpu::avx2_fma() {
                     let mut out = [[0f32; PANEL]; R];
                     // SAFETY: AVX2 and FMA detected; x holds R·c values, p 32·c.
-                    unsafe { rows_avx2(&mut out, x, c, p, Ahead::NONE) };
+                    unsafe { rows_avx2(&mut out, x, c, p, NextPanel::NONE) };
                     assert_eq!(bits(out), want, "avx2, {R} rows");
                 }
                 if super::super::cpu::avx512f() {
                     // SAFETY: AVX-512F detected; as above.
-                    let got = unsafe { rows_avx512::<R>(x, c, p, Ahead::NONE) };
+                    let got = unsafe { rows_avx512::<R>(x, c, p, NextPanel::NONE) };
                     assert_eq!(bits(got), want, "avx512, {R} rows");
                 }
             }
@@ -277,7 +284,7 @@ mod tests {
                 let values = PANEL * c;
                 let mut at = 0;
                 for pass in 0..passes {
-                    let a = Ahead::share(base, values, pass, passes);
+                    let a = NextPanel::share(base, values, pass, passes);
                     // (pointer distance without offset_from: the base is no allocation)
                     let start = (a.from as usize - base as usize) / 4;
                     assert_eq!(start, at, "c {c}, pass {pass} of {passes}");
@@ -304,11 +311,11 @@ mod tests {
         assert_eq!(p.len(), 2 * PANEL * c);
         for b in 0..2 {
             let panel = &p[b * PANEL * c..][..PANEL * c];
-            let all = rows::<PANEL_ROWS>(&x, c, panel, Ahead::NONE);
+            let all = rows::<PANEL_ROWS>(&x, c, panel, NextPanel::NONE);
             for (r, row) in all.iter().enumerate() {
-                let one = rows::<1>(&x[r * c..], c, panel, Ahead::NONE)[0];
+                let one = rows::<1>(&x[r * c..], c, panel, NextPanel::NONE)[0];
                 let s = r.min(PANEL_ROWS - 3);
-                let three = rows::<3>(&x[s * c..], c, panel, Ahead::NONE)[r - s];
+                let three = rows::<3>(&x[s * c..], c, panel, NextPanel::NONE)[r - s];
                 assert_eq!(row.map(f32::to_bits), one.map(f32::to_bits));
                 assert_eq!(row.map(f32::to_bits), three.map(f32::to_bits));
                 for (j, &v) in row.iter().enumerate() {
