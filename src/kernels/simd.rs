@@ -17,6 +17,21 @@ pub(crate) fn prefetch(at: *const f32, n: usize) {
     let _ = (at, n);
 }
 
+/// Asks for the cache line at `at` into L2 (PREFETCHT1), ahead of a stream the hardware
+/// prefetcher would start too late: the next block of weights a batch's later passes leave
+/// the memory idle for. A hint, which reads nothing: any address will do.
+#[inline(always)]
+pub(crate) fn prefetch_l2<T>(at: *const T) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
+        // SAFETY: PREFETCHT1 (SSE, part of x86_64) reads nothing and cannot fault.
+        unsafe { _mm_prefetch::<_MM_HINT_T1>(at.cast::<i8>()) };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = at;
+}
+
 /// The first `n` of 16 lanes (all of them from 16 on): the mask of a ragged AVX-512 load or
 /// store.
 #[cfg(target_arch = "x86_64")]

@@ -20,9 +20,9 @@ pub const PANEL_ROWS: usize = 8;
 #[derive(Clone, Copy)]
 pub struct NextPanel {
     /// the first value to fetch (any address: a prefetch never faults)
-    pub from: *const f32,
+    from: *const f32,
     /// how many values from there, one line of 16 a step
-    pub values: usize,
+    values: usize,
 }
 
 impl NextPanel {
@@ -45,11 +45,8 @@ impl NextPanel {
     /// Asks for the line of step k, if the share reaches it.
     #[inline(always)]
     fn fetch(self, k: usize) {
-        #[cfg(target_arch = "x86_64")]
         if 16 * k < self.values {
-            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
-            // SAFETY: PREFETCHT1 (SSE, part of x86_64) reads nothing and cannot fault.
-            unsafe { _mm_prefetch::<_MM_HINT_T1>(self.from.wrapping_add(16 * k).cast()) };
+            crate::kernels::prefetch_l2(self.from.wrapping_add(16 * k));
         }
     }
 }

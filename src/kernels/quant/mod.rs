@@ -657,7 +657,6 @@ fn simd_tile<const NX: usize, const NT: usize>(
     one: impl Fn(usize, &[u8]) -> TileSums,
     step: impl Fn([usize; NX], usize, [&[u8]; NT]) -> [[TileSums; NT]; NX],
 ) {
-    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
     assert!(rows.start < rows.end && outs.end <= w.rows && outs.start.is_multiple_of(TILE_ROWS));
     let tl = w.tiling();
     let tiles = outs.start / TILE_ROWS..outs.end.div_ceil(TILE_ROWS);
@@ -680,8 +679,7 @@ fn simd_tile<const NX: usize, const NT: usize>(
         let mut ahead = next.flat_map(|t| t.chunks(64));
         for r0 in rows.clone().step_by(NX) {
             for line in ahead.by_ref().take(share) {
-                // SAFETY: a hint, which reads nothing (SSE, on every x86_64).
-                unsafe { _mm_prefetch::<_MM_HINT_T1>(line.as_ptr().cast()) };
+                crate::kernels::prefetch_l2(line.as_ptr());
             }
             let left = (rows.end - r0).min(NX);
             let s = step(std::array::from_fn(|j| r0 + j.min(left - 1)), left, ts);
