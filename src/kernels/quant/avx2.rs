@@ -58,7 +58,8 @@ fn lanes(v: Half2<__m256>) -> TileSums {
 }
 
 /// `vnni::dots` on AVX2: the sums of input rows `xr` with the sixteen rows of each tile of
-/// `ts`, block after block, in the same order and with the same f32 operations.
+/// `ts`, block after block, in the same order and with the same f32 operations, each block
+/// asking for its part of `next`.
 ///
 /// # Safety
 /// AVX2, FMA and F16C; the rows exist; each of `ts` is a tile of `tl`.
@@ -69,12 +70,14 @@ unsafe fn dots<const R: usize, const T: usize>(
     kind: QuantKind,
     tl: Tiling,
     ts: [&[u8]; T],
+    next: super::NextTiles,
 ) -> [[Half2<__m256>; T]; R] {
     let ops = super::Operands::new(x, xr, tl, ts);
     let (wp, xd, xc) = (ops.tiles, ops.xd, ops.xc);
     let corrected = kind == QuantKind::Q4_0;
     let mut acc = [[[_mm256_setzero_ps(); 2]; T]; R];
     for b in 0..tl.blocks {
+        next.fetch(b, tl.blocks);
         // 1. the block's scales: the tiles' sixteen rows' (f16), then each input row's
         let mut dw = [[_mm256_setzero_ps(); 2]; T];
         for k in 0..T {

@@ -47,7 +47,8 @@ fn lanes(v: __m512) -> TileSums {
 /// The sums of input rows `xr` with the sixteen rows of each tile of `ts`, one register per
 /// (input row, tile), lane i for the tile's row i: block after block, the block's exact int32
 /// dot products (`block_dots`, the offset's correction added in int32), then one FMA of them
-/// times d_w·d_x, in the same order for every R and T.
+/// times d_w·d_x, in the same order for every R and T; each block also asks for its part of
+/// `next`.
 ///
 /// # Safety
 /// AVX-512F/BW and AVX512-VNNI; the rows exist; each of `ts` is a tile of `tl`.
@@ -58,11 +59,13 @@ unsafe fn dots<const R: usize, const T: usize>(
     kind: QuantKind,
     tl: Tiling,
     ts: [&[u8]; T],
+    next: super::NextTiles,
 ) -> [[__m512; T]; R] {
     let ops = super::Operands::new(x, xr, tl, ts);
     let (wp, xd, xc) = (ops.tiles, ops.xd, ops.xc);
     let mut acc = [[_mm512_setzero_ps(); T]; R];
     for b in 0..tl.blocks {
+        next.fetch(b, tl.blocks);
         // 1. the block's scales: the tiles' sixteen rows' (f16), then each input row's
         let mut dw = [_mm512_setzero_ps(); T];
         for k in 0..T {
