@@ -251,7 +251,7 @@ fn scores_rows<const Q: usize, const N: usize, T: Elem>(
             let dots = match isa {
                 #[cfg(target_arch = "x86_64")]
                 // SAFETY: the CPU has AVX-512F (`attention_decode_on` checked); lengths above.
-                Some(Isa::Avx512) => unsafe { super::dot_tree::<Q, N, T>(qs, k) },
+                Some(Isa::Avx512) => unsafe { super::dot_tree::<Q, N, T>(qs, k, false) },
                 #[cfg(target_arch = "x86_64")]
                 // SAFETY: the CPU has AVX2 and FMA (checked likewise); lengths above.
                 Some(Isa::Avx2) => unsafe { super::dot_tree8::<Q, N, T>(qs, k) },

@@ -46,4 +46,4 @@ pub use simd::{
 pub(crate) use simd::{
     dot_grid, dot_tree, dot_tree8, exp_nonpos16, lane_mask, load16, load8, transpose16,
 };
-pub(crate) use simd::{prefetch, prefetch_l2};
+pub(crate) use simd::{prefetch, prefetch_l2, prefetch_stream};

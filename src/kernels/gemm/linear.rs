@@ -337,7 +337,8 @@ impl<'a> Gemv<'a> {
 
     /// `grid` for one input row: an output at a time (`dot_tree`, each summed as `dot_grid`
     /// sums it), so that a lone sequence streams one weight row at a time, start to end (at
-    /// `medium`, 2 threads: 1.17× the one by sixteen blocks at depth 0, 1.2× at `large`).
+    /// `medium`, 2 threads: 1.17× the one by sixteen blocks at depth 0, 1.2× at `large`),
+    /// asking for the weights ahead as it goes (`prefetch_stream`).
     #[cfg(target_arch = "x86_64")]
     fn lone_row(&self, outs: Range<usize>) {
         let (c, w) = (self.c, self.w.f32);
@@ -346,8 +347,9 @@ impl<'a> Gemv<'a> {
         for (y, o) in y.iter_mut().zip(outs) {
             // SAFETY: AVX-512F was detected (`run`); x holds c values, and weight row o < oc
             // c values in bounds (`Gemv::new`).
-            let [v] =
-                unsafe { crate::kernels::dot_tree::<1, 0, f32>(&self.x[..c], &w[o * c..][..c]) };
+            let [v] = unsafe {
+                crate::kernels::dot_tree::<1, 0, f32>(&self.x[..c], &w[o * c..][..c], true)
+            };
             *y = if self.accumulate { *y + v } else { v };
         }
     }
