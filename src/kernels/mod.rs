@@ -37,7 +37,6 @@ pub(crate) use scratch::{ensure, ensure_aligned, with_thread_buffer, ROW_CHUNK};
 pub use scratch::{prepare_threads, zeroed, zeroed_u16};
 pub use shared::Grad;
 pub(crate) use shared::SharedMut;
-pub use simd::Elem;
 pub use simd::{
     axpy, axpy_elems, bf16_to_f32, dot, dot3, dot_bf16, dot_elems, exp_nonpos, map_lanes,
     reduce_lanes, scale, sigmoid, sum_lanes, MAX, SUM,
@@ -46,4 +45,5 @@ pub use simd::{
 pub(crate) use simd::{
     dot_grid, dot_tree, dot_tree8, exp_nonpos16, lane_mask, load16, load8, transpose16,
 };
-pub(crate) use simd::{prefetch, prefetch_l2, prefetch_stream};
+pub(crate) use simd::{prefetch, prefetch_stream};
+pub use simd::{Elem, NextLines};

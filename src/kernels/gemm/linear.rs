@@ -359,7 +359,8 @@ impl<'a> Gemv<'a> {
     /// `F32Panels`), a lone row streams them as fast as `lone_row` streams the weights' rows
     /// (each panel in small pages of its own: 0.7× at `medium`).
     fn panel_rows(&self, outs: Range<usize>, p: &[f32]) {
-        use super::panels::{rows, NextPanel, PANEL, PANEL_ROWS};
+        use super::panels::{rows, PANEL, PANEL_ROWS};
+        use crate::kernels::NextLines;
         let (n, c) = (self.n, self.c);
         let passes = n.div_ceil(PANEL_ROWS);
         for o0 in outs.step_by(PANEL) {
@@ -372,8 +373,9 @@ impl<'a> Gemv<'a> {
                 .then(|| p.as_ptr().wrapping_add((o0 + PANEL) * c));
             for (pass, r0) in (0..n).step_by(PANEL_ROWS).enumerate() {
                 let x = &self.x[r0 * c..];
-                let next = following.map_or(NextPanel::NONE, |f| {
-                    NextPanel::share(f, PANEL * c, pass, passes)
+                // (16 f32 a cache line)
+                let next = following.map_or(NextLines::NONE, |f| {
+                    NextLines::share(f, PANEL * c / 16, pass, passes)
                 });
                 match n - r0 {
                     1 => self.put(r0, o0, h, &rows::<1>(x, c, panel, next)),

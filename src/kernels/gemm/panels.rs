@@ -5,7 +5,10 @@
 //! at the end (`dot_grid`'s costs), and each output is the sum over k in order in one lane,
 //! whatever the rows beside it, so a sequence's numbers do not depend on its batch. Where a
 //! batch passes over a panel more than once, each pass also fetches its share of the next
-//! panel (`NextPanel`), so that the memory streams while the later passes reread this one.
+//! panel (`NextLines`, a line a step of its depth at most), so that the memory streams while
+//! the later passes reread this one.
+
+use crate::kernels::NextLines;
 
 /// Outputs a panel holds (the last panel of a matrix is padded with zeros).
 pub const PANEL: usize = 32;
@@ -14,42 +17,6 @@ pub const PANEL: usize = 32;
 /// over one half of a panel at a time (one accumulator each, twice the work per weight byte
 /// brought in) decoded a batch of 16 at `medium` at 0.62–0.86× this.
 pub const PANEL_ROWS: usize = 8;
-
-/// Values of another panel (the next one) that a pass asks the memory for as it goes, into L2,
-/// one cache line a step of its depth: a hint, which reads nothing and changes no sum.
-#[derive(Clone, Copy)]
-pub struct NextPanel {
-    /// the first value to fetch (any address: a prefetch never faults)
-    from: *const f32,
-    /// how many values from there, one line of 16 a step
-    values: usize,
-}
-
-impl NextPanel {
-    /// Fetch nothing.
-    pub const NONE: NextPanel = NextPanel {
-        from: std::ptr::null(),
-        values: 0,
-    };
-
-    /// Pass `pass` of `passes`' share of the `values` from `from`: as many lines each.
-    pub fn share(from: *const f32, values: usize, pass: usize, passes: usize) -> NextPanel {
-        let each = values.div_ceil(passes).next_multiple_of(16);
-        let start = (pass * each).min(values);
-        NextPanel {
-            from: from.wrapping_add(start),
-            values: each.min(values - start),
-        }
-    }
-
-    /// Asks for the line of step k, if the share reaches it.
-    #[inline(always)]
-    fn fetch(self, k: usize) {
-        if 16 * k < self.values {
-            crate::kernels::prefetch_l2(self.from.wrapping_add(16 * k));
-        }
-    }
-}
 
 /// Values that `w` (oc, c) takes in panels (the last one padded with zeros).
 pub fn packed_len(oc: usize, c: usize) -> usize {
@@ -82,7 +49,7 @@ pub fn rows<const R: usize>(
     x: &[f32],
     c: usize,
     panel: &[f32],
-    next: NextPanel,
+    next: NextLines,
 ) -> [[f32; PANEL]; R] {
     assert!(R <= PANEL_ROWS && x.len() >= R * c && panel.len() >= PANEL * c);
     #[cfg(target_arch = "x86_64")]
@@ -105,11 +72,11 @@ fn rows_portable<const R: usize>(
     x: &[f32],
     c: usize,
     panel: &[f32],
-    next: NextPanel,
+    next: NextLines,
 ) -> [[f32; PANEL]; R] {
     let mut acc = [[0f32; PANEL]; R];
     for k in 0..c {
-        next.fetch(k);
+        next.fetch(k, c);
         let w = &panel[k * PANEL..][..PANEL];
         for (r, a) in acc.iter_mut().enumerate() {
             let b = x[r * c + k];
@@ -131,13 +98,13 @@ unsafe fn rows_avx512<const R: usize>(
     x: &[f32],
     c: usize,
     panel: &[f32],
-    next: NextPanel,
+    next: NextLines,
 ) -> [[f32; PANEL]; R] {
     use std::arch::x86_64::*;
     let mut acc = [[_mm512_setzero_ps(); 2]; R];
     let (xp, pp) = (x.as_ptr(), panel.as_ptr());
     for k in 0..c {
-        next.fetch(k);
+        next.fetch(k, c);
         // SAFETY: k < c, so k·32 + 32 ≤ 32·c and r·c + k < R·c (the contract).
         unsafe {
             let w0 = _mm512_loadu_ps(pp.add(k * PANEL));
@@ -172,12 +139,12 @@ unsafe fn rows_avx512<const R: usize>(
 /// AVX2 and FMA; x holds out.len()·c values and panel 32·c.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn rows_avx2(out: &mut [[f32; PANEL]], x: &[f32], c: usize, panel: &[f32], next: NextPanel) {
+unsafe fn rows_avx2(out: &mut [[f32; PANEL]], x: &[f32], c: usize, panel: &[f32], next: NextLines) {
     for half in 0..2 {
         for (g, out) in out.chunks_mut(4).enumerate() {
             let x = &x[4 * g * c..];
             // (the first run over the panel fetches `next`)
-            let next = if half + g == 0 { next } else { NextPanel::NONE };
+            let next = if half + g == 0 { next } else { NextLines::NONE };
             // SAFETY: AVX2 and FMA (this fn's contract); `half_rows` checks the lengths.
             unsafe {
                 match out.len() {
@@ -204,14 +171,14 @@ unsafe fn half_rows<const G: usize>(
     c: usize,
     panel: &[f32],
     half: usize,
-    next: NextPanel,
+    next: NextLines,
 ) {
     use std::arch::x86_64::*;
     assert!(half < 2 && out.len() >= G && x.len() >= G * c && panel.len() >= PANEL * c);
     let mut acc = [[_mm256_setzero_ps(); 2]; G];
     let (xp, pp) = (x.as_ptr(), panel.as_ptr().wrapping_add(16 * half));
     for k in 0..c {
-        next.fetch(k);
+        next.fetch(k, c);
         // SAFETY: k < c, so k·32 + 16·half + 16 ≤ 32·c and r·c + k < G·c (asserted).
         unsafe {
             let w0 = _mm256_loadu_ps(pp.add(k * PANEL));
@@ -246,18 +213,18 @@ mod tests {
         let p = pack(&w, oc, c);
         fn check<const R: usize>(x: &[f32], c: usize, p: &[f32]) {
             let bits = |v: [[f32; PANEL]; R]| v.map(|r| r.map(f32::to_bits));
-            let want = bits(rows_portable::<R>(x, c, p, NextPanel::NONE));
+            let want = bits(rows_portable::<R>(x, c, p, NextLines::NONE));
             #[cfg(target_arch = "x86_64")]
             {
                 if super::super::cpu::avx2_fma() {
                     let mut out = [[0f32; PANEL]; R];
                     // SAFETY: AVX2 and FMA detected; x holds R·c values, p 32·c.
-                    unsafe { rows_avx2(&mut out, x, c, p, NextPanel::NONE) };
+                    unsafe { rows_avx2(&mut out, x, c, p, NextLines::NONE) };
                     assert_eq!(bits(out), want, "avx2, {R} rows");
                 }
                 if super::super::cpu::avx512f() {
                     // SAFETY: AVX-512F detected; as above.
-                    let got = unsafe { rows_avx512::<R>(x, c, p, NextPanel::NONE) };
+                    let got = unsafe { rows_avx512::<R>(x, c, p, NextLines::NONE) };
                     assert_eq!(bits(got), want, "avx512, {R} rows");
                 }
             }
@@ -271,34 +238,6 @@ mod tests {
         check::<PANEL_ROWS>(&x, c, &p);
     }
 
-    /// The passes' shares of the next panel follow one another from its first value to its
-    /// last, each starting on a cache line: every line is asked for, once.
-    #[test]
-    fn the_passes_share_the_next_panel_line_by_line() {
-        let base = std::ptr::null::<f32>().wrapping_add(1 << 20);
-        for c in [1, 3, 37, 512, 1408] {
-            for passes in 2..=8 {
-                let values = PANEL * c;
-                let mut at = 0;
-                for pass in 0..passes {
-                    let a = NextPanel::share(base, values, pass, passes);
-                    // (pointer distance without offset_from: the base is no allocation)
-                    let start = (a.from as usize - base as usize) / 4;
-                    assert_eq!(start, at, "c {c}, pass {pass} of {passes}");
-                    assert!(start.is_multiple_of(16) || a.values == 0);
-                    // a step asks for one line, and a pass has c steps
-                    assert!(
-                        a.values <= 16 * c,
-                        "c {c}: {} values in {c} steps",
-                        a.values
-                    );
-                    at += a.values;
-                }
-                assert_eq!(at, values, "c {c}, {passes} passes");
-            }
-        }
-    }
-
     /// Every row count gives each row the same bits, and the sums match an f64 reference.
     #[test]
     fn panel_sums_match_f64_and_do_not_depend_on_the_rows_beside() {
@@ -308,11 +247,11 @@ mod tests {
         assert_eq!(p.len(), 2 * PANEL * c);
         for b in 0..2 {
             let panel = &p[b * PANEL * c..][..PANEL * c];
-            let all = rows::<PANEL_ROWS>(&x, c, panel, NextPanel::NONE);
+            let all = rows::<PANEL_ROWS>(&x, c, panel, NextLines::NONE);
             for (r, row) in all.iter().enumerate() {
-                let one = rows::<1>(&x[r * c..], c, panel, NextPanel::NONE)[0];
+                let one = rows::<1>(&x[r * c..], c, panel, NextLines::NONE)[0];
                 let s = r.min(PANEL_ROWS - 3);
-                let three = rows::<3>(&x[s * c..], c, panel, NextPanel::NONE)[r - s];
+                let three = rows::<3>(&x[s * c..], c, panel, NextLines::NONE)[r - s];
                 assert_eq!(row.map(f32::to_bits), one.map(f32::to_bits));
                 assert_eq!(row.map(f32::to_bits), three.map(f32::to_bits));
                 for (j, &v) in row.iter().enumerate() {

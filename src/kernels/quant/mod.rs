@@ -24,7 +24,7 @@ macro_rules! simd_dots {
                 kind: QuantKind,
                 tl: Tiling,
                 ts: [&[u8]; T],
-                next: super::NextTiles,
+                next: crate::kernels::NextLines,
             ) -> [[Self::Sum; T]; R] {
                 // SAFETY: the trait's contract is `dots`'s.
                 unsafe { dots(x, xr, kind, tl, ts, next) }
@@ -43,6 +43,7 @@ pub mod block;
 #[cfg(target_arch = "x86_64")]
 mod vnni;
 
+use crate::kernels::NextLines;
 pub use block::{dequantize, quantize, QuantKind, BLOCK};
 use rayon::prelude::*;
 
@@ -543,7 +544,7 @@ pub(super) trait SimdDots {
         kind: QuantKind,
         tl: Tiling,
         ts: [&[u8]; T],
-        next: NextTiles,
+        next: NextLines,
     ) -> [[Self::Sum; T]; R];
     /// # Safety
     /// The engine's CPU features.
@@ -574,11 +575,11 @@ unsafe fn engine_tile<E: SimdDots, const NX: usize, const NT: usize>(
     // SAFETY: the features are this function's contract; `simd_tile` hands rows of `rows`
     // and tiles of `outs`, which lie inside x and w.
     let one = |r: usize, t: &[u8]| unsafe {
-        let [[v]] = E::dots::<1, 1>(x, [r], kind, tl, [t], NextTiles::NONE);
+        let [[v]] = E::dots::<1, 1>(x, [r], kind, tl, [t], NextLines::NONE);
         E::lanes(v)
     };
     // SAFETY: as for `one`.
-    let step = |xr: [usize; NX], left: usize, ts: [&[u8]; NT], next: NextTiles| unsafe {
+    let step = |xr: [usize; NX], left: usize, ts: [&[u8]; NT], next: NextLines| unsafe {
         let s: [[E::Sum; NT]; NX] = match left {
             1 => pad(E::dots::<1, NT>(x, [xr[0]], kind, tl, ts, next)),
             2 => pad(E::dots::<2, NT>(x, [xr[0], xr[1]], kind, tl, ts, next)),
@@ -587,50 +588,6 @@ unsafe fn engine_tile<E: SimdDots, const NX: usize, const NT: usize>(
         s.map(|s| s.map(|v| E::lanes(v)))
     };
     simd_tile::<NX, NT>(w, rows, outs, put, one, step)
-}
-
-/// Lines of the next tiles that a GEMM step asks the memory for into L2 as it goes, a few at
-/// each block. Asked for all at the step's start, the prefetches queued behind each other and
-/// held the step up: 16 rows by 1,408 by 1,408 ran 1.2× faster spread out. A hint, which
-/// reads nothing and changes no sum.
-#[derive(Clone, Copy)]
-pub(crate) struct NextTiles {
-    /// the first line to fetch (any address: a prefetch never faults)
-    from: *const u8,
-    /// how many lines from there
-    lines: usize,
-}
-
-impl NextTiles {
-    /// Fetch nothing.
-    pub const NONE: NextTiles = NextTiles {
-        from: std::ptr::null(),
-        lines: 0,
-    };
-
-    /// Step `step` of `steps`' share of the `lines` cache lines from `from`: as many each.
-    pub fn share(from: *const u8, lines: usize, step: usize, steps: usize) -> NextTiles {
-        let each = lines.div_ceil(steps);
-        let start = (step * each).min(lines);
-        NextTiles {
-            from: from.wrapping_add(64 * start),
-            lines: each.min(lines - start),
-        }
-    }
-
-    /// The share's lines that block b of `blocks` asks for: as many each, in order.
-    fn block_lines(self, b: usize, blocks: usize) -> std::ops::Range<usize> {
-        let each = self.lines.div_ceil(blocks);
-        (b * each).min(self.lines)..((b + 1) * each).min(self.lines)
-    }
-
-    /// Asks for block b's lines.
-    #[inline(always)]
-    pub fn fetch(self, b: usize, blocks: usize) {
-        for l in self.block_lines(b, blocks) {
-            crate::kernels::prefetch_l2(self.from.wrapping_add(64 * l));
-        }
-    }
 }
 
 /// What a SIMD engine's `dots` reads: where each tile starts, and each input row's quants,
@@ -691,7 +648,8 @@ impl<'a, const R: usize, const T: usize> Operands<'a, R, T> {
 /// at once, more streams, ran slower both from L3 and from memory), or `NT` tiles at a time
 /// against `NX` input rows at a time (`step(rows, valid, tiles, next)`, rows past the end
 /// repeat the last one and only the `valid` first count), each step fetching its share of the
-/// next tiles into L2 block by block (`NextTiles`: the first read of a tile is from memory;
+/// next tiles into L2 block by block (`NextLines`, spread where a burst at the step's start
+/// queued its prefetches and held the step up: the first read of a tile is from memory;
 /// the steps after it find it in cache), past the task's last tile too: the next task's
 /// first, which the same worker most often runs next. Each tile's rows past `outs` (the
 /// padding) are dropped.
@@ -702,7 +660,7 @@ fn simd_tile<const NX: usize, const NT: usize>(
     outs: std::ops::Range<usize>,
     put: impl Fn(usize, usize, &[f32]),
     one: impl Fn(usize, &[u8]) -> TileSums,
-    step: impl Fn([usize; NX], usize, [&[u8]; NT], NextTiles) -> [[TileSums; NT]; NX],
+    step: impl Fn([usize; NX], usize, [&[u8]; NT], NextLines) -> [[TileSums; NT]; NX],
 ) {
     assert!(rows.start < rows.end && outs.end <= w.rows && outs.start.is_multiple_of(TILE_ROWS));
     let tl = w.tiling();
@@ -729,7 +687,7 @@ fn simd_tile<const NX: usize, const NT: usize>(
             .wrapping_add(first_next * tl.bytes());
         let steps = rows.len().div_ceil(NX);
         for (i, r0) in rows.clone().step_by(NX).enumerate() {
-            let next = NextTiles::share(from, lines, i, steps);
+            let next = NextLines::share(from, lines, i, steps);
             let left = (rows.end - r0).min(NX);
             let s = step(
                 std::array::from_fn(|j| r0 + j.min(left - 1)),
@@ -903,42 +861,6 @@ mod tests {
                             "{engine:?} {kind} ({r},{o}): {g} vs {exact}"
                         );
                     }
-                }
-            }
-        }
-    }
-
-    /// The steps' shares of the next tiles, and each share's blocks, ask for every line of
-    /// them exactly once, in order, the blocks of a step a few lines each.
-    #[test]
-    fn the_steps_share_the_next_tiles_block_by_block() {
-        let base = std::ptr::null::<u8>().wrapping_add(1 << 20);
-        for (kind, cols) in [
-            (QuantKind::Q8_0, 512),
-            (QuantKind::Q4_0, 1408),
-            (QuantKind::Q8_0, 32),
-        ] {
-            let tl = Tiling::new(kind, cols);
-            for tiles in [1, 2] {
-                let lines = tl.bytes() / 64 * tiles;
-                for steps in 1..=6 {
-                    let mut at = 0;
-                    for step in 0..steps {
-                        let next = NextTiles::share(base, lines, step, steps);
-                        // (pointer distance without offset_from: the base is no allocation)
-                        let start = (next.from as usize - base as usize) / 64;
-                        assert_eq!(start, at, "{cols} cols, step {step} of {steps}");
-                        let mut seen = 0;
-                        for b in 0..tl.blocks {
-                            let l = next.block_lines(b, tl.blocks);
-                            assert_eq!(l.start, seen.min(next.lines), "block {b}");
-                            assert!(l.len() <= next.lines.div_ceil(tl.blocks));
-                            seen = l.end;
-                        }
-                        assert_eq!(seen, next.lines, "{cols} cols, step {step} of {steps}");
-                        at += next.lines;
-                    }
-                    assert_eq!(at, lines, "{cols} cols, {tiles} tiles, {steps} steps");
                 }
             }
         }
