@@ -955,8 +955,17 @@ fn an_unknown_kv_cache_type_is_one_line() {
         ][..],
         &["bench", "decode", "--preset", "tiny", "--kv-cache", "f16"],
         &["serve", "--model", "nowhere", "--kv-cache", "f16"],
+        &[
+            "eval",
+            "--model",
+            "nowhere",
+            "--data",
+            "x",
+            "--kv-cache",
+            "f16",
+        ],
     ] {
-        fails_with(&difftx(args), &["--kv-cache", "`f16`", "f32 or bf16"]);
+        fails_with(&difftx(args), &["--kv-cache", "`f16`", "f32, bf16 or q8_0"]);
     }
 }
 

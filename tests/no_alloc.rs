@@ -97,7 +97,7 @@ fn training_steps_allocate_nothing_after_warm_up() {
 }
 
 /// Decoding steps (one token through `forward_cached`, the step `generate` and `serve` run)
-/// after warm-up allocate (almost) nothing, with an f32 or a bf16 KV cache, for every kind.
+/// after warm-up allocate (almost) nothing, with an f32, bf16 or q8_0 KV cache, for every kind.
 /// Until 2026-11-26 the f32 step allocated twice a layer (the `Vec<Gemv>` that
 /// `kernels::gemm::linear::matmul_forward_each` collected: 120–121 in 30 steps of these
 /// 2-layer models); now 0 or 1 in 30 steps (the one not traced), so the bound is 2, far below
@@ -131,10 +131,10 @@ fn decoding_steps_allocate_nothing_after_warm_up() {
                 ALLOCS.load(Ordering::SeqCst) - before
             })
         });
-        eprintln!("{kind}: allocations in 30 decoding steps, f32 / bf16 cache: {counts:?}");
+        eprintln!("{kind}: allocations in 30 decoding steps, f32 / bf16 / q8_0 cache: {counts:?}");
         assert!(
             counts.iter().all(|&n| n <= 2),
-            "{kind}: allocations in 30 steps, f32 / bf16 cache {counts:?}"
+            "{kind}: allocations in 30 steps, f32 / bf16 / q8_0 cache {counts:?}"
         );
     }
 }

@@ -440,9 +440,10 @@ pub fn bench_decode(
     };
     let (p, d) = (med(&mut pre), med(&mut dec.clone()));
     let c = &model.config;
-    let kv_per_token = model.kv_cache.bytes()
-        * c.num_hidden_layers
-        * (c.n_key_heads() * c.head_dim + c.num_key_value_heads * c.value_head_dim());
+    let kv = model.kv_cache;
+    let kv_per_token = c.num_hidden_layers
+        * (kv.row_bytes(c.n_key_heads() * c.head_dim)
+            + kv.row_bytes(c.num_key_value_heads * c.value_head_dim()));
     // step i (from 1) of decoding attends to prompt_len + i cached rows
     let rows_read = prompt_len as f64 + (new_tokens + 1) as f64 / 2.0;
     Ok(DecodeBench {

@@ -14,7 +14,7 @@ use super::attention_scores::{probs_grads_row, scores_softmax};
 use super::gemm::small::{small_gemm, with_packed, PackedB, MAX_PACKED};
 use super::gemm::{extent, Dims, Mat, SharedOut};
 use super::precision::Precision;
-use super::{dot, exp_nonpos, map_lanes, Elem, SharedMut, MAX, SUM};
+use super::{dot, exp_nonpos, map_lanes, KvElem, SharedMut, MAX, SUM};
 use rayon::prelude::*;
 use std::ops::Range;
 
@@ -138,7 +138,7 @@ struct Scratch<'a> {
 
 thread_local! {
     static SCRATCH: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
-    /// a bf16 cache's rows widened for a prefill (`attention_cached`)
+    /// a bf16 or q8_0 cache's rows widened for a prefill (`attention_cached`)
     static WIDENED: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
@@ -251,38 +251,40 @@ pub fn attention_forward(
 }
 
 /// Attention of the `tq` new queries of one sequence, at positions `q_offset..`, over the first
-/// `q_offset + tq` rows of its KV cache (k (Tkv, NK, DK), v (Tkv, NV, DV), f32 or bf16): an f32
-/// cache is read in place by `attention_forward`; a bf16 one by the decoding kernel when one
-/// token is decoded (widened as it is loaded), else (prefill) widened first into a thread
-/// buffer for the tile kernel.
-// attention_forward's operands for one sequence, its cache rows of either element type
+/// `q_offset + tq` rows of its KV cache (k (Tkv, NK, DK), v (Tkv, NV, DV), in f32, bf16 or
+/// q8_0 blocks): an f32 cache is read in place by `attention_forward`; the others by the
+/// decoding kernel when one token is decoded (widened as they are loaded), else (prefill)
+/// widened first into a thread buffer for the tile kernel.
+// attention_forward's operands for one sequence, its cache rows of any entry type
 #[allow(clippy::too_many_arguments)]
-pub fn attention_cached<T: Elem>(
+pub fn attention_cached<C: KvElem>(
     o: &mut [f32],
     lse: &mut [f32],
     q: &[f32],
-    k: &[T],
-    v: &[T],
+    k: &[C],
+    v: &[C],
     tq: usize,
     q_offset: usize,
     s: &AttnShape,
     precision: Precision,
 ) {
     let tkv = q_offset + tq;
-    let (k, v) = (&k[..tkv * s.nk * s.dk], &v[..tkv * s.nv * s.dv]);
+    let (kw, vw) = (s.nk * s.dk, s.nv * s.dv);
+    let (k, v) = (&k[..tkv * C::entries(kw)], &v[..tkv * C::entries(vw)]);
     let run = |o: &mut [f32], lse: &mut [f32], k: &[f32], v: &[f32]| {
         attention_forward(o, lse, q, k, v, 1, tq, tkv, q_offset, s, precision)
     };
-    match (T::as_f32(k), T::as_f32(v)) {
+    match (C::as_f32(k), C::as_f32(v)) {
         (Some(k), Some(v)) => run(o, lse, k, v),
         _ if tq == 1 => {
             s.check();
             attention_decode(o, lse, q, k, v, 1, tkv, tkv, s)
         }
         _ => super::with_thread_buffer(&WIDENED, |buf| {
-            let (kf, vf) = super::ensure(buf, k.len() + v.len()).split_at_mut(k.len());
-            kf.iter_mut().zip(k).for_each(|(d, x)| *d = x.widen());
-            vf.iter_mut().zip(v).for_each(|(d, x)| *d = x.widen());
+            let (kf, vf) = super::ensure(buf, tkv * (kw + vw)).split_at_mut(tkv * kw);
+            let isa = super::gemm::cpu::Isa::detect();
+            C::widen(isa, k, tkv, kw, kf);
+            C::widen(isa, v, tkv, vw, vf);
             run(o, lse, kf, vf)
         }),
     }

@@ -10,11 +10,15 @@
 //!
 //! The cache holds f32 or bf16 keys and values (`Elem`, `--kv-cache bf16`): bf16 rows are
 //! widened to f32 as they are loaded (a zero-extension and a shift, `load16` on AVX-512,
-//! `load8` on AVX2), and everything after the load runs in f32 either way.
+//! `load8` on AVX2), and everything after the load runs in f32 either way. A q8_0 cache's
+//! blocks (`KvElem`, `--kv-cache q8_0`) are widened likewise on AVX-512 where each head is
+//! whole blocks (a sign extension, a conversion and the block's scale: `dot_tree_q8`,
+//! `weighted_row_q8`); elsewhere each row is widened first into a row of f32 at the end of the
+//! task's partials, which stays in L1, and read from there.
 
 use super::attention_parts::AttnShape;
 use super::gemm::cpu::Isa;
-use super::{axpy, exp_nonpos, map_lanes, Elem, SharedMut, MAX, SUM};
+use super::{axpy, exp_nonpos, map_lanes, Elem, KvElem, Q8Block, Row, SharedMut, MAX, SUM};
 use rayon::prelude::*;
 
 /// Cached positions per task for a sequence that sees `visible` of them: about a sixteenth,
@@ -41,12 +45,12 @@ thread_local! {
 /// else AVX2 with FMA), else the portable ones.
 // attention_forward's decoding branch: the same operands, passed on as they came
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn attention_decode<T: Elem>(
+pub(crate) fn attention_decode<C: KvElem>(
     o: &mut [f32],
     lse: &mut [f32],
     q: &[f32],
-    k: &[T],
-    v: &[T],
+    k: &[C],
+    v: &[C],
     b: usize,
     tkv: usize,
     visible: usize,
@@ -59,13 +63,13 @@ pub(crate) fn attention_decode<T: Elem>(
 /// portable ones: tests compare them.
 // attention_decode's operands and the path
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn attention_decode_on<T: Elem>(
+pub(crate) fn attention_decode_on<C: KvElem>(
     isa: Option<Isa>,
     o: &mut [f32],
     lse: &mut [f32],
     q: &[f32],
-    k: &[T],
-    v: &[T],
+    k: &[C],
+    v: &[C],
     b: usize,
     tkv: usize,
     visible: usize,
@@ -77,17 +81,20 @@ pub(crate) fn attention_decode_on<T: Elem>(
     let chunk = chunk_rows(visible);
     let chunks = visible.div_ceil(chunk);
     // Per (sequence, chunk, head): the values weighted by exp(score − max), the chunk's max
-    // score and its sum of exp(score − max), then room for the chunk's scores.
+    // score and its sum of exp(score − max), then room for the chunk's scores; per task,
+    // after its heads' partials, room to widen one cached row (none for f32 and bf16).
     let part = dv + 2 + chunk;
+    let room = C::room(s.nk * dk).max(C::room(s.nv * dv));
+    let stride = nq * part + room;
     with_heads(s, |heads| {
         super::with_thread_buffer(&PARTIALS, |buf| {
-            let partials = SharedMut::new(super::ensure(buf, b * chunks * nq * part));
+            let partials = SharedMut::new(super::ensure(buf, b * chunks * stride));
             let run = |task: usize| {
                 let (bi, ci) = (task / chunks, task % chunks);
                 let t0 = ci * chunk;
                 let len = chunk.min(visible - t0);
-                // SAFETY: task (bi, ci) alone writes its nq partials.
-                let out = unsafe { partials.slice(task * nq * part, nq * part) };
+                // SAFETY: task (bi, ci) alone writes its partials and its row's room.
+                let out = unsafe { partials.slice(task * stride, stride) };
                 let (q, row0) = (&q[bi * nq * dk..], bi * tkv + t0);
                 let rows = Rows {
                     k,
@@ -105,7 +112,7 @@ pub(crate) fn attention_decode_on<T: Elem>(
             }
             for bi in 0..b {
                 for j in 0..nq {
-                    let at = |ci: usize| ((bi * chunks + ci) * nq + j) * part;
+                    let at = |ci: usize| (bi * chunks + ci) * stride + j * part;
                     let m = (0..chunks).fold(f32::NEG_INFINITY, |m, ci| m.max(buf[at(ci) + dv]));
                     // Each chunk rescaled from its own max to m, then everything divided by the sum.
                     let oj = &mut o[(bi * nq + j) * dv..][..dv];
@@ -163,9 +170,9 @@ fn with_heads<R>(s: &AttnShape, f: impl FnOnce(&Heads) -> R) -> R {
 
 /// A task's chunk of the cache: `len` rows from `row0` of k and v, and the width of each
 /// head's partial (dv + 2 + the chunk length).
-struct Rows<'a, T> {
-    k: &'a [T],
-    v: &'a [T],
+struct Rows<'a, C> {
+    k: &'a [C],
+    v: &'a [C],
     row0: usize,
     len: usize,
     part: usize,
@@ -193,25 +200,27 @@ macro_rules! shaped {
     };
 }
 
-/// A task's partials, out (NQ, r.part), each phase walking the chunk's cached rows
+/// A task's partials, out (NQ, r.part) and then room to widen a row, each phase walking the
+/// chunk's cached rows
 /// one row at a time, every head over one row before the next: the order they lie in memory,
 /// which the hardware prefetchers stream from DRAM at full speed. Reading a block of rows head
 /// by head instead (a strided column per head) reaches less than half of it, prefetched into
 /// L2 in software or not. A GQA group's query heads (diff_v2's) go together (`Heads`), each
 /// cached row loaded once for them.
-fn chunk_partials<T: Elem>(
+fn chunk_partials<C: KvElem>(
     isa: Option<Isa>,
     out: &mut [f32],
     q: &[f32],
-    r: &Rows<T>,
+    r: &Rows<C>,
     s: &AttnShape,
     heads: &Heads,
 ) {
     let AttnShape { dk, dv, .. } = *s;
     let part = r.part;
     let scale = 1.0 / (dk as f32).sqrt();
+    let (out, room) = out.split_at_mut(s.nq * part);
     // 1. every head's scores, into out[j][dv + 2..]
-    shaped!(scores_rows, heads.group, dk)(isa, out, q, r, s, heads);
+    shaped!(scores_rows, heads.group, dk)(isa, out, room, q, r, s, heads);
     // 2. each head's max m and Σ exp(score − m), the scores turned into those exps
     for o in out.chunks_exact_mut(part) {
         let (stats, sc) = o[dv..].split_at_mut(2);
@@ -222,7 +231,7 @@ fn chunk_partials<T: Elem>(
     }
     // 3. every head's values weighted by its exps, into out[j][..dv]
     out.chunks_exact_mut(part).for_each(|o| o[..dv].fill(0.0));
-    shaped!(values_rows, heads.group, dv)(isa, out, r, s, heads);
+    shaped!(values_rows, heads.group, dv)(isa, out, room, r, s, heads);
 }
 
 /// Phase 1: out[j][dv + 2 + t] = q_j · k_t over the chunk's rows t, for the query heads in
@@ -230,72 +239,121 @@ fn chunk_partials<T: Elem>(
 /// together into their caller, the block kernels before these shared one register
 /// allocation, and standard's single heads decoded 4–5% slower).
 #[inline(never)]
-fn scores_rows<const Q: usize, const N: usize, T: Elem>(
+fn scores_rows<const Q: usize, const N: usize, C: KvElem>(
     isa: Option<Isa>,
     out: &mut [f32],
+    room: &mut [f32],
     q: &[f32],
-    r: &Rows<T>,
+    r: &Rows<C>,
     s: &AttnShape,
     heads: &Heads,
 ) {
     let (dk, kw, part) = (s.dk, s.nk * s.dk, r.part);
     assert!(N == 0 || dk == 16 * N);
     assert!(out.len() >= s.nq * part && q.len() >= s.nq * dk);
-    assert!(r.k.len() >= (r.row0 + r.len) * kw && heads.k_at.iter().all(|&a| a + dk <= kw));
+    assert!(heads.k_at.iter().all(|&a| a + dk <= kw));
+    let blocks = whole_blocks(isa, dk);
     for t in 0..r.len {
-        let row = &r.k[(r.row0 + t) * kw..][..kw];
+        // (slicing checks that the rows are in the cache)
+        let row = C::row(isa, r.k, r.row0 + t, kw, blocks, room);
         for (g, &at) in heads.k_at.iter().enumerate() {
-            let (j0, k) = (g * Q, &row[at..at + dk]);
+            let j0 = g * Q;
             let qs = &q[j0 * dk..(j0 + Q) * dk];
+            let k = match row {
+                Row::Values(row) => &row[at..at + dk],
+                #[cfg(target_arch = "x86_64")]
+                Row::Blocks(row) => {
+                    // SAFETY: blocks are handed out on AVX-512 alone (`whole_blocks`); the
+                    // head's dk values are whole blocks, qs the Q queries' dk each.
+                    let dots = unsafe { dot_tree_q8::<Q>(qs, &row[at / 32..(at + dk) / 32]) };
+                    store_scores(out, dots, j0, part, s.dv + 2 + t);
+                    continue;
+                }
+                #[cfg(not(target_arch = "x86_64"))]
+                Row::Blocks(_) => unreachable!("blocks are read on AVX-512 alone"),
+            };
             // k holds dk values and qs the Q queries' dk each; where N > 0, dk = 16·N (asserted)
             let dots = match isa {
                 #[cfg(target_arch = "x86_64")]
                 // SAFETY: the CPU has AVX-512F (`attention_decode_on` checked); lengths above.
-                Some(Isa::Avx512) => unsafe { super::dot_tree::<Q, N, T>(qs, k, false) },
+                Some(Isa::Avx512) => unsafe { super::dot_tree::<Q, N, C::Elem>(qs, k, false) },
                 #[cfg(target_arch = "x86_64")]
                 // SAFETY: the CPU has AVX2 and FMA (checked likewise); lengths above.
-                Some(Isa::Avx2) => unsafe { super::dot_tree8::<Q, N, T>(qs, k) },
+                Some(Isa::Avx2) => unsafe { super::dot_tree8::<Q, N, C::Elem>(qs, k) },
                 _ => std::array::from_fn(|i| super::dot_elems(&qs[i * dk..(i + 1) * dk], k)),
             };
-            for (i, x) in dots.into_iter().enumerate() {
-                out[(j0 + i) * part + s.dv + 2 + t] = x;
-            }
+            store_scores(out, dots, j0, part, s.dv + 2 + t);
         }
     }
+}
+
+/// Query head j0 + i's score into its partial's column `at`, for each of the Q dots.
+#[inline(always)]
+fn store_scores<const Q: usize>(
+    out: &mut [f32],
+    dots: [f32; Q],
+    j0: usize,
+    part: usize,
+    at: usize,
+) {
+    for (i, x) in dots.into_iter().enumerate() {
+        out[(j0 + i) * part + at] = x;
+    }
+}
+
+/// Whether q8_0 rows are read as blocks, widened as they are loaded: on AVX-512, where each
+/// head of `width` values is whole blocks (else a row is widened into the task's room first).
+fn whole_blocks(isa: Option<Isa>, width: usize) -> bool {
+    isa == Some(Isa::Avx512) && width.is_multiple_of(32)
 }
 
 /// Phase 3: out[j][..dv] += Σ_t p_j[t] · v_t over the chunk's rows t (p_j: the exps in
 /// out[j][dv + 2..]), for the query heads in runs of Q that read one value head. The sums stay
 /// in `out` (a few KiB, in L1) between rows.
 #[inline(never)]
-fn values_rows<const Q: usize, const N: usize, T: Elem>(
+fn values_rows<const Q: usize, const N: usize, C: KvElem>(
     isa: Option<Isa>,
     out: &mut [f32],
-    r: &Rows<T>,
+    room: &mut [f32],
+    r: &Rows<C>,
     s: &AttnShape,
     heads: &Heads,
 ) {
     let (dv, vw, part) = (s.dv, s.nv * s.dv, r.part);
     assert!(N == 0 || dv == 16 * N);
     assert!(out.len() >= s.nq * part);
-    assert!(r.v.len() >= (r.row0 + r.len) * vw && heads.v_at.iter().all(|&a| a + dv <= vw));
+    assert!(heads.v_at.iter().all(|&a| a + dv <= vw));
+    let blocks = whole_blocks(isa, dv);
     for t in 0..r.len {
-        let row = &r.v[(r.row0 + t) * vw..][..vw];
+        let row = C::row(isa, r.v, r.row0 + t, vw, blocks, room);
         for (g, &at) in heads.v_at.iter().enumerate() {
-            let (j0, v) = (g * Q, &row[at..at + dv]);
+            let j0 = g * Q;
             let heads = &mut out[j0 * part..(j0 + Q) * part];
+            let v = match row {
+                Row::Values(row) => &row[at..at + dv],
+                #[cfg(not(target_arch = "x86_64"))]
+                Row::Blocks(_) => unreachable!("blocks are read on AVX-512 alone"),
+                #[cfg(target_arch = "x86_64")]
+                Row::Blocks(row) => {
+                    let v = &row[at / 32..(at + dv) / 32];
+                    // SAFETY: blocks are handed out on AVX-512 alone (`whole_blocks`); heads
+                    // holds Q partials of part ≥ dv values, dv + 2 + t < part.
+                    unsafe { weighted_row_q8::<Q>(heads, part, dv + 2 + t, v) };
+                    continue;
+                }
+            };
             // heads holds Q partials of dv + 2 + the chunk's length, t < that length, and v
             // holds dv values; where N > 0, dv = 16·N (asserted)
             match isa {
                 #[cfg(target_arch = "x86_64")]
                 // SAFETY: the CPU has AVX-512F (`attention_decode_on` checked); lengths above.
                 Some(Isa::Avx512) => unsafe {
-                    weighted_row_avx512::<Q, N, T>(heads, part, dv + 2 + t, v)
+                    weighted_row_avx512::<Q, N, C::Elem>(heads, part, dv + 2 + t, v)
                 },
                 #[cfg(target_arch = "x86_64")]
                 // SAFETY: the CPU has AVX2 and FMA (checked likewise); lengths above.
                 Some(Isa::Avx2) => unsafe {
-                    weighted_row_avx2::<Q, N, T>(heads, part, dv + 2 + t, v)
+                    weighted_row_avx2::<Q, N, C::Elem>(heads, part, dv + 2 + t, v)
                 },
                 _ => {
                     for o in heads.chunks_exact_mut(part) {
@@ -335,6 +393,85 @@ unsafe fn weighted_row_avx512<const Q: usize, const N: usize, T: Elem>(
             for (i, p) in p.iter().enumerate() {
                 let a = heads.as_mut_ptr().add(i * part + c);
                 _mm512_mask_storeu_ps(a, m, _mm512_fmadd_ps(*p, x, _mm512_maskz_loadu_ps(m, a)));
+            }
+        }
+    }
+}
+
+/// A q8_0 block's 16 values from `h` (0 or 16) as `Q8Block::widen` gives them: quants
+/// sign-extended, converted, times the block's scale.
+///
+/// # Safety
+/// AVX-512F; h ≤ 16.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn load16_q8(b: &Q8Block, h: usize) -> std::arch::x86_64::__m512 {
+    use std::arch::x86_64::*;
+    // SAFETY: the 16 quants from h ≤ 16 lie inside the block's 32.
+    let q = unsafe { _mm_loadu_si128(b.qs.as_ptr().add(h).cast()) };
+    _mm512_mul_ps(
+        _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)),
+        _mm512_set1_ps(b.d),
+    )
+}
+
+/// `dot_tree` over a head of q8_0 blocks, each loaded as `load16_q8` widens it: the same
+/// FMAs and sums as `dot_tree` over the widened values, bit for bit.
+///
+/// # Safety
+/// AVX-512F; xs holds Q · 32 · w.len() values.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn dot_tree_q8<const Q: usize>(xs: &[f32], w: &[Q8Block]) -> [f32; Q] {
+    use std::arch::x86_64::*;
+    let len = 32 * w.len();
+    assert!(xs.len() >= Q * len);
+    let mut acc = [_mm512_setzero_ps(); Q];
+    for (p, b) in (0..len)
+        .step_by(16)
+        .zip(w.iter().flat_map(|b| [(b, 0), (b, 16)]))
+    {
+        // SAFETY: h is 0 or 16; each x row has 16 values from p < len (asserted above).
+        unsafe {
+            let wv = load16_q8(b.0, b.1);
+            for (i, a) in acc.iter_mut().enumerate() {
+                let xv = _mm512_loadu_ps(xs.as_ptr().add(i * len + p));
+                *a = _mm512_fmadd_ps(wv, xv, *a);
+            }
+        }
+    }
+    acc.map(|a| super::sum_lanes_tree(a))
+}
+
+/// `weighted_row_avx512` over a head of q8_0 blocks, each loaded as `load16_q8` widens it:
+/// the same FMAs, bit for bit.
+///
+/// # Safety
+/// AVX-512F; heads holds Q partials of `part` ≥ 32 · v.len() values, at < part.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn weighted_row_q8<const Q: usize>(
+    heads: &mut [f32],
+    part: usize,
+    at: usize,
+    v: &[Q8Block],
+) {
+    use std::arch::x86_64::*;
+    assert!(heads.len() >= Q * part && at < part && 32 * v.len() <= part);
+    let p: [__m512; Q] = std::array::from_fn(|i| _mm512_set1_ps(heads[i * part + at]));
+    for (c, b) in (0..32 * v.len())
+        .step_by(16)
+        .zip(v.iter().flat_map(|b| [(b, 0), (b, 16)]))
+    {
+        // SAFETY: h is 0 or 16; c + 16 ≤ 32 · v.len() ≤ part values of each partial.
+        unsafe {
+            let x = load16_q8(b.0, b.1);
+            for (i, p) in p.iter().enumerate() {
+                let a = heads.as_mut_ptr().add(i * part + c);
+                _mm512_storeu_ps(a, _mm512_fmadd_ps(*p, x, _mm512_loadu_ps(a)));
             }
         }
     }
@@ -383,14 +520,16 @@ mod tests {
     use super::*;
     use half::bf16;
 
-    /// A bf16 cache decodes exactly as an f32 cache holding the same (widened) values, on the
-    /// portable loops and on each vector unit's the CPU has (AVX-512, AVX2), which agree with
-    /// the portable ones to rounding: ragged head widths (dk 20 and 24, dv 40, 12 and 8: on
-    /// AVX2 a pair of blocks of eight, a lone block, a tail) and the unrolled ones (32, 64,
-    /// 128), a last chunk of 13 rows (77 cached) and chunks of 64 (600 cached), GQA groups of
-    /// 4, 2 and 1, two sequences.
+    /// A bf16 or q8_0 cache decodes exactly as an f32 cache holding the same (widened) values,
+    /// on the portable loops and on each vector unit's the CPU has (AVX-512, AVX2), which agree
+    /// with the portable ones to rounding: ragged head widths (dk 20 and 24, dv 40, 12 and 8:
+    /// on AVX2 a pair of blocks of eight, a lone block, a tail; q8_0 rows widened first, heads
+    /// across blocks) and the unrolled ones (32, 64, 128: q8_0 read as blocks on AVX-512), a
+    /// last chunk of 13 rows (77 cached) and chunks of 64 (600 cached), GQA groups of 4, 2 and
+    /// 1, two sequences.
     #[test]
-    fn bf16_caches_decode_as_their_widened_values_on_every_path() {
+    fn bf16_and_q8_caches_decode_as_their_widened_values_on_every_path() {
+        use crate::kernels::Q8Block;
         let paths: Vec<Option<Isa>> = Isa::available_all().map(Some).collect();
         let mut seed = 1u32;
         let mut rand = |n: usize| -> Vec<f32> {
@@ -401,6 +540,15 @@ mod tests {
                 })
                 .collect()
         };
+        /// x's rows of `width` as C's entries, and the f32 values they stand for.
+        fn cached<C: KvElem>(x: &[f32], width: usize) -> (Vec<C>, Vec<f32>) {
+            let rows = x.len() / width;
+            let mut c = vec![C::default(); rows * C::entries(width)];
+            C::store(&mut c, x, width);
+            let mut f = vec![0f32; x.len()];
+            C::widen(None, &c, rows, width, &mut f);
+            (c, f)
+        }
         let b = 2;
         for (tkv, nq, nk, nv, dk, dv) in [
             (77, 8, 2, 2, 20, 40),
@@ -419,35 +567,34 @@ mod tests {
                 diff_pairs: false,
             };
             let q = rand(b * nq * dk);
-            let kb: Vec<bf16> = rand(b * tkv * nk * dk)
-                .into_iter()
-                .map(bf16::narrow)
-                .collect();
-            let vb: Vec<bf16> = rand(b * tkv * nv * dv)
-                .into_iter()
-                .map(bf16::narrow)
-                .collect();
-            let (kf, vf): (Vec<f32>, Vec<f32>) = (
-                kb.iter().map(|x| x.widen()).collect(),
-                vb.iter().map(|x| x.widen()).collect(),
-            );
-            let run = |isa: Option<Isa>, bf: bool| {
+            let (kx, vx) = (rand(b * tkv * nk * dk), rand(b * tkv * nv * dv));
+            let run = |isa: Option<Isa>, k: &[f32], v: &[f32]| {
                 let (mut o, mut lse) = (vec![0f32; b * nq * dv], vec![0f32; b * nq]);
-                match bf {
-                    true => {
-                        attention_decode_on(isa, &mut o, &mut lse, &q, &kb, &vb, b, tkv, tkv, &s)
-                    }
-                    false => {
-                        attention_decode_on(isa, &mut o, &mut lse, &q, &kf, &vf, b, tkv, tkv, &s)
-                    }
-                }
+                attention_decode_on(isa, &mut o, &mut lse, &q, k, v, b, tkv, tkv, &s);
                 (o, lse)
             };
-            let portable = run(None, false);
+            fn run_c<C: KvElem>(
+                isa: Option<Isa>,
+                (q, k, v): (&[f32], &[C], &[C]),
+                (b, tkv, s): (usize, usize, &AttnShape),
+            ) -> (Vec<f32>, Vec<f32>) {
+                let (mut o, mut lse) = (vec![0f32; b * s.nq * s.dv], vec![0f32; b * s.nq]);
+                attention_decode_on(isa, &mut o, &mut lse, q, k, v, b, tkv, tkv, s);
+                (o, lse)
+            }
+            let (kb, kbf) = cached::<bf16>(&kx, nk * dk);
+            let (vb, vbf) = cached::<bf16>(&vx, nv * dv);
+            let (k8, k8f) = cached::<Q8Block>(&kx, nk * dk);
+            let (v8, v8f) = cached::<Q8Block>(&vx, nv * dv);
+            assert!(kbf != k8f && k8f != kx, "{s:?}: the three caches differ");
+            let portable = run(None, &kbf, &vbf);
             assert!(portable.0.iter().any(|&x| x != 0.0));
-            for &isa in &paths {
-                let f = run(isa, false);
-                assert_eq!(run(isa, true), f, "{s:?} {isa:?}: bf16 vs widened f32");
+            for &isa in paths.iter().chain([&None]) {
+                let f = run(isa, &kbf, &vbf);
+                let shape = (b, tkv, &s);
+                assert_eq!(run_c(isa, (&q, &kb, &vb), shape), f, "{s:?} {isa:?}: bf16");
+                let f8 = run(isa, &k8f, &v8f);
+                assert_eq!(run_c(isa, (&q, &k8, &v8), shape), f8, "{s:?} {isa:?}: q8_0");
                 for (a, b) in
                     f.0.iter()
                         .chain(&f.1)

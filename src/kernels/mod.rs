@@ -6,6 +6,7 @@
 //! - gemm/: every matrix product (the AVX-512 f32 and bf16 engines, the attention's small
 //!   products) and the linear layers over them; `precision.rs` picks f32 or bf16;
 //! - attention*.rs: the flash-style causal attention (training, prefill, decoding, low-bit);
+//!   kv_rows.rs: what a KV cache keeps its rows in (f32, bf16, q8_0 blocks);
 //! - rmsnorm, rope, swiglu, embedding, cross_entropy, adamw: one op each;
 //! - simd.rs: vector helpers, fast exp; scratch.rs: thread buffers, sizing, huge pages;
 //!   shared.rs: `Grad`, `SharedMut`; pool.rs: running on the rayon pool.
@@ -20,6 +21,7 @@ mod attention_scores;
 pub mod cross_entropy;
 pub mod embedding;
 pub mod gemm;
+mod kv_rows;
 mod pool;
 pub mod precision;
 pub mod quant;
@@ -31,6 +33,7 @@ mod simd;
 pub mod swiglu;
 
 pub use attention::attention_cached;
+pub use kv_rows::{KvElem, Q8Block, Row};
 pub use pool::on_pool;
 pub use precision::Precision;
 pub(crate) use scratch::{ensure, ensure_aligned, with_thread_buffer, ROW_CHUNK};
@@ -43,7 +46,8 @@ pub use simd::{
 };
 #[cfg(target_arch = "x86_64")]
 pub(crate) use simd::{
-    dot_grid, dot_tree, dot_tree8, exp_nonpos16, lane_mask, load16, load8, transpose16,
+    dot_grid, dot_tree, dot_tree8, exp_nonpos16, lane_mask, load16, load8, sum_lanes_tree,
+    transpose16,
 };
 pub(crate) use simd::{prefetch, prefetch_stream};
 pub use simd::{Elem, NextLines};

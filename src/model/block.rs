@@ -21,7 +21,7 @@ use crate::kernels::rmsnorm::{rmsnorm_backward, rmsnorm_forward};
 use crate::kernels::rope::{rope_backward, rope_forward, RopeTable};
 use crate::kernels::sigmoid;
 use crate::kernels::swiglu::{swiglu_backward, swiglu_forward};
-use crate::kernels::{attention_cached, Elem, Grad, Precision};
+use crate::kernels::{attention_cached, Grad, KvElem, Precision};
 
 /// Sizes shared by every block of one model.
 #[derive(Clone, Copy, Debug)]
@@ -444,6 +444,7 @@ impl Layer<'_> {
             match &mut cache.store {
                 Store::F32(rows) => self.attend_rows(o, lse, q, qkv, rows, bi, t, pos0[bi]),
                 Store::Bf16(rows) => self.attend_rows(o, lse, q, qkv, rows, bi, t, pos0[bi]),
+                Store::Q8(rows) => self.attend_rows(o, lse, q, qkv, rows, bi, t, pos0[bi]),
             }
         };
         let b = caches.len();
@@ -462,13 +463,13 @@ impl Layer<'_> {
     /// written at `at`, then its queries q over rows 0..at + t.
     // one sequence's slices of o, lse, q, the new (q, k, v), its cache and where it stands
     #[allow(clippy::too_many_arguments)]
-    fn attend_rows<T: Elem>(
+    fn attend_rows<C: KvElem>(
         &self,
         o: &mut [f32],
         lse: &mut [f32],
         q: &[f32],
         (_, k, v): (&[f32], &[f32], &[f32]),
-        rows: &mut Rows<T>,
+        rows: &mut Rows<C>,
         bi: usize,
         t: usize,
         at: usize,
@@ -476,13 +477,10 @@ impl Layer<'_> {
         let (d, layer) = (self.d, self.index);
         let (kw, vw) = (d.k_width(), d.v_width());
         let (kc, vc) = (&mut rows.k[layer], &mut rows.v[layer]);
-        let new = |w: usize| at * w..(at + t) * w;
-        for (c, x) in kc[new(kw)].iter_mut().zip(&k[bi * t * kw..]) {
-            *c = T::narrow(*x);
-        }
-        for (c, x) in vc[new(vw)].iter_mut().zip(&v[bi * t * vw..]) {
-            *c = T::narrow(*x);
-        }
+        // a row of w values is C::entries(w) entries of the cache
+        let new = |w: usize| at * C::entries(w)..(at + t) * C::entries(w);
+        C::store(&mut kc[new(kw)], &k[bi * t * kw..(bi + 1) * t * kw], kw);
+        C::store(&mut vc[new(vw)], &v[bi * t * vw..(bi + 1) * t * vw], vw);
         attention_cached(o, lse, q, kc, vc, t, at, &d.shape, self.precision);
     }
 

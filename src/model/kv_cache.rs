@@ -1,11 +1,13 @@
 //! The KV cache of one sequence: every layer's rotated keys and values so far, so that each new
 //! token attends to the prefix in O(T) without recomputing it. The rows are f32, or bf16
 //! (`--kv-cache bf16`: half the bytes that each decoding step reads, the values rounded to
-//! nearest even as they are written, widened again as attention loads them).
+//! nearest even as they are written, widened again as attention loads them), or q8_0
+//! (`--kv-cache q8_0`: blocks of 32 int8 quants with an f32 scale, 1.125 bytes a value, as
+//! Q8_0 rounds; widened as attention loads them, `kernels::KvElem`).
 
 use super::Model;
 use crate::config::ModelConfig;
-use crate::kernels::Elem;
+use crate::kernels::{KvElem, Q8Block};
 use half::bf16;
 
 /// The element type of a KV cache's rows: a model's `kv_cache` setting, which every cache made
@@ -15,23 +17,29 @@ pub enum KvKind {
     #[default]
     F32,
     Bf16,
+    Q8_0,
 }
 
 impl KvKind {
-    pub const ALL: [KvKind; 2] = [KvKind::F32, KvKind::Bf16];
+    pub const ALL: [KvKind; 3] = [KvKind::F32, KvKind::Bf16, KvKind::Q8_0];
 
     pub fn as_str(self) -> &'static str {
         match self {
             KvKind::F32 => "f32",
             KvKind::Bf16 => "bf16",
+            KvKind::Q8_0 => "q8_0",
         }
     }
 
-    /// Bytes per cached value.
-    pub fn bytes(self) -> usize {
+    /// Bytes a cached row of `width` values takes.
+    pub fn row_bytes(self, width: usize) -> usize {
+        fn of<C: KvElem>(width: usize) -> usize {
+            C::BYTES * C::entries(width)
+        }
         match self {
-            KvKind::F32 => f32::BYTES,
-            KvKind::Bf16 => bf16::BYTES,
+            KvKind::F32 => of::<f32>(width),
+            KvKind::Bf16 => of::<bf16>(width),
+            KvKind::Q8_0 => of::<Q8Block>(width),
         }
     }
 }
@@ -48,33 +56,37 @@ impl std::str::FromStr for KvKind {
         KvKind::ALL
             .into_iter()
             .find(|k| k.as_str() == s)
-            .ok_or_else(|| format!("unknown KV cache type `{s}` (expected f32 or bf16)"))
+            .ok_or_else(|| format!("unknown KV cache type `{s}` (expected f32, bf16 or q8_0)"))
     }
 }
 
-/// Per layer, (capacity, NK, DK) rotated keys and (capacity, NV, DV) values.
-pub(crate) struct Rows<T> {
-    pub k: Vec<Vec<T>>,
-    pub v: Vec<Vec<T>>,
+/// Per layer, (capacity, NK, DK) rotated keys and (capacity, NV, DV) values, a row of w
+/// values as `C::entries(w)` entries.
+pub(crate) struct Rows<C> {
+    pub k: Vec<Vec<C>>,
+    pub v: Vec<Vec<C>>,
 }
 
-impl<T: Elem> Rows<T> {
-    fn new(layers: usize, keys: usize, values: usize) -> Self {
+impl<C: KvElem> Rows<C> {
+    /// Rows for `capacity` tokens of `layers` layers, keys and values `widths` wide.
+    fn new(layers: usize, capacity: usize, (kw, vw): (usize, usize)) -> Self {
+        let zeros = |w: usize| vec![C::default(); capacity * C::entries(w)];
         Rows {
-            k: (0..layers).map(|_| vec![T::default(); keys]).collect(),
-            v: (0..layers).map(|_| vec![T::default(); values]).collect(),
+            k: (0..layers).map(|_| zeros(kw)).collect(),
+            v: (0..layers).map(|_| zeros(vw)).collect(),
         }
     }
 
-    fn len(&self) -> usize {
-        self.k.iter().chain(&self.v).map(|x| x.len()).sum()
+    fn bytes(&self) -> usize {
+        C::BYTES * self.k.iter().chain(&self.v).map(|x| x.len()).sum::<usize>()
     }
 }
 
-/// The rows in the cache's element type.
+/// The rows in the cache's entry type.
 pub(crate) enum Store {
     F32(Rows<f32>),
     Bf16(Rows<bf16>),
+    Q8(Rows<Q8Block>),
 }
 
 pub struct KvCache {
@@ -92,16 +104,15 @@ impl KvCache {
     pub fn new(model: &Model, capacity: usize) -> Self {
         let c = &model.config;
         let capacity = capacity.min(c.max_position_embeddings);
-        let layers = c.num_hidden_layers;
-        let (kw, vw) = Self::widths(c);
-        let (kw, vw) = (capacity * kw, capacity * vw);
+        let (layers, widths) = (c.num_hidden_layers, Self::widths(c));
         KvCache {
             capacity,
             len: 0,
             kind: model.kv_cache,
             store: match model.kv_cache {
-                KvKind::F32 => Store::F32(Rows::new(layers, kw, vw)),
-                KvKind::Bf16 => Store::Bf16(Rows::new(layers, kw, vw)),
+                KvKind::F32 => Store::F32(Rows::new(layers, capacity, widths)),
+                KvKind::Bf16 => Store::Bf16(Rows::new(layers, capacity, widths)),
+                KvKind::Q8_0 => Store::Q8(Rows::new(layers, capacity, widths)),
             },
         }
     }
@@ -115,7 +126,7 @@ impl KvCache {
     }
 
     /// Bytes of `KvCache::new(model, capacity)` for a model of `config` with f32 rows (a
-    /// bf16 cache takes half), computable before allocating (saturating: an overflow reads as
+    /// bf16 cache takes half, a q8_0 one 9/32), computable before allocating (saturating: an overflow reads as
     /// `usize::MAX`).
     pub fn bytes_for(config: &ModelConfig, capacity: usize) -> usize {
         let (kw, vw) = Self::widths(config);
@@ -133,8 +144,9 @@ impl KvCache {
 
     pub fn bytes(&self) -> usize {
         match &self.store {
-            Store::F32(r) => f32::BYTES * r.len(),
-            Store::Bf16(r) => bf16::BYTES * r.len(),
+            Store::F32(r) => r.bytes(),
+            Store::Bf16(r) => r.bytes(),
+            Store::Q8(r) => r.bytes(),
         }
     }
 }

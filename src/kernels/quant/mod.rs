@@ -42,6 +42,8 @@ mod avx2;
 pub mod block;
 #[cfg(target_arch = "x86_64")]
 mod vnni;
+#[cfg(target_arch = "x86_64")]
+pub(crate) use vnni::block_quants;
 
 use crate::kernels::NextLines;
 pub use block::{dequantize, quantize, QuantKind, BLOCK};

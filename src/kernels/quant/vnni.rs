@@ -194,9 +194,7 @@ pub(super) unsafe fn quantize_row(
             let p = x.as_ptr().add(b * BLOCK);
             [_mm512_loadu_ps(p), _mm512_loadu_ps(p.add(16))]
         };
-        let amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v[0]), _mm512_abs_ps(v[1])));
-        let (scale, id) = super::block::q8_scale(amax);
-        let q = v.map(|v| round_away(_mm512_mul_ps(v, _mm512_set1_ps(id))));
+        let (scale, q) = block_quants(v);
         for (h, q) in q.iter().enumerate() {
             // elements 16h..16h + 16, four at a time to their chunks (`x_at`); the conversion
             // saturates, as `as i8` does
@@ -216,6 +214,19 @@ pub(super) unsafe fn quantize_row(
         d[b] = scale;
         corr[b] = -offset * sum;
     }
+}
+
+/// A block's 32 values (two vectors of 16) by Q8_0's rule (`block::q8_scale`, `f32::round`):
+/// its scale and its quants as int32 lanes. The inputs' quantiser and the q8_0 KV cache's
+/// (`kernels::Q8Block`) both take it.
+#[target_feature(enable = "avx512f")]
+pub(crate) fn block_quants(v: [__m512; 2]) -> (f32, [__m512i; 2]) {
+    let amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v[0]), _mm512_abs_ps(v[1])));
+    let (scale, id) = super::block::q8_scale(amax);
+    (
+        scale,
+        v.map(|v| round_away(_mm512_mul_ps(v, _mm512_set1_ps(id)))),
+    )
 }
 
 /// `f32::round` (half away from zero) of each lane, as int32: the truncation, plus one step

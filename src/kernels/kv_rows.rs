@@ -1,0 +1,334 @@
+//! What a KV cache keeps its rows in, and how attention reads them back: f32 or bf16 values,
+//! which the loops read in place (`Elem`: bf16 widened as it is loaded), or `Q8Block`s
+//! (`--kv-cache q8_0`): 32 int8 quants and one f32 scale, 1.125 bytes a value, rounded by
+//! Q8_0's rule (`d = max|x|/127`, `q = round(x/d)`, the weights' and the inputs' rule too).
+//! A decoding step widens each q8_0 row into a buffer that stays in L1 and runs the f32 loops
+//! over it, so memory sees only the blocks; a prefill widens the rows it attends to once.
+
+use super::gemm::cpu::Isa;
+use super::quant::block::q8_scale;
+use super::quant::BLOCK;
+use super::Elem;
+
+/// A KV cache's entry type: what `attention_cached` reads and `store` writes.
+pub trait KvElem: Copy + Default + Send + Sync + 'static {
+    /// What the attention loops read from a row: the value itself, or f32 widened from blocks.
+    type Elem: Elem;
+    /// Bytes per entry.
+    const BYTES: usize;
+    /// Entries a row of `width` values takes.
+    fn entries(width: usize) -> usize;
+    /// Room (f32 values) a reader needs to widen one row of `width` values: 0 where the loops
+    /// read rows in place.
+    fn room(width: usize) -> usize;
+    /// The rows of `width` values in `x`, written as entries into `dst` (as many rows).
+    fn store(dst: &mut [Self], x: &[f32], width: usize);
+    /// The first `rows` rows of `width` values in `src`, widened to f32 into `out`.
+    fn widen(isa: Option<Isa>, src: &[Self], rows: usize, width: usize, out: &mut [f32]);
+    /// The entries themselves where they are f32 (read in place), else `None`.
+    fn as_f32(x: &[Self]) -> Option<&[f32]>;
+    /// Row `r` of `width` values as the loops read it: its values in place, its blocks where
+    /// the caller reads blocks (`blocks`: AVX-512, heads of whole blocks), else its values
+    /// widened into `buf` (`room(width)` values).
+    fn row<'a>(
+        isa: Option<Isa>,
+        src: &'a [Self],
+        r: usize,
+        width: usize,
+        blocks: bool,
+        buf: &'a mut [f32],
+    ) -> Row<'a, Self::Elem>;
+}
+
+/// A cached row as the decoding loops read it.
+#[derive(Clone, Copy)]
+pub enum Row<'a, E> {
+    /// values, f32 or bf16
+    Values(&'a [E]),
+    /// q8_0 blocks, widened as they are loaded
+    Blocks(&'a [Q8Block]),
+}
+
+/// f32 and bf16: a row is its values, read where they lie.
+macro_rules! in_place {
+    ($t:ty) => {
+        impl KvElem for $t {
+            type Elem = $t;
+            const BYTES: usize = <$t as Elem>::BYTES;
+            fn entries(width: usize) -> usize {
+                width
+            }
+            fn room(_: usize) -> usize {
+                0
+            }
+            fn store(dst: &mut [Self], x: &[f32], _: usize) {
+                dst.iter_mut()
+                    .zip(x)
+                    .for_each(|(d, &x)| *d = <$t>::narrow(x));
+            }
+            fn widen(_: Option<Isa>, src: &[Self], rows: usize, width: usize, out: &mut [f32]) {
+                let n = rows * width;
+                out[..n]
+                    .iter_mut()
+                    .zip(&src[..n])
+                    .for_each(|(d, x)| *d = x.widen());
+            }
+            fn as_f32(x: &[Self]) -> Option<&[f32]> {
+                <$t as Elem>::as_f32(x)
+            }
+            #[inline(always)]
+            fn row<'a>(
+                _: Option<Isa>,
+                src: &'a [Self],
+                r: usize,
+                w: usize,
+                _: bool,
+                _: &'a mut [f32],
+            ) -> Row<'a, $t> {
+                Row::Values(&src[r * w..(r + 1) * w])
+            }
+        }
+    };
+}
+in_place!(f32);
+in_place!(half::bf16);
+
+/// 32 values of a cached row as int8 quants and their f32 scale: values `q · d`. A row of a
+/// width that is not a multiple of 32 ends in a block padded with zeros.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[repr(C)]
+pub struct Q8Block {
+    pub d: f32,
+    pub qs: [i8; BLOCK],
+}
+
+impl Q8Block {
+    /// Up to 32 values (zeros past them) as one block.
+    pub fn quantize(x: &[f32]) -> Q8Block {
+        let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let (d, id) = q8_scale(amax);
+        let mut qs = [0i8; BLOCK];
+        qs.iter_mut()
+            .zip(x)
+            .for_each(|(q, &v)| *q = (v * id).round() as i8);
+        Q8Block { d, qs }
+    }
+}
+
+impl KvElem for Q8Block {
+    type Elem = f32;
+    const BYTES: usize = std::mem::size_of::<Q8Block>();
+    fn entries(width: usize) -> usize {
+        width.div_ceil(BLOCK)
+    }
+    fn room(width: usize) -> usize {
+        width
+    }
+    fn store(dst: &mut [Self], x: &[f32], width: usize) {
+        #[cfg(target_arch = "x86_64")]
+        if Isa::Avx512.available() {
+            // SAFETY: the CPU has AVX-512F.
+            return unsafe { store_avx512(dst, x, width) };
+        }
+        store_blocks(dst, x, width)
+    }
+    fn widen(isa: Option<Isa>, src: &[Self], rows: usize, width: usize, out: &mut [f32]) {
+        let e = Self::entries(width);
+        let (src, out) = (&src[..rows * e], &mut out[..rows * width]);
+        match isa {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `Isa` values name units the CPU has (`Isa::available`).
+            Some(Isa::Avx512) => unsafe { widen_avx512(src, e, width, out) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: likewise.
+            Some(Isa::Avx2) => unsafe { widen_avx2(src, e, width, out) },
+            _ => widen_blocks(src, e, width, out),
+        }
+    }
+    fn as_f32(_: &[Self]) -> Option<&[f32]> {
+        None
+    }
+    #[inline(always)]
+    fn row<'a>(
+        isa: Option<Isa>,
+        src: &'a [Self],
+        r: usize,
+        width: usize,
+        blocks: bool,
+        buf: &'a mut [f32],
+    ) -> Row<'a, f32> {
+        let e = Self::entries(width);
+        let row = &src[r * e..(r + 1) * e];
+        if blocks {
+            return Row::Blocks(row);
+        }
+        Self::widen(isa, row, 1, width, buf);
+        Row::Values(&buf[..width])
+    }
+}
+
+/// The rows of `width` values in `x` as blocks into `dst`, each row's last block padded with
+/// zeros.
+fn store_blocks(dst: &mut [Q8Block], x: &[f32], width: usize) {
+    let rows = dst
+        .chunks_exact_mut(Q8Block::entries(width))
+        .zip(x.chunks_exact(width));
+    for (blocks, x) in rows {
+        let parts = blocks.iter_mut().zip(x.chunks(BLOCK));
+        parts.for_each(|(b, x)| *b = Q8Block::quantize(x));
+    }
+}
+
+/// `store_blocks` sixteen lanes at a time (the inputs' quantiser's arithmetic,
+/// `quant::block_quants`: the same blocks).
+///
+/// # Safety
+/// AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn store_avx512(dst: &mut [Q8Block], x: &[f32], width: usize) {
+    use std::arch::x86_64::*;
+    let rows = dst
+        .chunks_exact_mut(Q8Block::entries(width))
+        .zip(x.chunks_exact(width));
+    for (blocks, x) in rows {
+        for (b, x) in blocks.iter_mut().zip(x.chunks(BLOCK)) {
+            // SAFETY: the masked loads read the x.len() ≤ 32 values of x alone (zeros past).
+            let v = unsafe {
+                let n = x.len();
+                [
+                    _mm512_maskz_loadu_ps(super::lane_mask(n), x.as_ptr()),
+                    _mm512_maskz_loadu_ps(
+                        super::lane_mask(n.saturating_sub(16)),
+                        x.as_ptr().add(16.min(n)),
+                    ),
+                ]
+            };
+            let (d, q) = super::quant::block_quants(v);
+            b.d = d;
+            for (h, q) in q.into_iter().enumerate() {
+                // SAFETY: 16 quants at 16h ≤ 16 of the block's 32.
+                unsafe {
+                    _mm_storeu_si128(
+                        b.qs.as_mut_ptr().add(16 * h).cast(),
+                        _mm512_cvtsepi32_epi8(q),
+                    )
+                };
+            }
+        }
+    }
+}
+
+/// Each row's `e` blocks into its `width` values of `out`: written so that the compiler
+/// vectorises it for the unit of the function it is inlined into (a sign extension, a
+/// conversion and a multiply per 16 values on AVX-512), whole blocks in straight lines.
+#[inline(always)]
+fn widen_blocks(src: &[Q8Block], e: usize, width: usize, out: &mut [f32]) {
+    #[inline(always)]
+    fn widen<const W: usize>(b: &Q8Block, out: &mut [f32; W]) {
+        out.iter_mut()
+            .zip(&b.qs)
+            .for_each(|(o, &q)| *o = q as f32 * b.d);
+    }
+    for (blocks, out) in src.chunks_exact(e).zip(out.chunks_exact_mut(width)) {
+        let (whole, tail) = out.split_at_mut(width / BLOCK * BLOCK);
+        let (whole, ragged) = (whole.as_chunks_mut::<BLOCK>().0, blocks.last());
+        blocks.iter().zip(whole).for_each(|(b, o)| widen(b, o));
+        if let (Some(b), false) = (ragged, tail.is_empty()) {
+            tail.iter_mut()
+                .zip(&b.qs)
+                .for_each(|(o, &q)| *o = q as f32 * b.d);
+        }
+    }
+}
+
+/// `widen_blocks` compiled for AVX-512F.
+///
+/// # Safety
+/// AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn widen_avx512(src: &[Q8Block], e: usize, width: usize, out: &mut [f32]) {
+    widen_blocks(src, e, width, out)
+}
+
+/// `widen_blocks` compiled for AVX2.
+///
+/// # Safety
+/// AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn widen_avx2(src: &[Q8Block], e: usize, width: usize, out: &mut [f32]) {
+    widen_blocks(src, e, width, out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Rows of ragged and whole widths quantise by Q8_0's rule (within half a step of each
+    /// value, the largest magnitude exact, a zero block all zeros), to the same blocks on
+    /// AVX-512 and in the scalar loop, and widen to the same f32 on every unit the CPU has and
+    /// on the portable loop.
+    #[test]
+    fn q8_rows_round_by_q8_0s_rule_and_widen_alike_on_every_path() {
+        let mut seed = 7u32;
+        let mut rand = |n: usize| -> Vec<f32> {
+            (0..n)
+                .map(|_| {
+                    seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                    (seed >> 8) as f32 / (1 << 24) as f32 * 6.0 - 3.0
+                })
+                .collect()
+        };
+        for width in [8, 20, 32, 40, 64, 100, 128] {
+            let rows = 5;
+            let mut x = rand(rows * width);
+            x[width..2 * width].fill(0.0);
+            let mut blocks = vec![Q8Block::default(); rows * Q8Block::entries(width)];
+            Q8Block::store(&mut blocks, &x, width);
+            // the vector quantiser (where the CPU has AVX-512) writes the scalar one's blocks
+            let mut scalar = vec![Q8Block::default(); blocks.len()];
+            store_blocks(&mut scalar, &x, width);
+            assert_eq!(blocks, scalar, "{width}");
+            let mut want = vec![0f32; rows * width];
+            Q8Block::widen(None, &blocks, rows, width, &mut want);
+            for (r, (x, y)) in x.chunks(width).zip(want.chunks(width)).enumerate() {
+                for (xb, yb) in x.chunks(BLOCK).zip(y.chunks(BLOCK)) {
+                    let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
+                    let step = amax / 127.0;
+                    for (a, b) in xb.iter().zip(yb) {
+                        assert!(
+                            (a - b).abs() <= 0.5 * step * 1.0001,
+                            "{width} {r}: {a} vs {b}"
+                        );
+                        if a.abs() == amax {
+                            assert!(
+                                (a - b).abs() <= 1e-6 * amax,
+                                "{width}: the largest, {a} {b}"
+                            );
+                        }
+                    }
+                }
+                if r == 1 {
+                    assert!(y.iter().all(|&v| v == 0.0));
+                }
+            }
+            for isa in Isa::available_all() {
+                let mut got = vec![0f32; rows * width];
+                Q8Block::widen(Some(isa), &blocks, rows, width, &mut got);
+                assert_eq!(got, want, "{width} {isa:?}");
+                let mut buf = vec![0f32; Q8Block::room(width)];
+                match Q8Block::row(Some(isa), &blocks, 3, width, false, &mut buf) {
+                    Row::Values(v) => assert_eq!(v, &want[3 * width..4 * width]),
+                    Row::Blocks(_) => panic!("{width}: blocks where values were asked for"),
+                }
+                let e = Q8Block::entries(width);
+                match Q8Block::row(Some(isa), &blocks, 3, width, true, &mut buf) {
+                    Row::Blocks(b) => assert_eq!(b, &blocks[3 * e..4 * e]),
+                    Row::Values(_) => panic!("{width}: values where blocks were asked for"),
+                }
+            }
+        }
+    }
+}
