@@ -20,6 +20,11 @@ pub struct EvalArgs {
     /// Windows evaluated at once.
     #[arg(long, default_value_t = 8)]
     pub batch: usize,
+    /// With bf16 or q8_0, each window runs through a KV cache of that type, as `generate` and
+    /// `serve` run a prompt: the loss the cache's rounding costs. The default f32 scores
+    /// without a cache (the same numbers, up to rounding).
+    #[arg(long, default_value = "f32")]
+    pub kv_cache: String,
     /// Print one JSON object {"loss", "perplexity", "tokens", "bits_per_byte", "bytes"} on
     /// stdout (bits per byte compare models with different tokenizers).
     #[arg(long)]
@@ -28,8 +33,10 @@ pub struct EvalArgs {
 
 pub fn run(a: EvalArgs, precision: difftx::kernels::Precision) -> Result<()> {
     let quant = super::quant_kind(a.quant.as_deref())?;
+    let kv_cache = super::kv_kind(&a.kv_cache)?;
     let (mut model, dir) = super::load_model(&a.model, precision)?;
     super::quantize(&mut model, quant);
+    model.kv_cache = kv_cache;
     let tok = Tokenizer::for_model(&dir, &model.config)?;
     let (text, ids) = scored_text(&a.data, &tok)?;
     let pb = progress(0, "eval");
