@@ -265,7 +265,7 @@ fn scores_rows<const Q: usize, const N: usize, C: KvElem>(
                 Row::Blocks(row) => {
                     // SAFETY: blocks are handed out on AVX-512 alone (`whole_blocks`); the
                     // head's dk values are whole blocks, qs the Q queries' dk each.
-                    let dots = unsafe { dot_tree_q8::<Q>(qs, &row[at / 32..(at + dk) / 32]) };
+                    let dots = unsafe { dot_tree_q8::<Q, N>(qs, &row[at / 32..(at + dk) / 32]) };
                     store_scores(out, dots, j0, part, s.dv + 2 + t);
                     continue;
                 }
@@ -338,7 +338,7 @@ fn values_rows<const Q: usize, const N: usize, C: KvElem>(
                     let v = &row[at / 32..(at + dv) / 32];
                     // SAFETY: blocks are handed out on AVX-512 alone (`whole_blocks`); heads
                     // holds Q partials of part ≥ dv values, dv + 2 + t < part.
-                    unsafe { weighted_row_q8::<Q>(heads, part, dv + 2 + t, v) };
+                    unsafe { weighted_row_q8::<Q, N>(heads, part, dv + 2 + t, v) };
                     continue;
                 }
             };
@@ -417,28 +417,29 @@ unsafe fn load16_q8(b: &Q8Block, h: usize) -> std::arch::x86_64::__m512 {
 }
 
 /// `dot_tree` over a head of q8_0 blocks, each loaded as `load16_q8` widens it: the same
-/// FMAs and sums as `dot_tree` over the widened values, bit for bit.
+/// FMAs and sums as `dot_tree` over the widened values, bit for bit. N as for `dot_tree` (16
+/// values each, so N / 2 blocks where N > 0: the loops unroll), else w.len() blocks.
 ///
 /// # Safety
-/// AVX-512F; xs holds Q · 32 · w.len() values.
+/// AVX-512F; xs holds Q · 32 · w.len() values; where N > 0, w.len() = N / 2.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 #[inline]
-unsafe fn dot_tree_q8<const Q: usize>(xs: &[f32], w: &[Q8Block]) -> [f32; Q] {
+unsafe fn dot_tree_q8<const Q: usize, const N: usize>(xs: &[f32], w: &[Q8Block]) -> [f32; Q] {
     use std::arch::x86_64::*;
-    let len = 32 * w.len();
-    assert!(xs.len() >= Q * len);
+    let blocks = if N > 0 { N / 2 } else { w.len() };
+    let len = 32 * blocks;
+    assert!(w.len() == blocks && xs.len() >= Q * len);
     let mut acc = [_mm512_setzero_ps(); Q];
-    for (p, b) in (0..len)
-        .step_by(16)
-        .zip(w.iter().flat_map(|b| [(b, 0), (b, 16)]))
-    {
-        // SAFETY: h is 0 or 16; each x row has 16 values from p < len (asserted above).
-        unsafe {
-            let wv = load16_q8(b.0, b.1);
-            for (i, a) in acc.iter_mut().enumerate() {
-                let xv = _mm512_loadu_ps(xs.as_ptr().add(i * len + p));
-                *a = _mm512_fmadd_ps(wv, xv, *a);
+    for (b, block) in w.iter().enumerate() {
+        for h in [0, 16] {
+            // SAFETY: h ≤ 16; each x row has 16 values from 32b + h < len (asserted above).
+            unsafe {
+                let wv = load16_q8(block, h);
+                for (i, a) in acc.iter_mut().enumerate() {
+                    let xv = _mm512_loadu_ps(xs.as_ptr().add(i * len + 32 * b + h));
+                    *a = _mm512_fmadd_ps(wv, xv, *a);
+                }
             }
         }
     }
@@ -446,32 +447,33 @@ unsafe fn dot_tree_q8<const Q: usize>(xs: &[f32], w: &[Q8Block]) -> [f32; Q] {
 }
 
 /// `weighted_row_avx512` over a head of q8_0 blocks, each loaded as `load16_q8` widens it:
-/// the same FMAs, bit for bit.
+/// the same FMAs, bit for bit. N as for `dot_tree_q8`.
 ///
 /// # Safety
-/// AVX-512F; heads holds Q partials of `part` ≥ 32 · v.len() values, at < part.
+/// AVX-512F; heads holds Q partials of `part` ≥ 32 · v.len() values, at < part; where N > 0,
+/// v.len() = N / 2.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 #[inline]
-unsafe fn weighted_row_q8<const Q: usize>(
+unsafe fn weighted_row_q8<const Q: usize, const N: usize>(
     heads: &mut [f32],
     part: usize,
     at: usize,
     v: &[Q8Block],
 ) {
     use std::arch::x86_64::*;
-    assert!(heads.len() >= Q * part && at < part && 32 * v.len() <= part);
+    let blocks = if N > 0 { N / 2 } else { v.len() };
+    assert!(v.len() == blocks && heads.len() >= Q * part && at < part && 32 * blocks <= part);
     let p: [__m512; Q] = std::array::from_fn(|i| _mm512_set1_ps(heads[i * part + at]));
-    for (c, b) in (0..32 * v.len())
-        .step_by(16)
-        .zip(v.iter().flat_map(|b| [(b, 0), (b, 16)]))
-    {
-        // SAFETY: h is 0 or 16; c + 16 ≤ 32 · v.len() ≤ part values of each partial.
-        unsafe {
-            let x = load16_q8(b.0, b.1);
-            for (i, p) in p.iter().enumerate() {
-                let a = heads.as_mut_ptr().add(i * part + c);
-                _mm512_storeu_ps(a, _mm512_fmadd_ps(*p, x, _mm512_loadu_ps(a)));
+    for (b, block) in v.iter().enumerate() {
+        for h in [0, 16] {
+            // SAFETY: h ≤ 16; 32b + h + 16 ≤ 32 · blocks ≤ part values of each partial.
+            unsafe {
+                let x = load16_q8(block, h);
+                for (i, p) in p.iter().enumerate() {
+                    let a = heads.as_mut_ptr().add(i * part + 32 * b + h);
+                    _mm512_storeu_ps(a, _mm512_fmadd_ps(*p, x, _mm512_loadu_ps(a)));
+                }
             }
         }
     }
@@ -524,9 +526,9 @@ mod tests {
     /// on the portable loops and on each vector unit's the CPU has (AVX-512, AVX2), which agree
     /// with the portable ones to rounding: ragged head widths (dk 20 and 24, dv 40, 12 and 8:
     /// on AVX2 a pair of blocks of eight, a lone block, a tail; q8_0 rows widened first, heads
-    /// across blocks) and the unrolled ones (32, 64, 128: q8_0 read as blocks on AVX-512), a
-    /// last chunk of 13 rows (77 cached) and chunks of 64 (600 cached), GQA groups of 4, 2 and
-    /// 1, two sequences.
+    /// across blocks), the unrolled ones (32, 64, 128) and whole blocks not unrolled (96, 160:
+    /// q8_0 read as blocks on AVX-512 in both), a last chunk of 13 rows (77 cached) and chunks
+    /// of 64 (600 cached), GQA groups of 4, 2 and 1, two sequences.
     #[test]
     fn bf16_and_q8_caches_decode_as_their_widened_values_on_every_path() {
         use crate::kernels::Q8Block;
@@ -557,6 +559,7 @@ mod tests {
             (77, 4, 4, 4, 24, 12),
             (600, 4, 4, 2, 64, 128),
             (600, 8, 2, 2, 64, 128),
+            (77, 4, 2, 2, 96, 160),
         ] {
             let s = AttnShape {
                 nq,
