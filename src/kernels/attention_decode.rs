@@ -534,14 +534,7 @@ mod tests {
         use crate::kernels::Q8Block;
         let paths: Vec<Option<Isa>> = Isa::available_all().map(Some).collect();
         let mut seed = 1u32;
-        let mut rand = |n: usize| -> Vec<f32> {
-            (0..n)
-                .map(|_| {
-                    seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-                    (seed >> 8) as f32 / (1 << 24) as f32 * 4.0 - 2.0
-                })
-                .collect()
-        };
+        let mut rand = |n: usize| crate::kernels::lcg_values(n, &mut seed, 2.0);
         /// x's rows of `width` as C's entries, and the f32 values they stand for.
         fn cached<C: KvElem>(x: &[f32], width: usize) -> (Vec<C>, Vec<f32>) {
             let rows = x.len() / width;

@@ -51,3 +51,15 @@ pub(crate) use simd::{
 };
 pub(crate) use simd::{prefetch, prefetch_stream};
 pub use simd::{Elem, NextLines};
+
+/// Test inputs: `n` values uniform in [-scale, scale) from a linear congruential generator
+/// whose state is `seed` (advanced), so that a test's draws follow one another.
+#[cfg(test)]
+pub(crate) fn lcg_values(n: usize, seed: &mut u32, scale: f32) -> Vec<f32> {
+    (0..n)
+        .map(|_| {
+            *seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            ((*seed >> 8) as f32 / (1 << 24) as f32 * 2.0 - 1.0) * scale
+        })
+        .collect()
+}
