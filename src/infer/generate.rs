@@ -100,7 +100,7 @@ fn generate_in_pool(
     // in f32 a batch's products of few rows read the weights in panels, as a server's decoding
     // does (`Workspace::keep_f32_panels`), and a lone prompt streams the weights' rows
     let panels = b > 1 && model.quant.is_none();
-    Need::inference(&model.config, &[(b, longest)], b, ctx)
+    Need::inference(&model.config, &[(b, longest)], (b, ctx, model.kv_cache))
         .with_copies(model, panels)
         .check(&format!(
             "generating for {b} prompts of up to {longest} tokens with a context of {ctx}"

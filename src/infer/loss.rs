@@ -34,7 +34,8 @@ pub fn evaluate_loss(
     let starts: Vec<usize> = (0..ids.len() - 1).step_by(t).collect();
     let cached = model.kv_cache != KvKind::F32;
     let caches = if cached { batch.max(1) } else { 0 };
-    Need::inference(&model.config, &[(batch.max(1), t)], caches, t).check(&format!(
+    let kv = (caches, t, model.kv_cache);
+    Need::inference(&model.config, &[(batch.max(1), t)], kv).check(&format!(
         "evaluating with --batch {batch} at a context of {t}"
     ))?;
     let mut ws = Workspace::new(model, batch.max(1), t);

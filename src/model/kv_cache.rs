@@ -125,16 +125,14 @@ impl KvCache {
         )
     }
 
-    /// Bytes of `KvCache::new(model, capacity)` for a model of `config` with f32 rows (a
-    /// bf16 cache takes half, a q8_0 one 9/32), computable before allocating (saturating: an overflow reads as
-    /// `usize::MAX`).
-    pub fn bytes_for(config: &ModelConfig, capacity: usize) -> usize {
+    /// Bytes of `KvCache::new(model, capacity)` for a model of `config` whose caches are of
+    /// `kind`, computable before allocating (saturating: an overflow reads as `usize::MAX`).
+    pub fn bytes_for(config: &ModelConfig, kind: KvKind, capacity: usize) -> usize {
         let (kw, vw) = Self::widths(config);
         let capacity = capacity.min(config.max_position_embeddings);
         capacity
-            .saturating_mul(kw.saturating_add(vw))
+            .saturating_mul(kind.row_bytes(kw).saturating_add(kind.row_bytes(vw)))
             .saturating_mul(config.num_hidden_layers)
-            .saturating_mul(4)
     }
 
     /// Forget the cached tokens (the buffers are kept).

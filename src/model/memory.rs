@@ -6,7 +6,7 @@
 
 use super::bf16_weights::Bf16Weights;
 use super::f32_panels::F32Panels;
-use super::{KvCache, Model, Workspace};
+use super::{KvCache, KvKind, Model, Workspace};
 use crate::config::{check_memory, ModelConfig};
 use crate::error::{Error, Result};
 
@@ -35,13 +35,12 @@ impl Need {
         }
     }
 
-    /// Inference: the weights, workspaces of (batch, seq) each, and `caches` KV caches of up
-    /// to `cache_len` tokens each.
+    /// Inference: the weights, workspaces of (batch, seq) each, and `caches` KV caches of
+    /// `kind` of up to `cache_len` tokens each.
     pub fn inference(
         config: &ModelConfig,
         workspaces: &[(usize, usize)],
-        caches: usize,
-        cache_len: usize,
+        (caches, cache_len, kind): (usize, usize, KvKind),
     ) -> Self {
         let workspace = workspaces.iter().fold(0usize, |a, &(b, t)| {
             a.saturating_add(Workspace::bytes_for(config, b, t))
@@ -49,7 +48,7 @@ impl Need {
         Need {
             params: config.num_params().saturating_mul(4),
             workspace,
-            kv: KvCache::bytes_for(config, cache_len).saturating_mul(caches),
+            kv: KvCache::bytes_for(config, kind, cache_len).saturating_mul(caches),
             copies: 0,
         }
     }
@@ -106,9 +105,13 @@ mod tests {
             let (b, t) = (3, 7);
             let ws = Workspace::new(&m, b, t);
             assert_eq!(Need::training(&m.config, b, t).workspace, ws.bytes());
-            let kv = KvCache::new(&m, 5);
-            let need = Need::inference(&m.config, &[(b, t)], 2, 5);
-            assert_eq!(need.kv, 2 * kv.bytes());
+            let need = |kv| Need::inference(&m.config, &[(b, t)], (2, 5, kv));
+            for kv in KvKind::ALL {
+                let mut mk = m.clone();
+                mk.kv_cache = kv;
+                assert_eq!(need(kv).kv, 2 * KvCache::new(&mk, 5).bytes(), "{kind} {kv}");
+            }
+            let need = need(KvKind::F32);
             assert_eq!(need.params, 4 * m.params.len());
             let mut ws = Workspace::new(&m, b, t);
             ws.keep_f32_panels(&m);
@@ -138,7 +141,8 @@ mod tests {
             );
             assert_eq!(e.lines().count(), 1);
         }
-        let e = Need::inference(&c, &[(1, 1)], 1 << 40, usize::MAX).check("1099511627776 prompts");
+        let e = Need::inference(&c, &[(1, 1)], (1 << 40, usize::MAX, KvKind::Q8_0))
+            .check("1099511627776 prompts");
         assert!(e.unwrap_err().to_string().contains("KV caches"));
     }
 }

@@ -160,12 +160,16 @@ impl<'m> Engine<'m> {
         // the weights a second time (bf16 copies with `--bf16`, else f32 panels), one copy
         // that both workspaces read
         let panels = model.quant.is_none();
-        Need::inference(&model.config, &workspaces, opts.parallel, ctx)
-            .with_copies(model, panels)
-            .check(&format!(
-                "serving --parallel {} sequences of up to {ctx} tokens",
-                opts.parallel
-            ))?;
+        Need::inference(
+            &model.config,
+            &workspaces,
+            (opts.parallel, ctx, model.kv_cache),
+        )
+        .with_copies(model, panels)
+        .check(&format!(
+            "serving --parallel {} sequences of up to {ctx} tokens",
+            opts.parallel
+        ))?;
         let mut decode_ws = Workspace::new(model, opts.parallel, 1);
         decode_ws.keep_weight_copies(model, panels);
         let mut prefill_ws = Workspace::new(model, 1, chunk);
