@@ -2,8 +2,10 @@
 //! which the loops read in place (`Elem`: bf16 widened as it is loaded), or `Q8Block`s
 //! (`--kv-cache q8_0`): 32 int8 quants and one f32 scale, 1.125 bytes a value, rounded by
 //! Q8_0's rule (`d = max|x|/127`, `q = round(x/d)`, the weights' and the inputs' rule too).
-//! A decoding step widens each q8_0 row into a buffer that stays in L1 and runs the f32 loops
-//! over it, so memory sees only the blocks; a prefill widens the rows it attends to once.
+//! On AVX-512 a decoding step reads a head of whole blocks as blocks, widening each 16 quants
+//! as it loads them (`attention_decode`'s `dot_tree_q8`, `weighted_row_q8`); elsewhere it
+//! widens each row into a buffer that stays in L1 and runs the f32 loops over that. Memory
+//! sees only the blocks either way. A prefill widens the rows it attends to once.
 
 use super::gemm::cpu::Isa;
 use super::quant::block::q8_scale;
