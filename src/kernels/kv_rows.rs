@@ -8,7 +8,7 @@
 //! sees only the blocks either way. A prefill widens the rows it attends to once.
 
 use super::gemm::cpu::Isa;
-use super::quant::block::q8_scale;
+use super::quant::block::q8_quants;
 use super::quant::BLOCK;
 use super::Elem;
 
@@ -107,12 +107,7 @@ pub struct Q8Block {
 impl Q8Block {
     /// Up to 32 values (zeros past them) as one block.
     pub fn quantize(x: &[f32]) -> Q8Block {
-        let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
-        let (d, id) = q8_scale(amax);
-        let mut qs = [0i8; BLOCK];
-        qs.iter_mut()
-            .zip(x)
-            .for_each(|(q, &v)| *q = (v * id).round() as i8);
+        let (d, qs) = q8_quants(x);
         Q8Block { d, qs }
     }
 }

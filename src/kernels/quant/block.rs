@@ -79,6 +79,19 @@ pub(crate) fn q8_scale(amax: f32) -> (f32, f32) {
     (d, inverse(d))
 }
 
+/// Up to 32 values (zeros past them) by Q8_0's rule, one element at a time: the scale and
+/// the quants. The weights' blocks (`quantize_block`), the inputs' scalar quantiser and the
+/// q8_0 KV cache's (`kernels::Q8Block`) all take it.
+pub(crate) fn q8_quants(x: &[f32]) -> (f32, [i8; BLOCK]) {
+    let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let (d, id) = q8_scale(amax);
+    let mut qs = [0i8; BLOCK];
+    qs.iter_mut()
+        .zip(x)
+        .for_each(|(q, &v)| *q = (v * id).round() as i8);
+    (d, qs)
+}
+
 /// 1 / d, or 0 where d is 0 (a block of zeros, whose quants are then all 0).
 #[inline(always)]
 fn inverse(d: f32) -> f32 {
@@ -94,10 +107,9 @@ fn inverse(d: f32) -> f32 {
 pub fn quantize_block(kind: QuantKind, x: &[f32; BLOCK], qs: &mut [u8]) -> u16 {
     match kind {
         QuantKind::Q8_0 => {
-            let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
-            let (d, id) = q8_scale(amax);
-            for (q, &v) in qs[..BLOCK].iter_mut().zip(x) {
-                *q = (v * id).round() as i8 as u8;
+            let (d, q) = q8_quants(x);
+            for (qs, q) in qs[..BLOCK].iter_mut().zip(q) {
+                *qs = q as u8;
             }
             f16::from_f32(d).to_bits()
         }

@@ -414,11 +414,9 @@ fn quantize_row(x: &[f32], qs: &mut [i8], d: &mut [f32], corr: &mut [i32], offse
 /// `quantize_row`, one element at a time.
 fn quantize_row_scalar(x: &[f32], qs: &mut [i8], d: &mut [f32], corr: &mut [i32], offset: i32) {
     for (b, x) in x.chunks_exact(BLOCK).enumerate() {
-        let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
-        let (scale, id) = block::q8_scale(amax);
+        let (scale, q) = block::q8_quants(x);
         let mut sum = 0i32;
-        for (e, &v) in x.iter().enumerate() {
-            let q = (v * id).round() as i8;
+        for (e, q) in q.into_iter().enumerate() {
             qs[x_at(b, e)] = q;
             sum += q as i32;
         }
