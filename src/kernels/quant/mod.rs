@@ -667,7 +667,10 @@ fn simd_tile<const NX: usize, const NT: usize>(
     let tiles = outs.start / TILE_ROWS..outs.end.div_ceil(TILE_ROWS);
     let emit = |r: usize, t: usize, s: &TileSums| {
         let o0 = t * TILE_ROWS;
-        put(r, o0, &s[..TILE_ROWS.min(outs.end - o0)]);
+        match outs.end - o0 >= TILE_ROWS {
+            true => put(r, o0, s),
+            false => put(r, o0, &s[..outs.end - o0]),
+        }
     };
     if rows.len() == 1 {
         for t in tiles {
