@@ -621,6 +621,49 @@ fn generate_writes_only_the_continuation_to_stdout() {
     );
 }
 
+/// `--repetition-penalty` is transformers' (`repetition_penalty=`), `--presence-penalty` and
+/// `--frequency-penalty` OpenAI's rule: greedy text under each as transformers generated it
+/// (scripts/penalty_fixtures.py); a penalty out of its range is one line naming the flag.
+#[test]
+fn generate_penalties_continue_as_transformers_does() {
+    let hf = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf/llama_gqa");
+    let exp: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(hf.join("penalties.json")).unwrap()).unwrap();
+    let (prompt, n) = (
+        exp["prompt"].as_str().unwrap(),
+        exp["max_new_tokens"].to_string(),
+    );
+    let flags = [
+        ("repetition_penalty", "--repetition-penalty"),
+        ("presence_penalty", "--presence-penalty"),
+        ("frequency_penalty", "--frequency-penalty"),
+    ];
+    let model = hf.to_str().unwrap();
+    let base = ["generate", "--model", model, "--prompt", prompt];
+    let base = [&base[..], &["--temperature", "0", "--max-new-tokens", &n]].concat();
+    for case in exp["cases"].as_array().unwrap() {
+        let mut args: Vec<String> = base.iter().map(|a| a.to_string()).collect();
+        for (key, flag) in flags {
+            if let Some(v) = case.get(key) {
+                args.extend([flag.to_string(), v.to_string()]);
+            }
+        }
+        let out = difftx(&args.iter().map(String::as_str).collect::<Vec<_>>());
+        ok(&out);
+        let got = String::from_utf8_lossy(&out.stdout);
+        let want = case["new_text"].as_str().unwrap();
+        assert_eq!(got.trim_end_matches('\n'), want, "{case}");
+    }
+    for (flag, bad) in [
+        ("--repetition-penalty", "0"),
+        ("--repetition-penalty", "-1"),
+        ("--presence-penalty", "2.5"),
+        ("--frequency-penalty", "-3"),
+    ] {
+        fails_with(&difftx(&[&base[..], &[flag, bad]].concat()), &[flag, bad]);
+    }
+}
+
 /// `bench matmul --cold` times the same product with its operands taken from memory, and says
 /// so in its JSON; sizes of zero are a one-line error.
 #[test]

@@ -444,6 +444,60 @@ fn logit_bias_steers_the_draw_and_is_checked() {
     }
 }
 
+/// The penalty fields steer greedy text exactly as `generate`'s flags do (one rule serves
+/// both; scripts/penalty_fixtures.py checks the rule against transformers through
+/// `generate`), in completions and in chat; out of range or of the wrong type they are 400s
+/// naming the field.
+#[test]
+fn penalties_steer_the_text_as_generate_does_and_are_checked() {
+    let s = start(&[]);
+    let prompt = "The cat sat on the mat. The cat";
+    let body = |extra: &Value| {
+        let mut b = json!({"prompt": prompt, "max_tokens": 32, "temperature": 0});
+        b.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        b
+    };
+    let plain = text(&s.complete(body(&json!({}))));
+    for (fields, flags) in [
+        (
+            json!({"frequency_penalty": 1.5, "presence_penalty": 0.5}),
+            ["--frequency-penalty", "1.5", "--presence-penalty", "0.5"],
+        ),
+        (
+            json!({"repetition_penalty": 1.4}),
+            ["--repetition-penalty", "1.4", "--presence-penalty", "0"],
+        ),
+    ] {
+        let served = text(&s.complete(body(&fields)));
+        let out = bin()
+            .args(["generate", "--json", "--temperature", "0"])
+            .args(["--max-new-tokens", "32", "--prompt", prompt])
+            .args(flags)
+            .arg("--model")
+            .arg(&s.model)
+            .output()
+            .unwrap();
+        ok(&out);
+        let gen: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(served, gen["continuation"].as_str().unwrap(), "{fields}");
+        assert_ne!(served, plain, "{fields} changed nothing");
+    }
+    for (field, bad) in [
+        ("presence_penalty", json!(2.5)),
+        ("frequency_penalty", json!(-3)),
+        ("repetition_penalty", json!(0)),
+        ("repetition_penalty", json!("1.2")),
+    ] {
+        let (st, e) = s.call("/v1/completions", body(&json!({field: bad})));
+        assert_eq!((st, &e["error"]["param"]), (400, &json!(field)), "{e}");
+        let chat = json!({"messages": [{"role": "user", "content": "hi"}], field: bad});
+        let (st, e) = s.call("/v1/chat/completions", chat);
+        assert_eq!((st, &e["error"]["param"]), (400, &json!(field)), "{e}");
+    }
+}
+
 #[test]
 fn echo_logprobs_equal_eval_losses() {
     // prefilled in chunks of 8 tokens, scored against `difftx eval`'s one uncached pass

@@ -35,6 +35,19 @@ pub struct GenerateArgs {
     /// Sample only among the most likely tokens whose probabilities add up to P.
     #[arg(long)]
     pub top_p: Option<f32>,
+    /// Take this off the logit of every token generated so far, once (OpenAI's presence
+    /// penalty, in [-2, 2]; positive values steer away from repeats, greedy decoding included).
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    pub presence_penalty: f32,
+    /// Take this off a token's logit for every time it was generated so far (OpenAI's frequency
+    /// penalty, in [-2, 2]).
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    pub frequency_penalty: f32,
+    /// Divide the positive logit of every token in the prompt or generated so far by this, and
+    /// multiply a negative one (transformers' and vLLM's repetition penalty; 1 is none, 1.1–1.3
+    /// are common).
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
+    pub repetition_penalty: f32,
     /// Seed of the sampling generator (same seed, same text).
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -56,6 +69,11 @@ pub fn run(a: GenerateArgs, precision: difftx::kernels::Precision) -> Result<()>
         temperature: a.temperature,
         top_k: a.top_k,
         top_p: a.top_p,
+        penalties: difftx::infer::Penalties {
+            presence: a.presence_penalty,
+            frequency: a.frequency_penalty,
+            repetition: a.repetition_penalty,
+        },
     };
     sampling.validate()?;
     let quant = super::quant_kind(a.quant.as_deref())?;

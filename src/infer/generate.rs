@@ -2,7 +2,7 @@
 //! together, one token per step, each new token costing time linear in its context.
 
 use crate::error::{Error, Result};
-use crate::infer::sample::{sample, Sampling};
+use crate::infer::sample::{adjusted, sample, Sampling, Seen};
 use crate::model::{memory::Need, KvCache, Model, Workspace};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -111,13 +111,26 @@ fn generate_in_pool(
     let mut rng = ChaCha8Rng::seed_from_u64(opts.seed);
     let mut scratch = Vec::with_capacity(model.config.vocab_size);
     let v = model.config.vocab_size;
+    // each prompt's tokens as its penalties see them, and a row of adjusted logits
+    let (s, mut buf) = (&opts.sampling, Vec::new());
+    let mut seen: Vec<Seen> = used.iter().map(|p| Seen::new(p, &s.penalties)).collect();
+    let mut draw = |i: usize, row: &[f32], rng: &mut ChaCha8Rng| {
+        let t = sample(
+            adjusted(row, s, &seen[i], &[], &mut buf),
+            s,
+            rng,
+            &mut scratch,
+        );
+        seen[i].push(t, &s.penalties);
+        t
+    };
     // slot → prompt index; slots [0, active) are still generating
     let mut order: Vec<usize> = (0..b).collect();
     let mut last = vec![0u32; b];
     let t0 = Instant::now();
     for (i, p) in used.iter().enumerate() {
         model.forward_cached(&mut ws, &mut caches[i..i + 1], p, p.len(), false)?;
-        last[i] = sample(&ws.logits[..v], &opts.sampling, &mut rng, &mut scratch);
+        last[i] = draw(i, &ws.logits[..v], &mut rng);
     }
     out.prefill_seconds = t0.elapsed().as_secs_f64();
     let t1 = Instant::now();
@@ -139,12 +152,7 @@ fn generate_in_pool(
         model.forward_cached(&mut ws, &mut caches[..active], &inputs[..active], 1, false)?;
         out.decode_tokens += active;
         for s in 0..active {
-            last[order[s]] = sample(
-                &ws.logits[s * v..(s + 1) * v],
-                &opts.sampling,
-                &mut rng,
-                &mut scratch,
-            );
+            last[order[s]] = draw(order[s], &ws.logits[s * v..(s + 1) * v], &mut rng);
         }
         active = record_and_retire(
             active,

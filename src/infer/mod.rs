@@ -6,4 +6,4 @@ pub mod sample;
 
 pub use generate::{generate, GenerateOptions, Generation};
 pub use loss::{evaluate_loss, EvalResult};
-pub use sample::Sampling;
+pub use sample::{Penalties, Sampling};

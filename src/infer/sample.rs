@@ -1,7 +1,9 @@
-//! Picking the next token from logits: greedy, or temperature with optional top-k / top-p.
+//! Picking the next token from logits: greedy, or temperature with optional top-k / top-p,
+//! after the logits are adjusted for what the sequence has already seen (`Penalties`).
 
 use crate::error::{Error, Result};
 use rand::Rng;
+use std::collections::HashMap;
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Sampling {
@@ -11,6 +13,8 @@ pub struct Sampling {
     pub top_k: Option<usize>,
     /// keep the smallest set of most likely tokens whose probability reaches p
     pub top_p: Option<f32>,
+    /// what the tokens already seen take off the logits (`adjusted`)
+    pub penalties: Penalties,
 }
 
 impl Sampling {
@@ -19,6 +23,7 @@ impl Sampling {
             temperature: 0.0,
             top_k: None,
             top_p: None,
+            penalties: Penalties::NONE,
         }
     }
 
@@ -41,8 +46,126 @@ impl Sampling {
                 self.temperature
             )));
         }
+        let flags = [
+            "--presence-penalty",
+            "--frequency-penalty",
+            "--repetition-penalty",
+        ];
+        self.penalties
+            .check(flags)
+            .map_err(|(_, m)| Error::Invalid(m))
+    }
+}
+
+/// Penalties on the tokens a sequence has already seen, as OpenAI's API (presence, frequency)
+/// and transformers and vLLM (repetition) define them. For token j, generated c_j times so far
+/// (the prompt does not count) and `seen` if the prompt or the generated tokens hold it:
+///
+/// ```text
+/// l_j ← l_j / repetition if l_j > 0, l_j · repetition otherwise    (where seen)
+/// l_j ← l_j − frequency · c_j − presence · [c_j > 0]
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Penalties {
+    /// taken once off each generated token's logit (`presence_penalty`, in [-2, 2])
+    pub presence: f32,
+    /// taken off a token's logit for every time it was generated (`frequency_penalty`, in
+    /// [-2, 2])
+    pub frequency: f32,
+    /// divides a seen token's positive logit, multiplies a negative one (`repetition_penalty`,
+    /// positive; 1 is none, above 1 discourages repeats)
+    pub repetition: f32,
+}
+
+impl Penalties {
+    pub const NONE: Penalties = Penalties {
+        presence: 0.0,
+        frequency: 0.0,
+        repetition: 1.0,
+    };
+
+    /// Whether no penalty applies (then nothing is recorded or adjusted).
+    pub fn is_none(&self) -> bool {
+        *self == Self::NONE
+    }
+
+    /// The first penalty outside its range, as (its name in `names`, presence, frequency and
+    /// repetition's, and a one-line message naming it and its value).
+    pub fn check(
+        &self,
+        names: [&'static str; 3],
+    ) -> std::result::Result<(), (&'static str, String)> {
+        for (name, v) in names.into_iter().zip([self.presence, self.frequency]) {
+            if !(-2.0..=2.0).contains(&v) {
+                return Err((name, format!("{name} must be in [-2, 2], got {v}")));
+            }
+        }
+        let (name, r) = (names[2], self.repetition);
+        if !(r > 0.0 && r.is_finite()) {
+            return Err((name, format!("{name} must be positive (1: none), got {r}")));
+        }
         Ok(())
     }
+}
+
+/// What a sequence's penalties look at: for each token it has seen, how often it was generated
+/// and whether its prompt holds it. Empty (and never filled) without penalties.
+#[derive(Clone, Debug, Default)]
+pub struct Seen {
+    tokens: HashMap<u32, (u32, bool)>,
+}
+
+impl Seen {
+    /// A sequence that has read `prompt`, for penalties `p`.
+    pub fn new(prompt: &[u32], p: &Penalties) -> Seen {
+        let mut seen = Seen::default();
+        if !p.is_none() {
+            for &t in prompt {
+                seen.tokens.entry(t).or_default().1 = true;
+            }
+        }
+        seen
+    }
+
+    /// Records a generated token, for penalties `p`.
+    pub fn push(&mut self, token: u32, p: &Penalties) {
+        if !p.is_none() {
+            self.tokens.entry(token).or_default().0 += 1;
+        }
+    }
+}
+
+/// The logits a token is drawn (and scored) from: `row` with `bias` added ((token, bias), as
+/// OpenAI's `logit_bias`), then the sampling's penalties over `seen`, in `buf`; `row` itself
+/// where there is neither. (vLLM's order: biases, then penalties.)
+pub fn adjusted<'a>(
+    row: &'a [f32],
+    s: &Sampling,
+    seen: &Seen,
+    bias: &[(u32, f32)],
+    buf: &'a mut Vec<f32>,
+) -> &'a [f32] {
+    let p = &s.penalties;
+    if bias.is_empty() && p.is_none() {
+        return row;
+    }
+    buf.clear();
+    buf.extend_from_slice(row);
+    for &(t, b) in bias {
+        buf[t as usize] += b;
+    }
+    for (&t, &(count, _)) in &seen.tokens {
+        let l = &mut buf[t as usize];
+        if *l > 0.0 {
+            *l /= p.repetition;
+        } else {
+            *l *= p.repetition;
+        }
+        if count > 0 {
+            *l -= p.frequency * count as f32 + p.presence;
+        }
+    }
+    buf
 }
 
 /// The index of the largest logit (the first one on ties).
@@ -121,7 +244,7 @@ mod tests {
         let k2 = Sampling {
             temperature: 1.0,
             top_k: Some(2),
-            top_p: None,
+            ..Sampling::greedy()
         };
         let mut seen = [0usize; 5];
         for _ in 0..2000 {
@@ -132,8 +255,8 @@ mod tests {
         // top-p 0.5: p(0) ≈ 0.36 alone is short of 0.5, with token 1 it passes.
         let p = Sampling {
             temperature: 1.0,
-            top_k: None,
             top_p: Some(0.5),
+            ..Sampling::greedy()
         };
         let mut seen = [0usize; 5];
         for _ in 0..2000 {
@@ -143,13 +266,70 @@ mod tests {
         assert!(seen[0] > seen[1] && seen[1] > 0, "{seen:?}");
     }
 
+    /// Each token's logit under the three penalties, worked by hand from the rules in
+    /// `Penalties`' doc: unseen, prompt only, generated once, generated twice and in the
+    /// prompt, a zero logit in the prompt; `logit_bias` added before them.
+    #[test]
+    fn penalties_adjust_each_seen_token_by_its_rule() {
+        let row = [2.0, -1.0, 0.5, 3.0, 0.0, 1.0];
+        let p = Penalties {
+            presence: 0.5,
+            frequency: 0.25,
+            repetition: 2.0,
+        };
+        let s = Sampling {
+            penalties: p,
+            ..Sampling::greedy()
+        };
+        let mut seen = Seen::new(&[1, 4, 3], &p);
+        for t in [3, 2, 3] {
+            seen.push(t, &p);
+        }
+        let mut buf = Vec::new();
+        let got = adjusted(&row, &s, &seen, &[(5, -3.0)], &mut buf).to_vec();
+        // 0: unseen; 1: prompt, negative → ×2; 2: once → /2 − 0.25 − 0.5;
+        // 3: twice (and prompt) → /2 − 0.5 − 0.5; 4: 0 stays 0; 5: unseen, biased by −3
+        assert_eq!(got, [2.0, -2.0, -0.5, 0.5, 0.0, -2.0]);
+        // the bias comes first: 1 + 3 = 4 in the prompt → /2
+        let got = adjusted(&row, &s, &seen, &[(1, 3.0)], &mut buf).to_vec();
+        assert_eq!(got[1], 1.0);
+        // no penalties and no bias: the row itself, and nothing is recorded
+        let none = Sampling::greedy();
+        let mut quiet = Seen::new(&[1, 2], &none.penalties);
+        quiet.push(1, &none.penalties);
+        assert!(quiet.tokens.is_empty());
+        assert!(std::ptr::eq(
+            adjusted(&row, &none, &quiet, &[], &mut buf),
+            &row[..]
+        ));
+    }
+
+    #[test]
+    fn penalties_out_of_range_are_named() {
+        let names = ["p", "f", "r"];
+        let with = |presence, frequency, repetition| Penalties {
+            presence,
+            frequency,
+            repetition,
+        };
+        assert_eq!(with(2.0, -2.0, 0.01).check(names), Ok(()));
+        for (bad, name) in [
+            (with(2.5, 0.0, 1.0), "p"),
+            (with(0.0, -2.1, 1.0), "f"),
+            (with(0.0, f32::NAN, 1.0), "f"),
+            (with(0.0, 0.0, 0.0), "r"),
+            (with(0.0, 0.0, f32::INFINITY), "r"),
+        ] {
+            assert_eq!(bad.check(names).unwrap_err().0, name, "{bad:?}");
+        }
+    }
+
     #[test]
     fn temperature_sampling_follows_the_softmax() {
         let logits = [0.0, (3f32).ln()]; // probabilities 1/4, 3/4
         let s = Sampling {
             temperature: 1.0,
-            top_k: None,
-            top_p: None,
+            ..Sampling::greedy()
         };
         let mut rng = ChaCha8Rng::seed_from_u64(7);
         let mut scratch = Vec::new();

@@ -1,7 +1,7 @@
 //! The OpenAI request fields the server reads, checked one by one, and its error objects
 //! `{"error": {"message", "type", "param", "code"}}`.
 
-use crate::infer::Sampling;
+use crate::infer::{Penalties, Sampling};
 use serde_json::{json, Value};
 
 /// An error answer: HTTP status and the OpenAI error object's fields.
@@ -308,12 +308,27 @@ pub fn settings(req: &Value, max_keys: &[&'static str], default_max: usize) -> A
             ));
         }
     }
+    let or = |k: &'static str, none: f64| Ok::<_, ApiError>(number(req, k)?.unwrap_or(none) as f32);
+    let penalties = Penalties {
+        presence: or("presence_penalty", 0.0)?,
+        frequency: or("frequency_penalty", 0.0)?,
+        repetition: or("repetition_penalty", 1.0)?,
+    };
+    let fields = [
+        "presence_penalty",
+        "frequency_penalty",
+        "repetition_penalty",
+    ];
+    penalties
+        .check(fields)
+        .map_err(|(k, m)| ApiError::bad(k, m))?;
     Ok(Settings {
         max_tokens,
         sampling: Sampling {
             temperature: temperature as f32,
             top_k,
             top_p: top_p.map(|p| p as f32).filter(|&p| p < 1.0),
+            penalties,
         },
         seed,
         stop: stop.into_iter().filter(|s| !s.is_empty()).collect(),

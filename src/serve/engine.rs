@@ -21,7 +21,7 @@
 
 use crate::error::{Error, Result};
 use crate::experiments::attention_stats::{head_maps, HeadMaps};
-use crate::infer::sample::{sample, Sampling};
+use crate::infer::sample::{adjusted, sample, Sampling, Seen};
 use crate::model::{memory::Need, KvCache, Model, Workspace};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -127,6 +127,8 @@ struct Seq {
     /// new tokens so far; the last one is fed at the next decode step
     generated: usize,
     last: u32,
+    /// the tokens its penalties look at
+    seen: Seen,
 }
 
 pub struct Engine<'m> {
@@ -142,8 +144,8 @@ pub struct Engine<'m> {
     decode_ws: Workspace,
     prefill_ws: Workspace,
     scratch: Vec<(f32, u32)>,
-    /// a row of logits with a job's `logit_bias` added
-    biased: Vec<f32>,
+    /// a row of logits with a job's `logit_bias` and penalties applied
+    adjusted: Vec<f32>,
     gauges: Arc<EngineGauges>,
 }
 
@@ -184,7 +186,7 @@ impl<'m> Engine<'m> {
             decode_ws,
             prefill_ws,
             scratch: Vec::with_capacity(model.config.vocab_size),
-            biased: Vec::with_capacity(model.config.vocab_size),
+            adjusted: Vec::with_capacity(model.config.vocab_size),
             gauges,
         })
     }
@@ -257,6 +259,7 @@ impl<'m> Engine<'m> {
         self.caches.push(KvCache::new(self.model, cap));
         self.seqs.push(Seq {
             rng: ChaCha8Rng::seed_from_u64(job.seed),
+            seen: Seen::new(&job.prompt, &job.sampling.penalties),
             job,
             fed: 0,
             generated: 0,
@@ -425,18 +428,10 @@ impl<'m> Engine<'m> {
     /// retires the sequence when it is finished or nobody listens.
     fn emit(&mut self, slot: usize, row: &[f32]) {
         let s = &mut self.seqs[slot];
-        let row = match s.job.logit_bias.is_empty() {
-            true => row,
-            false => {
-                self.biased.clear();
-                self.biased.extend_from_slice(row);
-                for &(t, b) in &s.job.logit_bias {
-                    self.biased[t as usize] += b;
-                }
-                &self.biased
-            }
-        };
-        let tok = sample(row, &s.job.sampling, &mut s.rng, &mut self.scratch);
+        let (j, adj) = (&s.job, &mut self.adjusted);
+        let row = adjusted(row, &j.sampling, &s.seen, &j.logit_bias, adj);
+        let tok = sample(row, &j.sampling, &mut s.rng, &mut self.scratch);
+        s.seen.push(tok, &j.sampling.penalties);
         let scored = s.job.logprobs.map(|k| score(row, tok, k));
         s.generated += 1;
         s.last = tok;
