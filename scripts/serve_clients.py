@@ -5,10 +5,12 @@
     difftx serve --model /tmp/tiny --port 8091 &
     python3 scripts/serve_clients.py --url http://127.0.0.1:8091/v1 --model tiny
 
-Checks: completions (whole and streamed give the same text), n choices (repeated by the seed), logit_bias, echo log-probabilities with
+Checks: completions (whole and streamed give the same text), n choices (repeated by the
+seed), logit_bias, the presence/frequency/repetition penalties, echo log-probabilities with
 max_tokens 0 (a first null, one row per prompt token), chat (whole and streamed alike), chat
-log-probabilities (one row per generated token, the greedy one the likeliest), the model list, and that an error comes back as the client's typed exception. Exits non-zero on
-the first mismatch.
+log-probabilities (one row per generated token, the greedy one the likeliest), the model list,
+and that an error comes back as the client's typed exception. Exits non-zero on the first
+mismatch.
 """
 
 import argparse
@@ -56,6 +58,25 @@ def main():
     # byte-level tokenizer (difftx init's): token 65 is "A"
     assert biased.choices[0].text == "AAAA", biased
     print("logit_bias: +100 on token 65 gives AAAA")
+
+    # penalties: the client's own presence/frequency fields, and repetition_penalty (vLLM's
+    # extension) through extra_body, each changing the greedy text
+    pen = c.completions.create(
+        model=a.model, prompt=prompt, max_tokens=24, temperature=0,
+        presence_penalty=0.5, frequency_penalty=1.5,
+    )
+    rep = c.completions.create(
+        model=a.model, prompt=prompt, max_tokens=24, temperature=0,
+        extra_body={"repetition_penalty": 1.4},
+    )
+    assert pen.choices[0].text != whole.choices[0].text, pen
+    assert rep.choices[0].text != whole.choices[0].text, rep
+    try:
+        c.completions.create(model=a.model, prompt=prompt, max_tokens=4, presence_penalty=3)
+        raise AssertionError("presence_penalty 3 was accepted")
+    except openai.BadRequestError as e:
+        assert e.body["param"] == "presence_penalty", e.body
+    print("penalties: presence/frequency and repetition change the greedy text; 3 is a 400")
 
     scored = c.completions.create(
         model=a.model, prompt=prompt, max_tokens=0, echo=True, logprobs=1, temperature=0
