@@ -5,7 +5,8 @@
 //   node --experimental-websocket scripts/serve_page_shots.mjs http://127.0.0.1:18190 /tmp/shots
 //
 // Opens the page with query parameters that fill the forms and run both panels (a streamed
-// greedy completion, and the attention maps of layer 1, head 0), waits until both are done,
+// greedy completion with presence and frequency penalties, checked against the API's text for
+// the same fields, and the attention maps of layer 1, head 0), waits until both are done,
 // prints the page's console errors, and writes page.png, playground.png and explorer.png.
 import { spawn } from "node:child_process";
 import { mkdtempSync, writeFileSync, mkdirSync } from "node:fs";
@@ -81,6 +82,7 @@ try {
   await send("Emulation.setDeviceMetricsOverride", { width: 1500, height: 1100, deviceScaleFactor: 1, mobile: false });
   const q = new URLSearchParams({
     prompt: "The differential transformer", max_tokens: "48", temperature: "0", run: "1",
+    presence_penalty: "0.5", frequency_penalty: "1.5",
     map_prompt: "The cat sat on the mat. The cat", layer: "1", head: "0", explore: "1",
   });
   await send("Page.navigate", { url: `${base}/?${q}` });
@@ -93,6 +95,16 @@ try {
   console.log("playground status:", await evaluate("document.getElementById('gen_status').textContent"));
   console.log("explorer status:", await evaluate("document.getElementById('map_status').textContent"));
   console.log("canvases:", await evaluate("document.querySelectorAll('#maps canvas').length"));
+  // the page sent the penalties: its greedy text is the API's for the same fields
+  const shown = await evaluate("document.getElementById('output').textContent");
+  const api = await (await fetch(`${base}/v1/completions`, {
+    method: "POST", headers: { "content-type": "application/json" },
+    body: JSON.stringify({ prompt: q.get("prompt"), max_tokens: 48, temperature: 0,
+      presence_penalty: 0.5, frequency_penalty: 1.5 }),
+  })).json();
+  const same = shown === q.get("prompt") + api.choices[0].text;
+  console.log("playground text equals the API's with the same penalties:", same);
+  if (!same) problems.push(`page text ${JSON.stringify(shown)} != API ${JSON.stringify(api.choices[0].text)}`);
   await shot("page.png");
   await shot("playground.png", "#playground");
   await shot("explorer.png", "#explorer");
