@@ -7,7 +7,8 @@
 // Opens the page with query parameters that fill the forms and run both panels (a streamed
 // greedy completion with presence and frequency penalties, checked against the API's text for
 // the same fields, and the attention maps of layer 1, head 0), waits until both are done,
-// prints the page's console errors, and writes page.png, playground.png and explorer.png.
+// prints the page's console errors, and writes page.png, playground.png, explorer.png and
+// explorer-mean.png (the layer's heads averaged).
 import { spawn } from "node:child_process";
 import { mkdtempSync, writeFileSync, mkdirSync } from "node:fs";
 import { tmpdir } from "node:os";
@@ -108,6 +109,12 @@ try {
   await shot("page.png");
   await shot("playground.png", "#playground");
   await shot("explorer.png", "#explorer");
+  // every head of the layer averaged
+  await evaluate("document.getElementById('head').value = 'mean'; drawHead()");
+  await sleep(200);
+  console.log("explorer status (mean):", await evaluate("document.getElementById('map_status').textContent"));
+  console.log("mean titles:", await evaluate("[...document.querySelectorAll('#maps h3')].map((h) => h.textContent).join(' | ')"));
+  await shot("explorer-mean.png", "#explorer");
   if (process.env.ZOOM) { await send("Emulation.setDeviceMetricsOverride", { width: 1500, height: 1100, deviceScaleFactor: 2, mobile: false }); await evaluate("drawHead()"); await shot("maps-zoom.png", "#maps canvas"); }
   if (problems.length) console.log("page errors:\n" + problems.join("\n"));
   else console.log("page errors: none");
