@@ -18,7 +18,9 @@
 
 use super::attention_parts::AttnShape;
 use super::gemm::cpu::Isa;
-use super::{axpy, exp_nonpos, map_lanes, Elem, KvElem, Q8Block, Row, SharedMut, MAX, SUM};
+#[cfg(target_arch = "x86_64")]
+use super::Lanes16;
+use super::{axpy, exp_nonpos, map_lanes, Elem, KvElem, Row, SharedMut, MAX, SUM};
 use rayon::prelude::*;
 
 /// Cached positions per task for a sequence that sees `visible` of them: about a sixteenth,
@@ -263,9 +265,10 @@ fn scores_rows<const Q: usize, const N: usize, C: KvElem>(
                 Row::Values(row) => &row[at..at + dk],
                 #[cfg(target_arch = "x86_64")]
                 Row::Blocks(row) => {
+                    let k = &row[at / 32..(at + dk) / 32];
                     // SAFETY: blocks are handed out on AVX-512 alone (`whole_blocks`); the
                     // head's dk values are whole blocks, qs the Q queries' dk each.
-                    let dots = unsafe { dot_tree_q8::<Q, N>(qs, &row[at / 32..(at + dk) / 32]) };
+                    let dots = unsafe { super::dot_tree::<Q, N, _>(qs, k, false) };
                     store_scores(out, dots, j0, part, s.dv + 2 + t);
                     continue;
                 }
@@ -276,7 +279,7 @@ fn scores_rows<const Q: usize, const N: usize, C: KvElem>(
             let dots = match isa {
                 #[cfg(target_arch = "x86_64")]
                 // SAFETY: the CPU has AVX-512F (`attention_decode_on` checked); lengths above.
-                Some(Isa::Avx512) => unsafe { super::dot_tree::<Q, N, C::Elem>(qs, k, false) },
+                Some(Isa::Avx512) => unsafe { super::dot_tree::<Q, N, _>(qs, k, false) },
                 #[cfg(target_arch = "x86_64")]
                 // SAFETY: the CPU has AVX2 and FMA (checked likewise); lengths above.
                 Some(Isa::Avx2) => unsafe { super::dot_tree8::<Q, N, C::Elem>(qs, k) },
@@ -338,7 +341,7 @@ fn values_rows<const Q: usize, const N: usize, C: KvElem>(
                     let v = &row[at / 32..(at + dv) / 32];
                     // SAFETY: blocks are handed out on AVX-512 alone (`whole_blocks`); heads
                     // holds Q partials of part ≥ dv values, dv + 2 + t < part.
-                    unsafe { weighted_row_q8::<Q, N>(heads, part, dv + 2 + t, v) };
+                    unsafe { weighted_row_avx512::<Q, N, _>(heads, part, dv + 2 + t, v) };
                     continue;
                 }
             };
@@ -348,7 +351,7 @@ fn values_rows<const Q: usize, const N: usize, C: KvElem>(
                 #[cfg(target_arch = "x86_64")]
                 // SAFETY: the CPU has AVX-512F (`attention_decode_on` checked); lengths above.
                 Some(Isa::Avx512) => unsafe {
-                    weighted_row_avx512::<Q, N, C::Elem>(heads, part, dv + 2 + t, v)
+                    weighted_row_avx512::<Q, N, _>(heads, part, dv + 2 + t, v)
                 },
                 #[cfg(target_arch = "x86_64")]
                 // SAFETY: the CPU has AVX2 and FMA (checked likewise); lengths above.
@@ -367,19 +370,20 @@ fn values_rows<const Q: usize, const N: usize, C: KvElem>(
 }
 
 /// heads[i·part..][..dv] += heads[i·part + at] · v for the Q partials in `heads`, v (dv
-/// values) loaded once for all of them.
+/// values: in place, or q8_0 blocks widened as they are loaded, `Lanes16`) loaded once for all
+/// of them.
 ///
 /// # Safety
 /// AVX-512F; heads holds Q partials of `part` ≥ dv values, at < part; where N > 0,
-/// v.len() = 16·N.
+/// v.len() = 16·N; blocks are whole (`Lanes16::load`).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 #[inline]
-unsafe fn weighted_row_avx512<const Q: usize, const N: usize, T: Elem>(
+unsafe fn weighted_row_avx512<const Q: usize, const N: usize, V: Lanes16>(
     heads: &mut [f32],
     part: usize,
     at: usize,
-    v: &[T],
+    v: V,
 ) {
     use std::arch::x86_64::*;
     let dv = if N > 0 { 16 * N } else { v.len() };
@@ -389,91 +393,10 @@ unsafe fn weighted_row_avx512<const Q: usize, const N: usize, T: Elem>(
         // SAFETY: the loads and stores are masked to the dv − c values left of v and of
         // each partial's first dv.
         unsafe {
-            let x = super::load16(v.as_ptr().add(c), dv - c);
+            let x = v.load(c, dv - c);
             for (i, p) in p.iter().enumerate() {
                 let a = heads.as_mut_ptr().add(i * part + c);
                 _mm512_mask_storeu_ps(a, m, _mm512_fmadd_ps(*p, x, _mm512_maskz_loadu_ps(m, a)));
-            }
-        }
-    }
-}
-
-/// A q8_0 block's 16 values from `h` (0 or 16) as `Q8Block::widen` gives them: quants
-/// sign-extended, converted, times the block's scale.
-///
-/// # Safety
-/// AVX-512F; h ≤ 16.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-#[inline]
-unsafe fn load16_q8(b: &Q8Block, h: usize) -> std::arch::x86_64::__m512 {
-    use std::arch::x86_64::*;
-    // SAFETY: the 16 quants from h ≤ 16 lie inside the block's 32.
-    let q = unsafe { _mm_loadu_si128(b.qs.as_ptr().add(h).cast()) };
-    _mm512_mul_ps(
-        _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)),
-        _mm512_set1_ps(b.d),
-    )
-}
-
-/// `dot_tree` over a head of q8_0 blocks, each loaded as `load16_q8` widens it: the same
-/// FMAs and sums as `dot_tree` over the widened values, bit for bit. N as for `dot_tree` (16
-/// values each, so N / 2 blocks where N > 0: the loops unroll), else w.len() blocks.
-///
-/// # Safety
-/// AVX-512F; xs holds Q · 32 · w.len() values; where N > 0, w.len() = N / 2.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-#[inline]
-unsafe fn dot_tree_q8<const Q: usize, const N: usize>(xs: &[f32], w: &[Q8Block]) -> [f32; Q] {
-    use std::arch::x86_64::*;
-    let blocks = if N > 0 { N / 2 } else { w.len() };
-    let len = 32 * blocks;
-    assert!(w.len() == blocks && xs.len() >= Q * len);
-    let mut acc = [_mm512_setzero_ps(); Q];
-    for (b, block) in w.iter().enumerate() {
-        for h in [0, 16] {
-            // SAFETY: h ≤ 16; each x row has 16 values from 32b + h < len (asserted above).
-            unsafe {
-                let wv = load16_q8(block, h);
-                for (i, a) in acc.iter_mut().enumerate() {
-                    let xv = _mm512_loadu_ps(xs.as_ptr().add(i * len + 32 * b + h));
-                    *a = _mm512_fmadd_ps(wv, xv, *a);
-                }
-            }
-        }
-    }
-    acc.map(|a| super::sum_lanes_tree(a))
-}
-
-/// `weighted_row_avx512` over a head of q8_0 blocks, each loaded as `load16_q8` widens it:
-/// the same FMAs, bit for bit. N as for `dot_tree_q8`.
-///
-/// # Safety
-/// AVX-512F; heads holds Q partials of `part` ≥ 32 · v.len() values, at < part; where N > 0,
-/// v.len() = N / 2.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-#[inline]
-unsafe fn weighted_row_q8<const Q: usize, const N: usize>(
-    heads: &mut [f32],
-    part: usize,
-    at: usize,
-    v: &[Q8Block],
-) {
-    use std::arch::x86_64::*;
-    let blocks = if N > 0 { N / 2 } else { v.len() };
-    assert!(v.len() == blocks && heads.len() >= Q * part && at < part && 32 * blocks <= part);
-    let p: [__m512; Q] = std::array::from_fn(|i| _mm512_set1_ps(heads[i * part + at]));
-    for (b, block) in v.iter().enumerate() {
-        for h in [0, 16] {
-            // SAFETY: h ≤ 16; 32b + h + 16 ≤ 32 · blocks ≤ part values of each partial.
-            unsafe {
-                let x = load16_q8(block, h);
-                for (i, p) in p.iter().enumerate() {
-                    let a = heads.as_mut_ptr().add(i * part + 32 * b + h);
-                    _mm512_storeu_ps(a, _mm512_fmadd_ps(*p, x, _mm512_loadu_ps(a)));
-                }
             }
         }
     }

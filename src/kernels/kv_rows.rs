@@ -112,6 +112,35 @@ impl Q8Block {
     }
 }
 
+/// A head of whole blocks, each sixteen values loaded as `Q8Block::widen` gives them: the
+/// quants sign-extended, converted, times the block's scale.
+#[cfg(target_arch = "x86_64")]
+impl super::simd::Lanes16 for &[Q8Block] {
+    #[inline(always)]
+    fn len(self) -> usize {
+        BLOCK * <[Q8Block]>::len(self)
+    }
+    #[inline(always)]
+    unsafe fn load(self, p: usize, _n: usize) -> std::arch::x86_64::__m512 {
+        use std::arch::x86_64::*;
+        let (b, h) = (&self[p / BLOCK], p % BLOCK);
+        // SAFETY: p is a multiple of 16 (the caller's contract), so h ≤ 16 and the 16 quants
+        // from h lie inside the block's 32.
+        let q = unsafe { _mm_loadu_si128(b.qs.as_ptr().add(h).cast()) };
+        // SAFETY: AVX-512F, the caller's contract.
+        unsafe {
+            _mm512_mul_ps(
+                _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)),
+                _mm512_set1_ps(b.d),
+            )
+        }
+    }
+    #[inline(always)]
+    fn addr(self, p: usize) -> *const u8 {
+        self.as_ptr().wrapping_add(p / BLOCK).cast()
+    }
+}
+
 impl KvElem for Q8Block {
     type Elem = f32;
     const BYTES: usize = std::mem::size_of::<Q8Block>();

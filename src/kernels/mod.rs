@@ -46,8 +46,7 @@ pub use simd::{
 };
 #[cfg(target_arch = "x86_64")]
 pub(crate) use simd::{
-    dot_grid, dot_tree, dot_tree8, exp_nonpos16, lane_mask, load16, load8, sum_lanes_tree,
-    transpose16,
+    dot_grid, dot_tree, dot_tree8, exp_nonpos16, lane_mask, load8, transpose16, Lanes16,
 };
 pub(crate) use simd::{prefetch, prefetch_stream};
 pub use simd::{Elem, NextLines};

@@ -193,6 +193,41 @@ impl Elem for half::bf16 {
     }
 }
 
+/// A row of values as `dot_tree` and the decoding attention's weighted rows read it, sixteen
+/// lanes of f32 at a time: f32 or bf16 values in place (`&[T]`, `load16`), or a q8_0 KV
+/// cache's blocks (`&[kernels::Q8Block]`) widened as they are loaded, to the values
+/// `Q8Block::widen` gives. One loop thus serves every element type, with the same FMAs as over
+/// the widened values.
+#[cfg(target_arch = "x86_64")]
+pub(crate) trait Lanes16: Copy {
+    /// The number of values.
+    fn len(self) -> usize;
+    /// Values p..p + min(n, 16) as f32, zero in the lanes past n.
+    ///
+    /// # Safety
+    /// AVX-512F; p + min(n, 16) ≤ len(); for blocks, p a multiple of 16 and n ≥ 16.
+    unsafe fn load(self, p: usize, n: usize) -> std::arch::x86_64::__m512;
+    /// Where value p lies, for prefetch hints (which read nothing: any address will do).
+    fn addr(self, p: usize) -> *const u8;
+}
+
+#[cfg(target_arch = "x86_64")]
+impl<T: Elem> Lanes16 for &[T] {
+    #[inline(always)]
+    fn len(self) -> usize {
+        <[T]>::len(self)
+    }
+    #[inline(always)]
+    unsafe fn load(self, p: usize, n: usize) -> std::arch::x86_64::__m512 {
+        // SAFETY: the caller's contract is `load16`'s.
+        unsafe { load16(self.as_ptr().add(p), n) }
+    }
+    #[inline(always)]
+    fn addr(self, p: usize) -> *const u8 {
+        self.as_ptr().wrapping_add(p).cast()
+    }
+}
+
 /// The first `n` (at most 16) values from `p` widened to f32, zero in the lanes past `n`: a
 /// masked load for f32; for bf16 the 16-bit values zero-extended to 32 bits and shifted into
 /// the upper half (a ragged tail is copied out first, so that nothing past `n` is read).
@@ -404,13 +439,14 @@ pub(crate) unsafe fn dot_tree8<const Q: usize, const N: usize, T: Elem>(
 /// `STREAM_AHEAD` bytes on (`prefetch_stream`): a lone row's weights, read once a token.
 ///
 /// # Safety
-/// AVX-512F; xs holds Q · w.len() values; where N > 0, w.len() = 16·N.
+/// AVX-512F; xs holds Q · w.len() values; where N > 0, w.len() = 16·N; blocks (q8_0) are
+/// whole heads, 32 values each (`Lanes16::load`).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 #[inline]
-pub(crate) unsafe fn dot_tree<const Q: usize, const N: usize, T: Elem>(
+pub(crate) unsafe fn dot_tree<const Q: usize, const N: usize, W: Lanes16>(
     xs: &[f32],
-    w: &[T],
+    w: W,
     stream: bool,
 ) -> [f32; Q] {
     use std::arch::x86_64::*;
@@ -418,12 +454,12 @@ pub(crate) unsafe fn dot_tree<const Q: usize, const N: usize, T: Elem>(
     let mut acc = [_mm512_setzero_ps(); Q];
     for p in (0..len).step_by(16) {
         if stream {
-            prefetch_stream(w.as_ptr().wrapping_add(p));
+            prefetch_stream(w.addr(p));
         }
         // SAFETY: the loads read no further than the len − p values left of w and of each x
         // row.
         unsafe {
-            let wv = load16(w.as_ptr().add(p), len - p);
+            let wv = w.load(p, len - p);
             for (i, a) in acc.iter_mut().enumerate() {
                 let xv = load_f32(xs.as_ptr().add(i * len + p), len - p);
                 *a = _mm512_fmadd_ps(wv, xv, *a);
