@@ -3,18 +3,19 @@
 //! The tile kernel (attention.rs) parallelises over key heads and streams each head's cached
 //! rows as a strided column, transposed into a tile first. With one query there is nothing to
 //! reuse a tile for, so here the cached positions are cut into chunks instead
-//! (flash-decoding): a task reads its chunk's key and value rows for every head, row by row
-//! in memory order, keeps a partial softmax (max, sum, weighted values) per head, and the
-//! partials are merged at the end. The chunks do not depend on the thread count, so neither
+//! (flash-decoding): a task reads its chunk's key and value rows for every head, in memory
+//! order (on AVX-512 four rows at a time), keeps a partial softmax (max, sum, weighted values)
+//! per head, and the partials are merged at the end. The chunks do not depend on the thread count, so neither
 //! do the results.
 //!
 //! The cache holds f32 or bf16 keys and values (`Elem`, `--kv-cache bf16`): bf16 rows are
 //! widened to f32 as they are loaded (a zero-extension and a shift, `load16` on AVX-512,
 //! `load8` on AVX2), and everything after the load runs in f32 either way. A q8_0 cache's
 //! blocks (`KvElem`, `--kv-cache q8_0`) are widened likewise on AVX-512 where each head is
-//! whole blocks (a sign extension, a conversion and the block's scale: `dot_tree_q8`,
-//! `weighted_row_q8`); elsewhere each row is widened first into a row of f32 at the end of the
-//! task's partials, which stays in L1, and read from there.
+//! whole blocks (a sign extension, a conversion and the block's scale: `Lanes16` for
+//! `&[Q8Block]`, which `dot_tree` and `weighted_row_avx512` read like values); elsewhere each
+//! row is widened first into a row of f32 at the end of the task's partials, which stays in
+//! L1, and read from there.
 
 use super::attention_parts::AttnShape;
 use super::gemm::cpu::Isa;
@@ -203,12 +204,14 @@ macro_rules! shaped {
 }
 
 /// A task's partials, out (NQ, r.part) and then room to widen a row, each phase walking the
-/// chunk's cached rows
-/// one row at a time, every head over one row before the next: the order they lie in memory,
-/// which the hardware prefetchers stream from DRAM at full speed. Reading a block of rows head
-/// by head instead (a strided column per head) reaches less than half of it, prefetched into
-/// L2 in software or not. A GQA group's query heads (diff_v2's) go together (`Heads`), each
-/// cached row loaded once for them.
+/// chunk's cached rows in memory order. On AVX-512 it takes them four at a time, every head over
+/// the four before the next four (`fours`): sixteen chains of FMAs in flight and the four rows'
+/// scores reduced together, each head's partial loaded and stored once for the four rows. A
+/// block read head by head is no longer one stream for the hardware prefetchers (alone, it
+/// decoded 1.3× slower from memory, though 1.1× faster from L2), so the task asks for the next
+/// rows itself (`Ahead`). Elsewhere, one row at a time, every head over one row before the next.
+/// A GQA group's query heads (diff_v2's) go together (`Heads`), each cached row loaded once for
+/// them.
 fn chunk_partials<C: KvElem>(
     isa: Option<Isa>,
     out: &mut [f32],
@@ -236,6 +239,86 @@ fn chunk_partials<C: KvElem>(
     shaped!(values_rows, heads.group, dv)(isa, out, room, r, s, heads);
 }
 
+/// How many rows past the block of four it reads a task asks for again with each block
+/// (into L1, PREFETCHT0): read a head at a time across four rows, a block of rows is no longer
+/// one stream in memory order for the hardware prefetchers to follow. Asked for again with each
+/// block, a row is requested four times before it is read; once, at the farthest distance,
+/// decoded more slowly.
+#[cfg(target_arch = "x86_64")]
+const ROWS_AHEAD: usize = 16;
+
+/// A task's requests for the cached rows ahead of those it reads four at a time.
+#[cfg(target_arch = "x86_64")]
+struct Ahead {
+    /// the task's first row, and bytes a row
+    at: *const u8,
+    row_bytes: usize,
+    /// rows ahead, and the chunk's length
+    rows: usize,
+    len: usize,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Ahead {
+    fn new<C: KvElem>(on: bool, src: &[C], r: &Rows<C>, width: usize) -> Ahead {
+        let row_bytes = C::entries(width) * std::mem::size_of::<C>();
+        let a = Ahead {
+            at: src.as_ptr().cast::<u8>().wrapping_add(r.row0 * row_bytes),
+            row_bytes,
+            rows: ROWS_AHEAD,
+            len: if on { r.len } else { 0 },
+        };
+        a.lines(0..a.rows);
+        a
+    }
+
+    /// Asks for the `rows` rows after block t.
+    #[inline(always)]
+    fn fetch(&self, t: usize) {
+        self.lines(t + 4..t + 4 + self.rows);
+    }
+
+    /// Every line of rows `rows` inside the chunk (a hint: it reads nothing).
+    fn lines(&self, rows: std::ops::Range<usize>) {
+        let (from, to) = (rows.start.min(self.len), rows.end.min(self.len));
+        for b in (from * self.row_bytes..to * self.row_bytes).step_by(64) {
+            super::prefetch(self.at.wrapping_add(b).cast(), 1);
+        }
+    }
+}
+
+/// Whether the loops take four cached rows at a time: on AVX-512, for heads of 16·N values
+/// that are read where they lie (f32 and bf16 values, q8_0 blocks); elsewhere, and where a
+/// q8_0 row is widened into the task's room first, one at a time.
+#[cfg(target_arch = "x86_64")]
+fn fours<const N: usize, C: KvElem>(isa: Option<Isa>, width: usize, blocks: bool) -> bool {
+    isa == Some(Isa::Avx512) && N > 0 && (blocks || C::room(width) == 0)
+}
+
+/// `$f` of the head at `$at` (`$w` values) of each of the rows `$rows`, as values or as
+/// blocks: `$f([&[E]; 4])` or `$f([&[Q8Block]; 4])`, the rows all of one kind.
+#[cfg(target_arch = "x86_64")]
+macro_rules! shared {
+    ($rows:expr, $at:expr, $w:expr, |$h:ident| $f:expr) => {
+        match $rows[0] {
+            Row::Values(_) => {
+                let $h = $rows.map(|row| match row {
+                    Row::Values(v) => &v[$at..$at + $w],
+                    Row::Blocks(_) => unreachable!("a cache's rows are all of one kind"),
+                });
+                $f
+            }
+            Row::Blocks(_) => {
+                let $h = $rows.map(|row| match row {
+                    Row::Blocks(b) => &b[$at / 32..($at + $w) / 32],
+                    Row::Values(_) => unreachable!("a cache's rows are all of one kind"),
+                });
+                $f
+            }
+        }
+    };
+}
+
 /// Phase 1: out[j][dv + 2 + t] = q_j · k_t over the chunk's rows t, for the query heads in
 /// runs of Q that read one key head. Out of line, each (Q, N) compiled on its own (inlined
 /// together into their caller, the block kernels before these shared one register
@@ -255,7 +338,34 @@ fn scores_rows<const Q: usize, const N: usize, C: KvElem>(
     assert!(out.len() >= s.nq * part && q.len() >= s.nq * dk);
     assert!(heads.k_at.iter().all(|&a| a + dk <= kw));
     let blocks = whole_blocks(isa, dk);
-    for t in 0..r.len {
+    #[cfg(target_arch = "x86_64")]
+    let fours = fours::<N, C>(isa, kw, blocks);
+    #[cfg(target_arch = "x86_64")]
+    let ahead = Ahead::new::<C>(fours, r.k, r, kw);
+    let mut t = 0;
+    while t < r.len {
+        #[cfg(target_arch = "x86_64")]
+        if fours && t + 4 <= r.len {
+            ahead.fetch(t);
+            // (slicing checks that the rows are in the cache)
+            let rows =
+                std::array::from_fn(|i| C::row(isa, r.k, r.row0 + t + i, kw, blocks, &mut []));
+            for (g, &at) in heads.k_at.iter().enumerate() {
+                let qs = &q[g * Q * dk..(g + 1) * Q * dk];
+                // SAFETY: AVX-512F (`fours`); each row's head holds dk = 16·N values (asserted),
+                // whole blocks where they are blocks, qs the Q queries' dk each.
+                let dots = unsafe {
+                    shared!(rows, at, dk, |ks| super::dot_tree::<4, Q, N, _>(
+                        qs, ks, false
+                    ))
+                };
+                for (i, d) in dots.into_iter().enumerate() {
+                    store_scores(out, d, g * Q, part, s.dv + 2 + t + i);
+                }
+            }
+            t += 4;
+            continue;
+        }
         // (slicing checks that the rows are in the cache)
         let row = C::row(isa, r.k, r.row0 + t, kw, blocks, room);
         for (g, &at) in heads.k_at.iter().enumerate() {
@@ -268,7 +378,7 @@ fn scores_rows<const Q: usize, const N: usize, C: KvElem>(
                     let k = &row[at / 32..(at + dk) / 32];
                     // SAFETY: blocks are handed out on AVX-512 alone (`whole_blocks`); the
                     // head's dk values are whole blocks, qs the Q queries' dk each.
-                    let dots = unsafe { super::dot_tree::<Q, N, _>(qs, k, false) };
+                    let [dots] = unsafe { super::dot_tree::<1, Q, N, _>(qs, [k], false) };
                     store_scores(out, dots, j0, part, s.dv + 2 + t);
                     continue;
                 }
@@ -279,7 +389,7 @@ fn scores_rows<const Q: usize, const N: usize, C: KvElem>(
             let dots = match isa {
                 #[cfg(target_arch = "x86_64")]
                 // SAFETY: the CPU has AVX-512F (`attention_decode_on` checked); lengths above.
-                Some(Isa::Avx512) => unsafe { super::dot_tree::<Q, N, _>(qs, k, false) },
+                Some(Isa::Avx512) => unsafe { super::dot_tree::<1, Q, N, _>(qs, [k], false)[0] },
                 #[cfg(target_arch = "x86_64")]
                 // SAFETY: the CPU has AVX2 and FMA (checked likewise); lengths above.
                 Some(Isa::Avx2) => unsafe { super::dot_tree8::<Q, N, C::Elem>(qs, k) },
@@ -287,6 +397,7 @@ fn scores_rows<const Q: usize, const N: usize, C: KvElem>(
             };
             store_scores(out, dots, j0, part, s.dv + 2 + t);
         }
+        t += 1;
     }
 }
 
@@ -327,7 +438,34 @@ fn values_rows<const Q: usize, const N: usize, C: KvElem>(
     assert!(out.len() >= s.nq * part);
     assert!(heads.v_at.iter().all(|&a| a + dv <= vw));
     let blocks = whole_blocks(isa, dv);
-    for t in 0..r.len {
+    #[cfg(target_arch = "x86_64")]
+    let fours = fours::<N, C>(isa, vw, blocks);
+    #[cfg(target_arch = "x86_64")]
+    let ahead = Ahead::new::<C>(fours, r.v, r, vw);
+    let mut t = 0;
+    while t < r.len {
+        #[cfg(target_arch = "x86_64")]
+        if fours && t + 4 <= r.len {
+            ahead.fetch(t);
+            let rows =
+                std::array::from_fn(|i| C::row(isa, r.v, r.row0 + t + i, vw, blocks, &mut []));
+            for (g, &at) in heads.v_at.iter().enumerate() {
+                let heads = &mut out[g * Q * part..(g + 1) * Q * part];
+                // SAFETY: AVX-512F (`fours`); heads holds Q partials of part ≥ dv values,
+                // dv + 2 + t + 3 < part; each row's head holds dv = 16·N values (asserted),
+                // whole blocks where they are blocks.
+                unsafe {
+                    shared!(rows, at, dv, |vs| weighted_row_avx512::<4, Q, N, _>(
+                        heads,
+                        part,
+                        dv + 2 + t,
+                        vs
+                    ))
+                };
+            }
+            t += 4;
+            continue;
+        }
         let row = C::row(isa, r.v, r.row0 + t, vw, blocks, room);
         for (g, &at) in heads.v_at.iter().enumerate() {
             let j0 = g * Q;
@@ -341,7 +479,7 @@ fn values_rows<const Q: usize, const N: usize, C: KvElem>(
                     let v = &row[at / 32..(at + dv) / 32];
                     // SAFETY: blocks are handed out on AVX-512 alone (`whole_blocks`); heads
                     // holds Q partials of part ≥ dv values, dv + 2 + t < part.
-                    unsafe { weighted_row_avx512::<Q, N, _>(heads, part, dv + 2 + t, v) };
+                    unsafe { weighted_row_avx512::<1, Q, N, _>(heads, part, dv + 2 + t, [v]) };
                     continue;
                 }
             };
@@ -351,7 +489,7 @@ fn values_rows<const Q: usize, const N: usize, C: KvElem>(
                 #[cfg(target_arch = "x86_64")]
                 // SAFETY: the CPU has AVX-512F (`attention_decode_on` checked); lengths above.
                 Some(Isa::Avx512) => unsafe {
-                    weighted_row_avx512::<Q, N, _>(heads, part, dv + 2 + t, v)
+                    weighted_row_avx512::<1, Q, N, _>(heads, part, dv + 2 + t, [v])
                 },
                 #[cfg(target_arch = "x86_64")]
                 // SAFETY: the CPU has AVX2 and FMA (checked likewise); lengths above.
@@ -366,37 +504,45 @@ fn values_rows<const Q: usize, const N: usize, C: KvElem>(
                 }
             }
         }
+        t += 1;
     }
 }
 
-/// heads[i·part..][..dv] += heads[i·part + at] · v for the Q partials in `heads`, v (dv
-/// values: in place, or q8_0 blocks widened as they are loaded, `Lanes16`) loaded once for all
-/// of them.
+/// heads[i·part..][..dv] += Σ_r heads[i·part + at + r] · v_r for the Q partials in `heads` and
+/// the R rows `vs` (dv values each: in place, or q8_0 blocks widened as they are loaded,
+/// `Lanes16`), rows in order: each block of a row loaded once for all the partials, each
+/// partial's block loaded and stored once for all the rows (the same FMAs, in the same order,
+/// as R rows one at a time).
 ///
 /// # Safety
-/// AVX-512F; heads holds Q partials of `part` ≥ dv values, at < part; where N > 0,
-/// v.len() = 16·N; blocks are whole (`Lanes16::load`).
+/// AVX-512F; heads holds Q partials of `part` ≥ dv values, at + R ≤ part; where N > 0,
+/// each v has 16·N values; blocks are whole (`Lanes16::load`).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 #[inline]
-unsafe fn weighted_row_avx512<const Q: usize, const N: usize, V: Lanes16>(
+unsafe fn weighted_row_avx512<const R: usize, const Q: usize, const N: usize, V: Lanes16>(
     heads: &mut [f32],
     part: usize,
     at: usize,
-    v: V,
+    vs: [V; R],
 ) {
     use std::arch::x86_64::*;
-    let dv = if N > 0 { 16 * N } else { v.len() };
-    let p: [__m512; Q] = std::array::from_fn(|i| _mm512_set1_ps(heads[i * part + at]));
+    let dv = if N > 0 { 16 * N } else { vs[0].len() };
+    let p: [[__m512; R]; Q] =
+        std::array::from_fn(|i| std::array::from_fn(|r| _mm512_set1_ps(heads[i * part + at + r])));
     for c in (0..dv).step_by(16) {
         let m = super::lane_mask(dv - c);
-        // SAFETY: the loads and stores are masked to the dv − c values left of v and of
+        // SAFETY: the loads and stores are masked to the dv − c values left of each v and of
         // each partial's first dv.
         unsafe {
-            let x = v.load(c, dv - c);
+            let x: [__m512; R] = std::array::from_fn(|r| vs[r].load(c, dv - c));
             for (i, p) in p.iter().enumerate() {
                 let a = heads.as_mut_ptr().add(i * part + c);
-                _mm512_mask_storeu_ps(a, m, _mm512_fmadd_ps(*p, x, _mm512_maskz_loadu_ps(m, a)));
+                let mut sum = _mm512_maskz_loadu_ps(m, a);
+                for (p, x) in p.iter().zip(x) {
+                    sum = _mm512_fmadd_ps(*p, x, sum);
+                }
+                _mm512_mask_storeu_ps(a, m, sum);
             }
         }
     }
@@ -443,7 +589,74 @@ unsafe fn weighted_row_avx2<const Q: usize, const N: usize, T: Elem>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kernels::Q8Block;
     use half::bf16;
+
+    /// Four cached rows at a time (`dot_tree::<4, ..>` with `sum_lanes_tree4`,
+    /// `weighted_row_avx512::<4, ..>`) give each row's bits as one row at a time: f32, bf16
+    /// and q8_0 rows, one to four queries, heads of 32, 64 and 128 values, sums of mixed
+    /// magnitudes (where a different order of additions would show).
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn four_rows_at_a_time_give_one_row_at_a_time_bits() {
+        if !Isa::Avx512.available() {
+            return;
+        }
+        fn check<const Q: usize, const N: usize>(seed: &mut u32) {
+            let w = 16 * N;
+            let mut xs = crate::kernels::lcg_values(Q * w, seed, 1.0);
+            xs.iter_mut().step_by(7).for_each(|x| *x *= 1e4);
+            let rows: Vec<Vec<f32>> = (0..4)
+                .map(|_| crate::kernels::lcg_values(w, seed, 3.0))
+                .collect();
+            let b16: Vec<Vec<bf16>> = rows
+                .iter()
+                .map(|r| r.iter().map(|&x| bf16::from_f32(x)).collect())
+                .collect();
+            let q8: Vec<Vec<Q8Block>> = rows
+                .iter()
+                .map(|r| r.chunks(32).map(Q8Block::quantize).collect())
+                .collect();
+            let part = w + 2 + 4;
+            let mut heads = crate::kernels::lcg_values(Q * part, seed, 1.0);
+            fn both<const Q: usize, const N: usize, W: Lanes16>(
+                xs: &[f32],
+                ws: [W; 4],
+                heads: &[f32],
+                part: usize,
+            ) {
+                let w = 16 * N;
+                // SAFETY: AVX-512F (checked); every row holds w = 16·N values, xs Q times w,
+                // heads Q partials of part = w + 6 values.
+                unsafe {
+                    let four = super::super::dot_tree::<4, Q, N, _>(xs, ws, false);
+                    for (r, f) in four.iter().enumerate() {
+                        let [one] = super::super::dot_tree::<1, Q, N, _>(xs, [ws[r]], false);
+                        let bits = |d: &[f32; Q]| d.map(f32::to_bits);
+                        assert_eq!(bits(f), bits(&one), "row {r}, Q {Q}, N {N}");
+                    }
+                    let (mut a, mut b) = (heads.to_vec(), heads.to_vec());
+                    weighted_row_avx512::<4, Q, N, _>(&mut a, part, w + 2, ws);
+                    for (r, v) in ws.into_iter().enumerate() {
+                        weighted_row_avx512::<1, Q, N, _>(&mut b, part, w + 2 + r, [v]);
+                    }
+                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&a), bits(&b), "Q {Q}, N {N}");
+                }
+            }
+            heads.iter_mut().step_by(5).for_each(|x| *x *= 100.0);
+            both::<Q, N, _>(&xs, std::array::from_fn(|r| &rows[r][..]), &heads, part);
+            both::<Q, N, _>(&xs, std::array::from_fn(|r| &b16[r][..]), &heads, part);
+            both::<Q, N, _>(&xs, std::array::from_fn(|r| &q8[r][..]), &heads, part);
+        }
+        let mut seed = 11;
+        check::<1, 2>(&mut seed);
+        check::<1, 4>(&mut seed);
+        check::<1, 8>(&mut seed);
+        check::<2, 4>(&mut seed);
+        check::<4, 4>(&mut seed);
+        check::<4, 8>(&mut seed);
+    }
 
     /// A bf16 or q8_0 cache decodes exactly as an f32 cache holding the same (widened) values,
     /// on the portable loops and on each vector unit's the CPU has (AVX-512, AVX2), which agree

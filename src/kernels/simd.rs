@@ -347,6 +347,39 @@ pub(crate) fn sum_lanes_tree(v: std::arch::x86_64::__m512) -> f32 {
     sum_lanes8(_mm256_add_ps(_mm512_castps512_ps256(v), hi))
 }
 
+/// Each of four registers' lane sums, `sum_lanes_tree` bit for bit (the same pairs added at
+/// every level: i with i + 8, i + 4, i + 2, i + 1), with the last three levels run on all four
+/// at once: two registers of two rows' eight sums, then one of their four.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+pub(crate) fn sum_lanes_tree4(v: [std::arch::x86_64::__m512; 4]) -> [f32; 4] {
+    use std::arch::x86_64::*;
+    // i + 8: each register's halves added, rows (0, 1) and (2, 3) side by side
+    let h = v.map(|v| {
+        let hi = _mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v));
+        _mm256_castps_pd(_mm256_add_ps(
+            _mm512_castps512_ps256(v),
+            _mm256_castpd_ps(hi),
+        ))
+    });
+    let pair = |a: __m256d, b: __m256d| {
+        _mm512_castpd_ps(_mm512_insertf64x4::<1>(_mm512_castpd256_pd512(a), b))
+    };
+    let (ab, cd) = (pair(h[0], h[1]), pair(h[2], h[3]));
+    // i + 4: the low and the high quarter of each row's eight, row r's four in quarter r
+    let lo = _mm512_shuffle_f32x4::<0b10_00_10_00>(ab, cd);
+    let hi = _mm512_shuffle_f32x4::<0b11_01_11_01>(ab, cd);
+    let s4 = _mm512_add_ps(lo, hi);
+    // i + 2, then i + 1, within each quarter: its first lane holds the row's sum
+    let s2 = _mm512_add_ps(s4, _mm512_permute_ps::<0b00_00_11_10>(s4));
+    let s1 = _mm512_add_ps(s2, _mm512_permute_ps::<0b00_00_00_01>(s2));
+    let mut lanes = [0.0; 16];
+    // SAFETY: sixteen f32 into sixteen.
+    unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), s1) };
+    [lanes[0], lanes[4], lanes[8], lanes[12]]
+}
+
 /// The sum of a's eight lanes, i with i + 4, then i + 2, i + 1: the last three levels of
 /// `sum_lanes_tree`, and the sums of `dot_tree8`.
 #[cfg(target_arch = "x86_64")]
@@ -429,44 +462,63 @@ pub(crate) unsafe fn dot_tree8<const Q: usize, const N: usize, T: Elem>(
     out
 }
 
-/// xs[i] · w for the Q rows of xs (each w.len() long), each summed exactly as `dot_grid` sums
-/// its outputs (FMAs over blocks of 16 columns into one accumulator, then `sum_lanes_tree`),
-/// w loaded (and widened, for bf16) once for all of them. A lone decoding row reads its weight
-/// rows one after another, start to end, where `dot_grid`'s one by sixteen block streams
-/// sixteen at once, and gets the same bits as in a batch; decoding's attention scores a
-/// cached key row for a GQA group's queries. With N > 0 the caller has checked w.len() = 16·N,
-/// and the loop unrolls with every lane on. With `stream`, each step also asks for w's line
-/// `STREAM_AHEAD` bytes on (`prefetch_stream`): a lone row's weights, read once a token.
+/// xs[i] · w_r for the Q rows of xs and each of the R rows `ws` (each `len` long, Lanes16),
+/// each summed exactly as `dot_grid` sums its outputs (FMAs over blocks of 16 columns into one
+/// accumulator, then `sum_lanes_tree`'s order), each block of w loaded (and widened, for bf16
+/// and q8_0) once for all the queries, each block of x once for all the rows. A lone decoding
+/// row reads its weight rows one after another, start to end (R = 1), where `dot_grid`'s one
+/// by sixteen block streams sixteen at once, and gets the same bits as in a batch; decoding's
+/// attention scores four cached key rows at a time for a GQA group's queries (R = 4: sixteen
+/// chains in flight, and the four rows' sums reduced together, `sum_lanes_tree4`). With N > 0
+/// the caller has checked len = 16·N, and the loop unrolls with every lane on. With `stream`,
+/// each step also asks for each w's line `STREAM_AHEAD` bytes on (`prefetch_stream`): a lone
+/// row's weights, read once a token.
 ///
 /// # Safety
-/// AVX-512F; xs holds Q · w.len() values; where N > 0, w.len() = 16·N; blocks (q8_0) are
-/// whole heads, 32 values each (`Lanes16::load`).
+/// AVX-512F; every w has the same length, and xs holds Q times it; where N > 0, that length
+/// is 16·N; blocks (q8_0) are whole heads, 32 values each (`Lanes16::load`).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 #[inline]
-pub(crate) unsafe fn dot_tree<const Q: usize, const N: usize, W: Lanes16>(
+pub(crate) unsafe fn dot_tree<const R: usize, const Q: usize, const N: usize, W: Lanes16>(
     xs: &[f32],
-    w: W,
+    ws: [W; R],
     stream: bool,
-) -> [f32; Q] {
+) -> [[f32; Q]; R] {
     use std::arch::x86_64::*;
-    let len = if N > 0 { 16 * N } else { w.len() };
-    let mut acc = [_mm512_setzero_ps(); Q];
+    let len = if N > 0 { 16 * N } else { ws[0].len() };
+    let mut acc = [[_mm512_setzero_ps(); Q]; R];
     for p in (0..len).step_by(16) {
-        if stream {
-            prefetch_stream(w.addr(p));
-        }
-        // SAFETY: the loads read no further than the len − p values left of w and of each x
-        // row.
+        // SAFETY: the loads read no further than the len − p values left of each w and of
+        // each x row.
         unsafe {
-            let wv = w.load(p, len - p);
-            for (i, a) in acc.iter_mut().enumerate() {
-                let xv = load_f32(xs.as_ptr().add(i * len + p), len - p);
-                *a = _mm512_fmadd_ps(wv, xv, *a);
+            let xv: [__m512; Q] =
+                std::array::from_fn(|i| load_f32(xs.as_ptr().add(i * len + p), len - p));
+            for (w, acc) in ws.iter().zip(acc.iter_mut()) {
+                if stream {
+                    prefetch_stream(w.addr(p));
+                }
+                let wv = w.load(p, len - p);
+                for (a, x) in acc.iter_mut().zip(xv) {
+                    *a = _mm512_fmadd_ps(wv, x, *a);
+                }
             }
         }
     }
-    acc.map(|a| sum_lanes_tree(a))
+    let mut out = [[0.0; Q]; R];
+    if R == 4 {
+        for i in 0..Q {
+            let sums = sum_lanes_tree4(std::array::from_fn(|r| acc[r][i]));
+            for (o, s) in out.iter_mut().zip(sums) {
+                o[i] = s;
+            }
+        }
+    } else {
+        for (o, a) in out.iter_mut().zip(acc) {
+            *o = a.map(|a| sum_lanes_tree(a));
+        }
+    }
+    out
 }
 
 /// Lane r·O + o is x_r · w_o for R input rows `xs` and O weight rows `ws` (R·O = 16), each `len`
