@@ -366,6 +366,16 @@ pub struct DecodeBench {
     /// cache bytes a decoding step reads for one sequence, the mean over the steps: every
     /// cached row once
     pub kv_bytes_per_token: u64,
+    /// with `phases`: the median over the repetitions of each phase's time a decoding step
+    /// (`model::phases`, in the order of `Phase::ALL`), in seconds; empty otherwise
+    pub phases: Vec<PhaseTime>,
+}
+
+/// One phase's share of a decoding step.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct PhaseTime {
+    pub phase: &'static str,
+    pub seconds_per_step: f64,
 }
 
 /// Greedy decoding of `batch` sequences together after seeded random prompts of `prompt_len`
@@ -374,16 +384,19 @@ pub struct DecodeBench {
 /// ones (`set_batch_invariant`), so that this measures what `serve --parallel` decodes. With
 /// `probe_memory`, main memory's read rate is measured between the repetitions (not during
 /// them): a shared machine's rate moves from one minute to the next, and a decode bound by it
-/// compares only with the rate of its own minutes.
+/// compares only with the rate of its own minutes. With `phases`, each repetition also times
+/// the phases of its decoding steps (`model::phases`: from the first new token, after the
+/// prefill).
 pub fn bench_decode(
     model: &Model,
     prompt_len: usize,
     new_tokens: usize,
     reps: usize,
     batch: usize,
-    probe_memory: bool,
+    (probe_memory, phases): (bool, bool),
 ) -> Result<DecodeBench> {
     use crate::infer::{generate, GenerateOptions, Sampling};
+    use crate::model::phases::{self as ph, Phase};
     let ctx = model.config.max_position_embeddings;
     if prompt_len == 0 || new_tokens == 0 || batch == 0 {
         return Err(Error::Invalid(
@@ -411,8 +424,17 @@ pub fn bench_decode(
         truncate_prompt: false,
     };
     let mut memory_gbs = Vec::new();
+    let mut phase_s: Vec<[f64; 6]> = Vec::new();
     let mut timed = || -> Result<(Vec<f64>, Vec<f64>)> {
-        let run = || generate(model, &prompts, &opts, |_, _| {});
+        // the phases count from the first new token (drawn from the prefill's logits)
+        let run = || {
+            let mut first = true;
+            generate(model, &prompts, &opts, move |_, _| {
+                if std::mem::take(&mut first) {
+                    ph::reset();
+                }
+            })
+        };
         run()?;
         let (mut pre, mut dec) = (Vec::new(), Vec::new());
         for _ in 0..reps.max(1) {
@@ -422,6 +444,7 @@ pub fn bench_decode(
             let g = run()?;
             pre.push(g.prefill_seconds);
             dec.push(g.decode_seconds);
+            phase_s.push(ph::seconds());
         }
         if probe_memory {
             memory_gbs.push(memory_read_gbs());
@@ -431,7 +454,9 @@ pub fn bench_decode(
     if batch > 1 {
         crate::kernels::gemm::linear::set_batch_invariant(batch);
     }
+    ph::switch(phases);
     let result = timed();
+    ph::switch(false);
     crate::kernels::gemm::linear::set_batch_invariant(0);
     let (mut pre, dec) = result?;
     let med = |v: &mut Vec<f64>| {
@@ -439,6 +464,16 @@ pub fn bench_decode(
         v[v.len() / 2]
     };
     let (p, d) = (med(&mut pre), med(&mut dec.clone()));
+    let phases = match phases {
+        true => (Phase::ALL.iter().enumerate())
+            .map(|(i, ph)| PhaseTime {
+                phase: ph.name(),
+                seconds_per_step: med(&mut phase_s.iter().map(|s| s[i]).collect())
+                    / new_tokens as f64,
+            })
+            .collect(),
+        false => Vec::new(),
+    };
     let c = &model.config;
     let kv = model.kv_cache;
     let kv_per_token = c.num_hidden_layers
@@ -477,6 +512,7 @@ pub fn bench_decode(
         kv_cache_bytes: (batch * kv_per_token * (prompt_len + new_tokens)) as u64,
         kv_cache: model.kv_cache.as_str(),
         kv_bytes_per_token: (kv_per_token as f64 * rows_read) as u64,
+        phases,
     })
 }
 

@@ -9,6 +9,7 @@ use super::attention::{self as attn, Lambda};
 use super::bf16_weights::Bf16Weights;
 use super::f32_panels::F32Panels;
 use super::kv_cache::{KvCache, Rows, Store};
+use super::phases::{Clock, Phase};
 use super::quant_weights::QuantWeights;
 use crate::config::params::{LayerParams, Span};
 use crate::config::{lambda_init_at, AttentionKind, ModelConfig};
@@ -267,6 +268,7 @@ pub fn block_forward(
     attend: Attend,
 ) {
     let (n, c, d) = (b * t, l.d.c, l.d);
+    let mut clock = Clock::start();
     // 1. input_layernorm: ln1 = RMSNorm(x), the block's input kept in x_in
     let (ln1, rstd1) = (&mut a.ln1[..n * c], &mut a.rstd1[..n]);
     let x_in = Some(&mut a.x_in[..n * c]);
@@ -280,22 +282,28 @@ pub fn block_forward(
         c,
         d.eps,
     );
+    clock.lap(Phase::Norms);
     // 2. q, k, v projections of ln1 (and diff_v2's λ logits): one product, one packed input
     l.qkv_forward(a, n);
+    clock.lap(Phase::Qkv);
     // 3. RoPE on q and k, then causal attention
     l.attention_forward(a, b, t, attend);
     // 4. the maps combined: diff_v1 attn1 − λ·attn2 then subln; diff_v2 with λ = σ(z) per token
     l.combine_forward(a, n);
+    clock.lap(Phase::Attention);
     // 5. o_proj, added to the residual stream: x_mid = x_in + o_proj(attn_out)
     let o_proj = l.weight(l.p.o_proj);
     matmul_forward(x, a.attn_out(n, d), o_proj, n, d.out, c, true, l.precision);
+    clock.lap(Phase::OProj);
     // 6. post_attention_layernorm: ln2 = RMSNorm(x_mid), x_mid kept
     let (ln2, rstd2) = (&mut a.ln2[..n * c], &mut a.rstd2[..n]);
     let x_mid = Some(&mut a.x_mid[..n * c]);
     let pal = l.param(l.p.post_attention_layernorm);
     rmsnorm_forward(ln2, rstd2, x, x_mid, pal, 1.0, c, d.eps);
+    clock.lap(Phase::Norms);
     // 7. MLP: x_out = x_mid + down(swiglu(gate ln2, up ln2))
     l.mlp_forward(x, a, n);
+    clock.lap(Phase::Mlp);
 }
 
 /// dx: (B, T, D) in place: the gradient w.r.t. the block's output on entry, w.r.t. its input on

@@ -10,6 +10,7 @@ pub mod memory;
 #[allow(clippy::module_inception)]
 pub mod model;
 mod packed;
+pub mod phases;
 pub mod quant_weights;
 pub mod retrofit;
 

@@ -12,6 +12,7 @@ use super::block::{
 };
 use super::f32_panels::F32Panels;
 use super::kv_cache::KvCache;
+use super::phases::{Clock, Phase};
 use super::quant_weights::QuantWeights;
 use crate::config::params::LayerParams;
 use crate::config::params::ParamLayout;
@@ -341,6 +342,7 @@ impl Model {
             }
             (b, last)
         };
+        let mut clock = Clock::start();
         let lnf = &mut ws.lnf[..rows * dm];
         rmsnorm_forward(
             lnf,
@@ -352,6 +354,7 @@ impl Model {
             dm,
             self.dims.eps,
         );
+        clock.lap(Phase::Norms);
         let head = self.layout.lm_head_span();
         matmul_forward(
             &mut ws.logits[..rows * v],
@@ -367,6 +370,7 @@ impl Model {
             false,
             precision,
         );
+        clock.lap(Phase::LmHead);
         Ok(())
     }
 
