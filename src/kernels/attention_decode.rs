@@ -204,14 +204,14 @@ macro_rules! shaped {
 }
 
 /// A task's partials, out (NQ, r.part) and then room to widen a row, each phase walking the
-/// chunk's cached rows in memory order. On AVX-512 it takes them four at a time, every head over
-/// the four before the next four (`fours`): sixteen chains of FMAs in flight and the four rows'
-/// scores reduced together, each head's partial loaded and stored once for the four rows. A
-/// block read head by head is no longer one stream for the hardware prefetchers (alone, it
-/// decoded 1.3× slower from memory, though 1.1× faster from L2), so the task asks for the next
-/// rows itself (`Ahead`). Elsewhere, one row at a time, every head over one row before the next.
-/// A GQA group's query heads (diff_v2's) go together (`Heads`), each cached row loaded once for
-/// them.
+/// chunk's cached rows in memory order. On AVX-512 it takes them four at a time, every head
+/// over the four before the next four (`Fours`): sixteen chains of FMAs in flight and the four
+/// rows' scores reduced together, each head's partial loaded and stored once for the four
+/// rows. A block read head by head is no longer one stream for the hardware prefetchers
+/// (alone, it decoded 1.3× slower from memory, though 1.1× faster from L2), so the task asks
+/// for the next rows itself (`ROWS_AHEAD`). Elsewhere, one row at a time, every head over one
+/// row before the next. A GQA group's query heads (diff_v2's) go together (`Heads`), each
+/// cached row loaded once for them.
 fn chunk_partials<C: KvElem>(
     isa: Option<Isa>,
     out: &mut [f32],
@@ -247,52 +247,75 @@ fn chunk_partials<C: KvElem>(
 #[cfg(target_arch = "x86_64")]
 const ROWS_AHEAD: usize = 16;
 
-/// A task's requests for the cached rows ahead of those it reads four at a time.
+/// A task's walk over its chunk's rows of k or v four at a time: on AVX-512, for heads of 16·N
+/// values read where they lie (f32 and bf16 values, q8_0 blocks), asking for the rows ahead as
+/// it goes (`ROWS_AHEAD`); elsewhere, and where a q8_0 row is widened into the task's room
+/// first, one row at a time (`four` says None).
 #[cfg(target_arch = "x86_64")]
-struct Ahead {
-    /// the task's first row, and bytes a row
-    at: *const u8,
-    row_bytes: usize,
-    /// rows ahead, and the chunk's length
-    rows: usize,
+struct Fours<'a, C> {
+    src: &'a [C],
+    isa: Option<Isa>,
+    /// values a row, and whether its heads are read as blocks
+    width: usize,
+    blocks: bool,
+    /// the chunk's first row, and its length (0 when the walk is off)
+    row0: usize,
     len: usize,
 }
 
 #[cfg(target_arch = "x86_64")]
-impl Ahead {
-    fn new<C: KvElem>(on: bool, src: &[C], r: &Rows<C>, width: usize) -> Ahead {
-        let row_bytes = C::entries(width) * std::mem::size_of::<C>();
-        let a = Ahead {
-            at: src.as_ptr().cast::<u8>().wrapping_add(r.row0 * row_bytes),
-            row_bytes,
-            rows: ROWS_AHEAD,
+impl<'a, C: KvElem> Fours<'a, C> {
+    fn new<const N: usize>(isa: Option<Isa>, src: &'a [C], r: &Rows<C>, width: usize) -> Self {
+        // (a head of 16·N values)
+        let blocks = N > 0 && whole_blocks(isa, 16 * N);
+        let on = isa == Some(Isa::Avx512) && N > 0 && (blocks || C::room(width) == 0);
+        let f = Fours {
+            src,
+            isa,
+            width,
+            blocks,
+            row0: r.row0,
             len: if on { r.len } else { 0 },
         };
-        a.lines(0..a.rows);
-        a
+        f.ask(0..ROWS_AHEAD);
+        f
     }
 
-    /// Asks for the `rows` rows after block t.
+    /// Rows t..t + 4, after asking for the `ROWS_AHEAD` past them; None where the walk is off
+    /// or fewer than four rows are left.
     #[inline(always)]
-    fn fetch(&self, t: usize) {
-        self.lines(t + 4..t + 4 + self.rows);
+    fn four(&self, t: usize) -> Option<[Row<'a, C::Elem>; 4]> {
+        if t + 4 > self.len {
+            return None;
+        }
+        self.ask(t + 4..t + 4 + ROWS_AHEAD);
+        // (slicing checks that the rows are in the cache)
+        let at = |i| {
+            C::row(
+                self.isa,
+                self.src,
+                self.row0 + t + i,
+                self.width,
+                self.blocks,
+                &mut [],
+            )
+        };
+        Some(std::array::from_fn(at))
     }
 
     /// Every line of rows `rows` inside the chunk (a hint: it reads nothing).
-    fn lines(&self, rows: std::ops::Range<usize>) {
+    fn ask(&self, rows: std::ops::Range<usize>) {
+        let row_bytes = C::entries(self.width) * std::mem::size_of::<C>();
+        let first = self
+            .src
+            .as_ptr()
+            .cast::<u8>()
+            .wrapping_add(self.row0 * row_bytes);
         let (from, to) = (rows.start.min(self.len), rows.end.min(self.len));
-        for b in (from * self.row_bytes..to * self.row_bytes).step_by(64) {
-            super::prefetch(self.at.wrapping_add(b).cast(), 1);
+        for b in (from * row_bytes..to * row_bytes).step_by(64) {
+            super::prefetch(first.wrapping_add(b).cast(), 1);
         }
     }
-}
-
-/// Whether the loops take four cached rows at a time: on AVX-512, for heads of 16·N values
-/// that are read where they lie (f32 and bf16 values, q8_0 blocks); elsewhere, and where a
-/// q8_0 row is widened into the task's room first, one at a time.
-#[cfg(target_arch = "x86_64")]
-fn fours<const N: usize, C: KvElem>(isa: Option<Isa>, width: usize, blocks: bool) -> bool {
-    isa == Some(Isa::Avx512) && N > 0 && (blocks || C::room(width) == 0)
 }
 
 /// `$f` of the head at `$at` (`$w` values) of each of the rows `$rows`, as values or as
@@ -339,20 +362,14 @@ fn scores_rows<const Q: usize, const N: usize, C: KvElem>(
     assert!(heads.k_at.iter().all(|&a| a + dk <= kw));
     let blocks = whole_blocks(isa, dk);
     #[cfg(target_arch = "x86_64")]
-    let fours = fours::<N, C>(isa, kw, blocks);
-    #[cfg(target_arch = "x86_64")]
-    let ahead = Ahead::new::<C>(fours, r.k, r, kw);
+    let fours = Fours::new::<N>(isa, r.k, r, kw);
     let mut t = 0;
     while t < r.len {
         #[cfg(target_arch = "x86_64")]
-        if fours && t + 4 <= r.len {
-            ahead.fetch(t);
-            // (slicing checks that the rows are in the cache)
-            let rows =
-                std::array::from_fn(|i| C::row(isa, r.k, r.row0 + t + i, kw, blocks, &mut []));
+        if let Some(rows) = fours.four(t) {
             for (g, &at) in heads.k_at.iter().enumerate() {
                 let qs = &q[g * Q * dk..(g + 1) * Q * dk];
-                // SAFETY: AVX-512F (`fours`); each row's head holds dk = 16·N values (asserted),
+                // SAFETY: AVX-512F (`Fours`); each row's head holds dk = 16·N values (asserted),
                 // whole blocks where they are blocks, qs the Q queries' dk each.
                 let dots = unsafe {
                     shared!(rows, at, dk, |ks| super::dot_tree::<4, Q, N, _>(
@@ -439,19 +456,14 @@ fn values_rows<const Q: usize, const N: usize, C: KvElem>(
     assert!(heads.v_at.iter().all(|&a| a + dv <= vw));
     let blocks = whole_blocks(isa, dv);
     #[cfg(target_arch = "x86_64")]
-    let fours = fours::<N, C>(isa, vw, blocks);
-    #[cfg(target_arch = "x86_64")]
-    let ahead = Ahead::new::<C>(fours, r.v, r, vw);
+    let fours = Fours::new::<N>(isa, r.v, r, vw);
     let mut t = 0;
     while t < r.len {
         #[cfg(target_arch = "x86_64")]
-        if fours && t + 4 <= r.len {
-            ahead.fetch(t);
-            let rows =
-                std::array::from_fn(|i| C::row(isa, r.v, r.row0 + t + i, vw, blocks, &mut []));
+        if let Some(rows) = fours.four(t) {
             for (g, &at) in heads.v_at.iter().enumerate() {
                 let heads = &mut out[g * Q * part..(g + 1) * Q * part];
-                // SAFETY: AVX-512F (`fours`); heads holds Q partials of part ≥ dv values,
+                // SAFETY: AVX-512F (`Fours`); heads holds Q partials of part ≥ dv values,
                 // dv + 2 + t + 3 < part; each row's head holds dv = 16·N values (asserted),
                 // whole blocks where they are blocks.
                 unsafe {
