@@ -5,8 +5,8 @@
 //! reuse a tile for, so here the cached positions are cut into chunks instead
 //! (flash-decoding): a task reads its chunk's key and value rows for every head, in memory
 //! order (on AVX-512 four rows at a time), keeps a partial softmax (max, sum, weighted values)
-//! per head, and the partials are merged at the end. The chunks do not depend on the thread count, so neither
-//! do the results.
+//! per head, and the partials are merged at the end. The chunks do not depend on the thread
+//! count, so neither do the results.
 //!
 //! The cache holds f32 or bf16 keys and values (`Elem`, `--kv-cache bf16`): bf16 rows are
 //! widened to f32 as they are loaded (a zero-extension and a shift, `load16` on AVX-512,
@@ -255,7 +255,7 @@ const ROWS_AHEAD: usize = 16;
 struct Fours<'a, C> {
     src: &'a [C],
     isa: Option<Isa>,
-    /// values a row, and whether its heads are read as blocks
+    /// values a row, and whether its heads are read as blocks (`whole_blocks`)
     width: usize,
     blocks: bool,
     /// the chunk's first row, and its length (0 when the walk is off)
@@ -265,9 +265,12 @@ struct Fours<'a, C> {
 
 #[cfg(target_arch = "x86_64")]
 impl<'a, C: KvElem> Fours<'a, C> {
-    fn new<const N: usize>(isa: Option<Isa>, src: &'a [C], r: &Rows<C>, width: usize) -> Self {
-        // (a head of 16·N values)
-        let blocks = N > 0 && whole_blocks(isa, 16 * N);
+    fn new<const N: usize>(
+        isa: Option<Isa>,
+        src: &'a [C],
+        r: &Rows<C>,
+        (width, blocks): (usize, bool),
+    ) -> Self {
         let on = isa == Some(Isa::Avx512) && N > 0 && (blocks || C::room(width) == 0);
         let f = Fours {
             src,
@@ -318,8 +321,9 @@ impl<'a, C: KvElem> Fours<'a, C> {
     }
 }
 
-/// `$f` of the head at `$at` (`$w` values) of each of the rows `$rows`, as values or as
-/// blocks: `$f([&[E]; 4])` or `$f([&[Q8Block]; 4])`, the rows all of one kind.
+/// `$f` of the head at `$at` (`$w` values) of each of the rows `$rows` (an array: four rows
+/// or one), as values or as blocks: `$f([&[E]; R])` or `$f([&[Q8Block]; R])`, the rows all of
+/// one kind.
 #[cfg(target_arch = "x86_64")]
 macro_rules! shared {
     ($rows:expr, $at:expr, $w:expr, |$h:ident| $f:expr) => {
@@ -362,7 +366,7 @@ fn scores_rows<const Q: usize, const N: usize, C: KvElem>(
     assert!(heads.k_at.iter().all(|&a| a + dk <= kw));
     let blocks = whole_blocks(isa, dk);
     #[cfg(target_arch = "x86_64")]
-    let fours = Fours::new::<N>(isa, r.k, r, kw);
+    let fours = Fours::new::<N>(isa, r.k, r, (kw, blocks));
     let mut t = 0;
     while t < r.len {
         #[cfg(target_arch = "x86_64")]
@@ -388,29 +392,26 @@ fn scores_rows<const Q: usize, const N: usize, C: KvElem>(
         for (g, &at) in heads.k_at.iter().enumerate() {
             let j0 = g * Q;
             let qs = &q[j0 * dk..(j0 + Q) * dk];
-            let k = match row {
-                Row::Values(row) => &row[at..at + dk],
-                #[cfg(target_arch = "x86_64")]
-                Row::Blocks(row) => {
-                    let k = &row[at / 32..(at + dk) / 32];
-                    // SAFETY: blocks are handed out on AVX-512 alone (`whole_blocks`); the
-                    // head's dk values are whole blocks, qs the Q queries' dk each.
-                    let [dots] = unsafe { super::dot_tree::<1, Q, N, _>(qs, [k], false) };
-                    store_scores(out, dots, j0, part, s.dv + 2 + t);
-                    continue;
-                }
-                #[cfg(not(target_arch = "x86_64"))]
-                Row::Blocks(_) => unreachable!("blocks are read on AVX-512 alone"),
-            };
-            // k holds dk values and qs the Q queries' dk each; where N > 0, dk = 16·N (asserted)
+            // a head holds dk values (whole blocks, where the row is blocks: AVX-512 alone) and
+            // qs the Q queries' dk each; where N > 0, dk = 16·N (asserted)
             let dots = match isa {
                 #[cfg(target_arch = "x86_64")]
-                // SAFETY: the CPU has AVX-512F (`attention_decode_on` checked); lengths above.
-                Some(Isa::Avx512) => unsafe { super::dot_tree::<1, Q, N, _>(qs, [k], false)[0] },
+                // SAFETY: the CPU has AVX-512F (`attention_decode_on` checked); lengths above,
+                // blocks whole heads (`whole_blocks`).
+                Some(Isa::Avx512) => unsafe {
+                    shared!([row], at, dk, |k| super::dot_tree::<1, Q, N, _>(
+                        qs, k, false
+                    ))[0]
+                },
                 #[cfg(target_arch = "x86_64")]
                 // SAFETY: the CPU has AVX2 and FMA (checked likewise); lengths above.
-                Some(Isa::Avx2) => unsafe { super::dot_tree8::<Q, N, C::Elem>(qs, k) },
-                _ => std::array::from_fn(|i| super::dot_elems(&qs[i * dk..(i + 1) * dk], k)),
+                Some(Isa::Avx2) => unsafe {
+                    super::dot_tree8::<Q, N, C::Elem>(qs, values(row, at, dk))
+                },
+                _ => {
+                    let k = values(row, at, dk);
+                    std::array::from_fn(|i| super::dot_elems(&qs[i * dk..(i + 1) * dk], k))
+                }
             };
             store_scores(out, dots, j0, part, s.dv + 2 + t);
         }
@@ -429,6 +430,15 @@ fn store_scores<const Q: usize>(
 ) {
     for (i, x) in dots.into_iter().enumerate() {
         out[(j0 + i) * part + at] = x;
+    }
+}
+
+/// The head at `at` (`w` values) of a row read as values: every row off AVX-512 (blocks are
+/// handed out there alone, `whole_blocks`).
+fn values<E>(row: Row<'_, E>, at: usize, w: usize) -> &'_ [E] {
+    match row {
+        Row::Values(row) => &row[at..at + w],
+        Row::Blocks(_) => unreachable!("blocks are read on AVX-512 alone"),
     }
 }
 
@@ -456,7 +466,7 @@ fn values_rows<const Q: usize, const N: usize, C: KvElem>(
     assert!(heads.v_at.iter().all(|&a| a + dv <= vw));
     let blocks = whole_blocks(isa, dv);
     #[cfg(target_arch = "x86_64")]
-    let fours = Fours::new::<N>(isa, r.v, r, vw);
+    let fours = Fours::new::<N>(isa, r.v, r, (vw, blocks));
     let mut t = 0;
     while t < r.len {
         #[cfg(target_arch = "x86_64")]
@@ -482,33 +492,28 @@ fn values_rows<const Q: usize, const N: usize, C: KvElem>(
         for (g, &at) in heads.v_at.iter().enumerate() {
             let j0 = g * Q;
             let heads = &mut out[j0 * part..(j0 + Q) * part];
-            let v = match row {
-                Row::Values(row) => &row[at..at + dv],
-                #[cfg(not(target_arch = "x86_64"))]
-                Row::Blocks(_) => unreachable!("blocks are read on AVX-512 alone"),
-                #[cfg(target_arch = "x86_64")]
-                Row::Blocks(row) => {
-                    let v = &row[at / 32..(at + dv) / 32];
-                    // SAFETY: blocks are handed out on AVX-512 alone (`whole_blocks`); heads
-                    // holds Q partials of part ≥ dv values, dv + 2 + t < part.
-                    unsafe { weighted_row_avx512::<1, Q, N, _>(heads, part, dv + 2 + t, [v]) };
-                    continue;
-                }
-            };
-            // heads holds Q partials of dv + 2 + the chunk's length, t < that length, and v
-            // holds dv values; where N > 0, dv = 16·N (asserted)
+            // heads holds Q partials of dv + 2 + the chunk's length, t < that length, and a
+            // head dv values (whole blocks, where the row is blocks: AVX-512 alone); where
+            // N > 0, dv = 16·N (asserted)
             match isa {
                 #[cfg(target_arch = "x86_64")]
-                // SAFETY: the CPU has AVX-512F (`attention_decode_on` checked); lengths above.
+                // SAFETY: the CPU has AVX-512F (`attention_decode_on` checked); lengths above,
+                // blocks whole heads (`whole_blocks`).
                 Some(Isa::Avx512) => unsafe {
-                    weighted_row_avx512::<1, Q, N, _>(heads, part, dv + 2 + t, [v])
+                    shared!([row], at, dv, |v| weighted_row_avx512::<1, Q, N, _>(
+                        heads,
+                        part,
+                        dv + 2 + t,
+                        v
+                    ))
                 },
                 #[cfg(target_arch = "x86_64")]
                 // SAFETY: the CPU has AVX2 and FMA (checked likewise); lengths above.
                 Some(Isa::Avx2) => unsafe {
-                    weighted_row_avx2::<Q, N, C::Elem>(heads, part, dv + 2 + t, v)
+                    weighted_row_avx2::<Q, N, C::Elem>(heads, part, dv + 2 + t, values(row, at, dv))
                 },
                 _ => {
+                    let v = values(row, at, dv);
                     for o in heads.chunks_exact_mut(part) {
                         let p = o[dv + 2 + t];
                         super::axpy_elems(&mut o[..dv], p, v);
@@ -679,7 +684,6 @@ mod tests {
     /// of 64 (600 cached), GQA groups of 4, 2 and 1, two sequences.
     #[test]
     fn bf16_and_q8_caches_decode_as_their_widened_values_on_every_path() {
-        use crate::kernels::Q8Block;
         let paths: Vec<Option<Isa>> = Isa::available_all().map(Some).collect();
         let mut seed = 1u32;
         let mut rand = |n: usize| crate::kernels::lcg_values(n, &mut seed, 2.0);
