@@ -3,6 +3,7 @@
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use difftx::data::Tokenizer;
+use difftx::infer::Penalties;
 use std::path::PathBuf;
 
 #[derive(Args)]
@@ -37,16 +38,16 @@ pub struct GenerateArgs {
     pub top_p: Option<f32>,
     /// Take this off the logit of every token generated so far, once (OpenAI's presence
     /// penalty, in [-2, 2]; positive values steer away from repeats, greedy decoding included).
-    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = Penalties::NONE.presence, allow_negative_numbers = true)]
     pub presence_penalty: f32,
     /// Take this off a token's logit for every time it was generated so far (OpenAI's frequency
     /// penalty, in [-2, 2]).
-    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = Penalties::NONE.frequency, allow_negative_numbers = true)]
     pub frequency_penalty: f32,
     /// Divide the positive logit of every token in the prompt or generated so far by this, and
     /// multiply a negative one (transformers' and vLLM's repetition penalty; 1 is none, 1.1–1.3
     /// are common).
-    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = Penalties::NONE.repetition, allow_negative_numbers = true)]
     pub repetition_penalty: f32,
     /// Seed of the sampling generator (same seed, same text).
     #[arg(long, default_value_t = 0)]
@@ -69,7 +70,7 @@ pub fn run(a: GenerateArgs, precision: difftx::kernels::Precision) -> Result<()>
         temperature: a.temperature,
         top_k: a.top_k,
         top_p: a.top_p,
-        penalties: difftx::infer::Penalties {
+        penalties: Penalties {
             presence: a.presence_penalty,
             frequency: a.frequency_penalty,
             repetition: a.repetition_penalty,

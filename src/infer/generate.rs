@@ -121,7 +121,7 @@ fn generate_in_pool(
             rng,
             &mut scratch,
         );
-        seen[i].push(t, &s.penalties);
+        seen[i].push(t);
         t
     };
     // slot → prompt index; slots [0, active) are still generating

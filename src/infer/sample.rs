@@ -113,13 +113,18 @@ impl Penalties {
 #[derive(Clone, Debug, Default)]
 pub struct Seen {
     tokens: HashMap<u32, (u32, bool)>,
+    /// whether the sequence has penalties (else nothing is recorded)
+    on: bool,
 }
 
 impl Seen {
     /// A sequence that has read `prompt`, for penalties `p`.
     pub fn new(prompt: &[u32], p: &Penalties) -> Seen {
-        let mut seen = Seen::default();
-        if !p.is_none() {
+        let mut seen = Seen {
+            on: !p.is_none(),
+            ..Seen::default()
+        };
+        if seen.on {
             for &t in prompt {
                 seen.tokens.entry(t).or_default().1 = true;
             }
@@ -127,9 +132,9 @@ impl Seen {
         seen
     }
 
-    /// Records a generated token, for penalties `p`.
-    pub fn push(&mut self, token: u32, p: &Penalties) {
-        if !p.is_none() {
+    /// Records a generated token.
+    pub fn push(&mut self, token: u32) {
+        if self.on {
             self.tokens.entry(token).or_default().0 += 1;
         }
     }
@@ -283,7 +288,7 @@ mod tests {
         };
         let mut seen = Seen::new(&[1, 4, 3], &p);
         for t in [3, 2, 3] {
-            seen.push(t, &p);
+            seen.push(t);
         }
         let mut buf = Vec::new();
         let got = adjusted(&row, &s, &seen, &[(5, -3.0)], &mut buf).to_vec();
@@ -296,7 +301,7 @@ mod tests {
         // no penalties and no bias: the row itself, and nothing is recorded
         let none = Sampling::greedy();
         let mut quiet = Seen::new(&[1, 2], &none.penalties);
-        quiet.push(1, &none.penalties);
+        quiet.push(1);
         assert!(quiet.tokens.is_empty());
         assert!(std::ptr::eq(
             adjusted(&row, &none, &quiet, &[], &mut buf),

@@ -308,11 +308,14 @@ pub fn settings(req: &Value, max_keys: &[&'static str], default_max: usize) -> A
             ));
         }
     }
-    let or = |k: &'static str, none: f64| Ok::<_, ApiError>(number(req, k)?.unwrap_or(none) as f32);
+    // a field left out is no penalty
+    let none = Penalties::NONE;
+    let or =
+        |k: &'static str, none: f32| Ok::<_, ApiError>(number(req, k)?.map_or(none, |v| v as f32));
     let penalties = Penalties {
-        presence: or("presence_penalty", 0.0)?,
-        frequency: or("frequency_penalty", 0.0)?,
-        repetition: or("repetition_penalty", 1.0)?,
+        presence: or("presence_penalty", none.presence)?,
+        frequency: or("frequency_penalty", none.frequency)?,
+        repetition: or("repetition_penalty", none.repetition)?,
     };
     let fields = [
         "presence_penalty",

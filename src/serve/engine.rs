@@ -431,7 +431,7 @@ impl<'m> Engine<'m> {
         let (j, adj) = (&s.job, &mut self.adjusted);
         let row = adjusted(row, &j.sampling, &s.seen, &j.logit_bias, adj);
         let tok = sample(row, &j.sampling, &mut s.rng, &mut self.scratch);
-        s.seen.push(tok, &j.sampling.penalties);
+        s.seen.push(tok);
         let scored = s.job.logprobs.map(|k| score(row, tok, k));
         s.generated += 1;
         s.last = tok;
