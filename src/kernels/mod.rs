@@ -34,7 +34,7 @@ pub mod swiglu;
 
 pub use attention::attention_cached;
 pub use kv_rows::{KvElem, Q8Block, Row};
-pub use pool::on_pool;
+pub use pool::{on_pool, on_pool_quiet};
 pub use precision::Precision;
 pub(crate) use scratch::{ensure, ensure_aligned, with_thread_buffer, ROW_CHUNK};
 pub use scratch::{prepare_threads, zeroed, zeroed_u16};
