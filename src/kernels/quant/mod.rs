@@ -356,13 +356,21 @@ impl QuantAct {
             corr,
         };
         let offset = offset(kind);
-        let qd = a.qs.chunks_mut(stride * BLOCK).zip(a.d.chunks_mut(stride));
-        let rows = qd.zip(a.corr.chunks_mut(stride).zip(x.chunks(cols)));
+        // (each row of x a chunk of exactly `cols`)
+        let x = &x[..n * cols];
+        let one = |((q, d), (c, x)): (_, (_, &[f32]))| quantize_row(x, q, d, c, offset);
         if n > 1 && n * cols >= 1 << 14 {
-            rows.par_bridge()
-                .for_each(|((q, d), (c, x))| quantize_row(&x[..cols], q, d, c, offset));
+            // rows in even shares for the threads, at least 8 Ki values to a share
+            let min_rows = (1 << 13) / cols + 1;
+            let qd = a.qs.par_chunks_mut(stride * BLOCK);
+            let qd = qd.zip(a.d.par_chunks_mut(stride));
+            qd.zip(a.corr.par_chunks_mut(stride).zip(x.par_chunks(cols)))
+                .with_min_len(min_rows)
+                .for_each(one);
         } else {
-            rows.for_each(|((q, d), (c, x))| quantize_row(&x[..cols], q, d, c, offset));
+            let qd = a.qs.chunks_mut(stride * BLOCK).zip(a.d.chunks_mut(stride));
+            qd.zip(a.corr.chunks_mut(stride).zip(x.chunks(cols)))
+                .for_each(one);
         }
         a
     }
@@ -903,8 +911,9 @@ mod tests {
     /// of a product of many input rows is, bit for bit, that row's product alone.
     #[test]
     fn a_rows_product_alone_matches_it_among_many_bit_for_bit() {
-        // 9, 10 and 11 rows: the GEMM's last step takes 1, 2 or 3 of them
-        for (n, c, oc) in [(9, 544, 75), (10, 96, 40), (11, 64, 33)] {
+        // 9, 10 and 11 rows: the GEMM's last step takes 1, 2 or 3 of them; 41 rows of 512:
+        // the input quantised in parallel shares of rows
+        for (n, c, oc) in [(9, 544, 75), (10, 96, 40), (11, 64, 33), (41, 512, 24)] {
             rows_alone_and_among_many(n, c, oc);
         }
     }
