@@ -808,11 +808,12 @@ fn bench_decode_batches_sequences_and_refuses_a_batch_of_zero() {
     assert_eq!(r["phases"], serde_json::json!([]), "{r}");
 }
 
-/// `bench decode --phases` times each phase of a decoding step: all six named, none negative,
-/// the products and the attention taking time, together no more than the step (the clock
-/// laps inside it); the text output says where the step's time goes.
+/// `bench decode --phases` times each phase of the prefill and of a decoding step: all six
+/// named, none negative, the products and the attention taking time, together no more than
+/// the prefill or the step (the clock laps inside them); the text says where each one's time
+/// goes.
 #[test]
-fn bench_decode_phases_account_for_the_decoding_step() {
+fn bench_decode_phases_account_for_the_prefill_and_the_decoding_step() {
     let mut a = vec!["--threads", "1", "bench", "decode", "--preset", "tiny"];
     a.extend([
         "--prompt-len",
@@ -826,35 +827,45 @@ fn bench_decode_phases_account_for_the_decoding_step() {
     let out = difftx(&[&a[..], &["--json"]].concat());
     ok(&out);
     let r: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
-    let phases = r["phases"].as_array().expect("phases");
-    let names: Vec<&str> = phases
-        .iter()
-        .map(|p| p["phase"].as_str().unwrap())
-        .collect();
-    assert_eq!(
-        names,
-        ["norms", "qkv", "attention", "o_proj", "mlp", "lm_head"]
-    );
-    let secs = |name: &str| {
-        phases[names.iter().position(|n| *n == name).unwrap()]["seconds_per_step"]
-            .as_f64()
-            .unwrap()
-    };
-    assert!(names.iter().all(|n| secs(n) >= 0.0), "{r}");
-    assert!(
-        secs("qkv") > 0.0 && secs("attention") > 0.0 && secs("mlp") > 0.0,
-        "{r}"
-    );
-    let step = r["decode_s_median"].as_f64().unwrap() / 12.0;
-    let timed: f64 = names.iter().map(|n| secs(n)).sum();
-    assert!(timed <= step, "phases {timed} s > step {step} s: {r}");
+    for (key, total) in [
+        ("prefill_phases", r["prefill_s_median"].as_f64().unwrap()),
+        ("phases", r["decode_s_median"].as_f64().unwrap() / 12.0),
+    ] {
+        let phases = r[key].as_array().expect(key);
+        let names: Vec<&str> = phases
+            .iter()
+            .map(|p| p["phase"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            names,
+            ["norms", "qkv", "attention", "o_proj", "mlp", "lm_head"]
+        );
+        let secs = |name: &str| {
+            phases[names.iter().position(|n| *n == name).unwrap()]["seconds"]
+                .as_f64()
+                .unwrap()
+        };
+        assert!(names.iter().all(|n| secs(n) >= 0.0), "{key}: {r}");
+        assert!(
+            secs("qkv") > 0.0 && secs("attention") > 0.0 && secs("mlp") > 0.0,
+            "{key}: {r}"
+        );
+        let timed: f64 = names.iter().map(|n| secs(n)).sum();
+        assert!(timed <= total, "{key}: phases {timed} s > {total} s: {r}");
+    }
     let out = difftx(&a);
     ok(&out);
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        text.contains("a decoding step,") && text.contains("attention") && text.contains("other"),
-        "{text}"
-    );
+    for line in ["a prefill of 40 tokens,", "a decoding step,"] {
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(line))
+            .unwrap_or_else(|| panic!("{text}"));
+        assert!(
+            line.contains("attention") && line.contains("other"),
+            "{text}"
+        );
+    }
 }
 
 #[test]

@@ -335,9 +335,10 @@ pub struct BenchDecodeArgs {
     /// reading those bytes once at each rate.
     #[arg(long)]
     pub bandwidth: bool,
-    /// Also time each phase of a decoding step (the norms, the q/k/v products, the attention
-    /// with its cache writes, o_proj, the MLP, the LM head) and print where a step's time goes
-    /// (the medians over the repetitions; the clock costs a few microseconds a step).
+    /// Also time each phase of the prefill and of a decoding step (the norms, the q/k/v
+    /// products, the attention with its cache writes, o_proj, the MLP, the LM head) and print
+    /// where their time goes (the medians over the repetitions; the clock costs a few
+    /// microseconds a step).
     #[arg(long)]
     pub phases: bool,
     /// Print one JSON object on stdout.
@@ -669,27 +670,29 @@ fn decode(a: BenchDecodeArgs, precision: Precision) -> Result<()> {
     Ok(())
 }
 
-/// "a decoding step, 2.20 ms: attention 0.87 ms (40%), …, other 0.05 ms (2%)", the phases
-/// from the longest.
+/// "a prefill, 42.1 ms: mlp …" and "a decoding step, 2.20 ms: attention 0.87 ms (40%), …,
+/// other 0.05 ms (2%)", the phases from the longest.
 fn print_phases(r: &difftx::experiments::bench::DecodeBench) {
+    let prefill = format!("a prefill of {} tokens", r.batch * r.prompt_len);
+    println!(
+        "{}",
+        phase_line(&prefill, r.prefill_s_median, &r.prefill_phases)
+    );
     let step = r.decode_s_median / r.new_tokens as f64;
-    let mut parts: Vec<(&str, f64)> = r
-        .phases
-        .iter()
-        .map(|p| (p.phase, p.seconds_per_step))
-        .collect();
+    println!("{}", phase_line("a decoding step", step, &r.phases));
+}
+
+/// One line of where `total` seconds went: each phase and its share, then the rest as "other".
+fn phase_line(what: &str, total: f64, phases: &[difftx::experiments::bench::PhaseTime]) -> String {
+    let mut parts: Vec<(&str, f64)> = phases.iter().map(|p| (p.phase, p.seconds)).collect();
     parts.sort_by(|a, b| b.1.total_cmp(&a.1));
     let timed: f64 = parts.iter().map(|p| p.1).sum();
-    parts.push(("other", (step - timed).max(0.0)));
+    parts.push(("other", (total - timed).max(0.0)));
     let shown: Vec<String> = parts
         .iter()
-        .map(|(name, s)| format!("{name} {:.3} ms ({:.0}%)", 1e3 * s, 100.0 * s / step))
+        .map(|(name, s)| format!("{name} {:.3} ms ({:.0}%)", 1e3 * s, 100.0 * s / total))
         .collect();
-    println!(
-        "a decoding step, {:.3} ms: {}",
-        1e3 * step,
-        shown.join(", ")
-    );
+    format!("{what}, {:.3} ms: {}", 1e3 * total, shown.join(", "))
 }
 
 fn matmul(a: BenchMatmulArgs) -> Result<()> {

@@ -367,15 +367,17 @@ pub struct DecodeBench {
     /// cached row once
     pub kv_bytes_per_token: u64,
     /// with `phases`: the median over the repetitions of each phase's time a decoding step
-    /// (`model::phases`, in the order of `Phase::ALL`), in seconds; empty otherwise
+    /// (`model::phases`, in the order of `Phase::ALL`); empty otherwise
     pub phases: Vec<PhaseTime>,
+    /// with `phases`: the same for the prefill (every prompt's, as `prefill_s_median` counts)
+    pub prefill_phases: Vec<PhaseTime>,
 }
 
-/// One phase's share of a decoding step.
+/// One phase's share of a decoding step or of a prefill.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct PhaseTime {
     pub phase: &'static str,
-    pub seconds_per_step: f64,
+    pub seconds: f64,
 }
 
 /// Greedy decoding of `batch` sequences together after seeded random prompts of `prompt_len`
@@ -385,8 +387,8 @@ pub struct PhaseTime {
 /// `probe_memory`, main memory's read rate is measured between the repetitions (not during
 /// them): a shared machine's rate moves from one minute to the next, and a decode bound by it
 /// compares only with the rate of its own minutes. With `phases`, each repetition also times
-/// the phases of its decoding steps (`model::phases`: from the first new token, after the
-/// prefill).
+/// the phases of its prefill and of its decoding steps (`model::phases`; the first new token,
+/// drawn from the prefill's logits, divides them).
 pub fn bench_decode(
     model: &Model,
     prompt_len: usize,
@@ -424,16 +426,20 @@ pub fn bench_decode(
         truncate_prompt: false,
     };
     let mut memory_gbs = Vec::new();
-    let mut phase_s: Vec<[f64; 6]> = Vec::new();
+    // each repetition's phase times: (prefill, decoding steps)
+    let mut phase_s: Vec<[[f64; 6]; 2]> = Vec::new();
     let mut timed = || -> Result<(Vec<f64>, Vec<f64>)> {
-        // the phases count from the first new token (drawn from the prefill's logits)
-        let run = || {
-            let mut first = true;
-            generate(model, &prompts, &opts, move |_, _| {
-                if std::mem::take(&mut first) {
+        // the phases until the first new token are the prefill's, the rest the steps'
+        let run = || -> Result<_> {
+            let mut prefill = None;
+            ph::reset();
+            let g = generate(model, &prompts, &opts, |_, _| {
+                if prefill.is_none() {
+                    prefill = Some(ph::seconds());
                     ph::reset();
                 }
-            })
+            })?;
+            Ok((g, [prefill.unwrap_or_default(), ph::seconds()]))
         };
         run()?;
         let (mut pre, mut dec) = (Vec::new(), Vec::new());
@@ -441,10 +447,10 @@ pub fn bench_decode(
             if probe_memory {
                 memory_gbs.push(memory_read_gbs());
             }
-            let g = run()?;
+            let (g, times) = run()?;
             pre.push(g.prefill_seconds);
             dec.push(g.decode_seconds);
-            phase_s.push(ph::seconds());
+            phase_s.push(times);
         }
         if probe_memory {
             memory_gbs.push(memory_read_gbs());
@@ -464,16 +470,19 @@ pub fn bench_decode(
         v[v.len() / 2]
     };
     let (p, d) = (med(&mut pre), med(&mut dec.clone()));
-    let phases = match phases {
-        true => (Phase::ALL.iter().enumerate())
-            .map(|(i, ph)| PhaseTime {
-                phase: ph.name(),
-                seconds_per_step: med(&mut phase_s.iter().map(|s| s[i]).collect())
-                    / new_tokens as f64,
-            })
-            .collect(),
-        false => Vec::new(),
+    // the median of each phase over the repetitions, the steps' divided among the steps
+    let phase_times = |k: usize, per: f64| -> Vec<PhaseTime> {
+        match phases {
+            true => (Phase::ALL.iter().enumerate())
+                .map(|(i, ph)| PhaseTime {
+                    phase: ph.name(),
+                    seconds: med(&mut phase_s.iter().map(|s| s[k][i]).collect()) / per,
+                })
+                .collect(),
+            false => Vec::new(),
+        }
     };
+    let (prefill_phases, phases) = (phase_times(0, 1.0), phase_times(1, new_tokens as f64));
     let c = &model.config;
     let kv = model.kv_cache;
     let kv_per_token = c.num_hidden_layers
@@ -513,6 +522,7 @@ pub fn bench_decode(
         kv_cache: model.kv_cache.as_str(),
         kv_bytes_per_token: (kv_per_token as f64 * rows_read) as u64,
         phases,
+        prefill_phases,
     })
 }
 
