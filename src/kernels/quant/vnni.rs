@@ -46,9 +46,9 @@ fn lanes(v: __m512) -> TileSums {
 
 /// The sums of input rows `xr` with the sixteen rows of each tile of `ts`, one register per
 /// (input row, tile), lane i for the tile's row i: block after block, the block's exact int32
-/// dot products (`block_dots`, each sum starting from the offset's correction), then one FMA of them
-/// times d_w·d_x, in the same order for every R and T; each block also asks for its part of
-/// `next`.
+/// dot products (`block_dots`, each sum starting from the offset's correction), then one FMA
+/// of them times d_w·d_x, in the same order for every R and T; each block also asks for its
+/// part of `next`.
 ///
 /// # Safety
 /// AVX-512F/BW and AVX512-VNNI; the rows exist; each of `ts` is a tile of `tl`.
