@@ -1085,6 +1085,65 @@ fn init_from_starts_from_the_models_weights_and_refuses_another_shape() {
     assert!(tok.ends_with("llama_gqa/tokenizer.json"), "{tok}");
 }
 
+/// Context extension (paper §3.3): `--init-from` with a longer `--context` and a larger
+/// `--rope-theta` keeps every weight (at learning rate 0, bit for bit) and records the new
+/// context and θ in the checkpoint's config, through a resume too; `init --context` sets a
+/// model's context.
+#[test]
+fn context_extension_keeps_every_weight_and_takes_the_new_context_and_theta() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = text_file(tmp.path(), "demo.txt", DEMO);
+    let model = tmp.path().join("m");
+    let init = ["init", "--attention", "diff_v1", "--context", "48"];
+    let err = ok(&difftx(&[&init[..], &["--out", s(&model)]].concat()));
+    assert!(err.contains("context 48"), "{err}");
+    let config = |dir: &Path| -> Value {
+        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap()
+    };
+    assert_eq!(config(&model)["max_position_embeddings"], 48);
+    let run = tmp.path().join("long");
+    let args = [
+        "train",
+        "--init-from",
+        s(&model),
+        "--context",
+        "96",
+        "--rope-theta",
+        "40000",
+        "--lr",
+        "0",
+        "--min-lr",
+        "0",
+        "--batch",
+        "2",
+        "--steps",
+        "2",
+        "--data",
+        s(&data),
+    ];
+    ok(&difftx(&[&args[..], &["--out", s(&run)]].concat()));
+    ok(&difftx(&[
+        "train",
+        "--resume",
+        "--extend-steps",
+        "1",
+        "--out",
+        s(&run),
+    ]));
+    let original = std::fs::read(model.join("model.safetensors")).unwrap();
+    for step in ["00000002", "00000003"] {
+        let ck = run.join(format!("checkpoints/step-{step}"));
+        assert!(std::fs::read(ck.join("model.safetensors")).unwrap() == original);
+        let c = config(&ck);
+        assert_eq!(c["max_position_embeddings"], 96, "{c}");
+        assert_eq!(c["rope_theta"], 40000.0, "{c}");
+    }
+    // the extended model scores windows of its new context
+    let e = difftx(&["eval", "--model", s(&run), "--data", s(&data), "--json"]);
+    let v: Value = serde_json::from_slice(&e.stdout).unwrap();
+    assert_eq!(v["length"], 96, "{}", ok(&e));
+}
+
 /// `retrofit`: a standard model into diff_v2 at no loss gap, then fine-tuned with
 /// `--init-from`; a diff model is refused in one line.
 #[test]

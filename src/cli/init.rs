@@ -29,25 +29,36 @@ pub struct InitArgs {
     /// tokenizer's would (`export --format gguf` pads the token list with unused tokens).
     #[arg(long, value_name = "N")]
     pub vocab_size: Option<usize>,
+    /// Context length: the longest sequence the model runs (its max_position_embeddings)
+    /// [default: the preset's]. Memory for training and a KV cache grows linearly with it.
+    #[arg(long, value_name = "N")]
+    pub context: Option<usize>,
+    /// RoPE base θ [default: 10000].
+    #[arg(long, value_name = "X")]
+    pub rope_theta: Option<f64>,
     /// Output model directory.
     #[arg(long)]
     pub out: PathBuf,
 }
 
 pub fn run(a: InitArgs) -> Result<()> {
+    let preset = super::preset_config(a.preset, a.attention, a.vocab_size)?;
     let config = ModelConfig {
         lambda_init: a.lambda_init,
         subln: !a.no_subln,
-        ..super::preset_config(a.preset, a.attention, a.vocab_size)?
+        max_position_embeddings: a.context.unwrap_or(preset.max_position_embeddings),
+        rope_theta: a.rope_theta.unwrap_or(preset.rope_theta),
+        ..preset
     };
     let model = Model::init(config, a.seed)?;
     model.save(&a.out)?;
     eprintln!(
-        "wrote {} ({} {}{}, {} parameters)",
+        "wrote {} ({} {}{}, context {}, {} parameters)",
         a.out.display(),
         a.preset.as_str(),
         a.attention,
         ablations(&model.config),
+        model.config.max_position_embeddings,
         model.num_params()
     );
     Ok(())

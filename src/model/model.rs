@@ -131,6 +131,18 @@ impl Model {
         })
     }
 
+    /// The same weights at another context length `n`: the rotary table rebuilt for `n`
+    /// positions (no weight depends on the context). Past the length a model was trained at,
+    /// its positions are ones it never saw; the caller says so (`eval`, `needle`).
+    pub fn set_context(&mut self, n: usize) -> Result<()> {
+        let mut c = self.config.clone();
+        c.max_position_embeddings = n;
+        c.validate().map_err(Error::Invalid)?;
+        self.rope = RopeTable::new(c.head_dim, n, c.rope_theta);
+        self.config = c;
+        Ok(())
+    }
+
     /// Seeded initialisation: linears N(0, 0.02), output projections (o_proj, down_proj) scaled
     /// by 1/√(2L) as in GPT-2, λ vectors N(0, 0.1), norm weights ones.
     pub fn init(config: ModelConfig, seed: u64) -> Result<Self> {

@@ -1,6 +1,8 @@
 //! Fine-tuning: a run that starts from a model's weights (`--init-from DIR`) instead of a
 //! seeded initialisation. The model brings its config and its tokenizer; the run's flags may
-//! repeat them but not change them, except the context, the length of the windows trained on.
+//! repeat them but not change them, except the two that no weight depends on: the context (the
+//! length of the windows trained on) and the RoPE base θ. Changing both is context extension
+//! as the paper did it (continue training at a longer context with a larger θ).
 
 use super::checkpoint::model_dir;
 use super::options::TrainOptions;
@@ -58,7 +60,7 @@ pub fn options_from_model(
     o.max_position_embeddings = opts
         .max_position_embeddings
         .or(Some(c.max_position_embeddings));
-    o.rope_theta = Some(c.rope_theta);
+    o.rope_theta = opts.rope_theta.or(Some(c.rope_theta));
     o.rms_norm_eps = Some(c.rms_norm_eps);
     o.tie_word_embeddings = Some(c.tie_word_embeddings);
     o.lambda_init = c.lambda_init;
@@ -122,15 +124,11 @@ fn check_agrees(opts: &TrainOptions, c: &ModelConfig, dir: &Path) -> Result<()> 
             _ => {}
         }
     }
-    let reals = [
-        ("rope-theta", opts.rope_theta, c.rope_theta),
-        ("rms-norm-eps", opts.rms_norm_eps, c.rms_norm_eps),
-    ];
-    for (flag, given, model) in reals {
-        match given {
-            Some(g) if g != model => return differs(flag, g.to_string(), model.to_string()),
-            _ => {}
+    match opts.rms_norm_eps {
+        Some(g) if g != c.rms_norm_eps => {
+            return differs("rms-norm-eps", g.to_string(), c.rms_norm_eps.to_string())
         }
+        _ => {}
     }
     match opts.tie_word_embeddings {
         Some(t) if t != c.tie_word_embeddings => differs(
@@ -154,7 +152,8 @@ fn check_agrees(opts: &TrainOptions, c: &ModelConfig, dir: &Path) -> Result<()> 
 }
 
 /// The model a run starts from: the weights at `dir` under the run's config (the same shapes;
-/// only the context may differ, which no weight depends on).
+/// only the context and the RoPE base may differ, which no weight depends on: the rotary
+/// table is built for the run's).
 pub fn start_from(dir: &Path, config: &ModelConfig) -> Result<Model> {
     let loaded = crate::interop::load(dir)?;
     let mut model = Model::zeros(config.clone())?;

@@ -55,8 +55,8 @@ pub struct TrainOptions {
     // ---- model ----
     /// Start from this model's weights (fine-tuning): a native or Hugging Face model
     /// directory, or a training run folder (its newest checkpoint). Its config and tokenizer
-    /// come with it; model flags may repeat its values but not change them, except --context,
-    /// the length of the windows trained on.
+    /// come with it; model flags may repeat its values but not change them, except --context
+    /// and --rope-theta (context extension: a longer context with a larger RoPE base).
     #[cfg_attr(feature = "cli", arg(long, value_name = "DIR"))]
     pub init_from: Option<PathBuf>,
     /// Model size: tiny, small, bench, medium or large (`difftx presets` lists the parameter counts)
@@ -89,7 +89,8 @@ pub struct TrainOptions {
     /// Context length T: each training window holds T tokens.
     #[cfg_attr(feature = "cli", arg(long, visible_alias = "context"))]
     pub max_position_embeddings: Option<usize>,
-    /// RoPE base [default: 10000].
+    /// RoPE base θ [default: 10000]. With --init-from and a longer --context: context
+    /// extension, as the paper did it (e.g. θ 10000 → 40000 for 4× the context).
     #[cfg_attr(feature = "cli", arg(long))]
     pub rope_theta: Option<f64>,
     /// RMSNorm epsilon [default: 1e-5].
@@ -222,6 +223,7 @@ impl NeedleTraining {
             queries: self.needles,
             digits: self.digits,
             filler: Filler::Text(text),
+            tokenizer: None,
         };
         Ok((task, loss))
     }

@@ -246,7 +246,9 @@ pub fn prepare_run(
     let mut run = opts.resolve(tokenizer.vocab_size())?;
     if let Some(mut base) = base {
         // the model's config whole (keys difftx does not read included), at the run's context
+        // and RoPE base (context extension changes both)
         base.max_position_embeddings = run.model.max_position_embeddings;
+        base.rope_theta = run.model.rope_theta;
         run.model = base;
     }
     if let Some(r) = &recorded {
