@@ -96,6 +96,57 @@ fn eval_prints_loss_json_near_log_vocab_for_a_fresh_model() {
     }
 }
 
+/// `eval --by-position`: buckets whose token-weighted mean is the overall loss, the last
+/// cumulative mean equal to it; `--length` past the context warns and still scores; `--plot`
+/// writes a PNG; the table has a row per bucket.
+#[test]
+fn eval_by_position_buckets_average_to_the_loss_and_extrapolate_with_a_warning() {
+    let tmp = tempfile::tempdir().unwrap();
+    let m = init_model(tmp.path(), "diff_v1");
+    let data = text_file(tmp.path(), "a.txt", &TEXT.repeat(12));
+    let png = tmp.path().join("pos.png");
+    for (length, buckets) in [("128", 8), ("300", 5)] {
+        let extra = [
+            "--by-position",
+            "--buckets",
+            &buckets.to_string(),
+            "--length",
+            length,
+            "--json",
+        ];
+        let out = eval(
+            &m,
+            &data,
+            &[&extra[..], &["--plot", png.to_str().unwrap()]].concat(),
+        );
+        let err = ok(&out);
+        assert_eq!(err.contains("past the context"), length == "300", "{err}");
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let b = v["by_position"].as_array().unwrap();
+        assert_eq!(b.len(), buckets);
+        let tokens: u64 = b.iter().map(|b| b["tokens"].as_u64().unwrap()).sum();
+        assert_eq!(Some(tokens), v["tokens"].as_u64());
+        let mean: f64 = b
+            .iter()
+            .map(|b| b["loss"].as_f64().unwrap() * b["tokens"].as_f64().unwrap())
+            .sum::<f64>()
+            / tokens as f64;
+        let loss = v["loss"].as_f64().unwrap();
+        assert!((mean - loss).abs() < 1e-6 * loss, "{mean} vs {loss}");
+        let last = b.last().unwrap()["cumulative"].as_f64().unwrap();
+        assert!((last - loss).abs() < 1e-6 * loss);
+        assert_eq!(
+            b.last().unwrap()["end"].as_u64(),
+            Some(length.parse().unwrap())
+        );
+        assert!(std::fs::metadata(&png).unwrap().len() > 1000);
+    }
+    let out = eval(&m, &data, &["--by-position", "--buckets", "4"]);
+    let table = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(table.lines().count(), 1 + 1 + 4, "{table}");
+    fails_with(&eval(&m, &data, &["--length", "0"]), &["--length"]);
+}
+
 #[test]
 fn missing_model_directory_is_named() {
     let tmp = tempfile::tempdir().unwrap();

@@ -5,5 +5,5 @@ pub mod loss;
 pub mod sample;
 
 pub use generate::{generate, GenerateOptions, Generation};
-pub use loss::{evaluate_loss, EvalResult};
+pub use loss::{evaluate_by_position, evaluate_loss, Bucket, ByPosition, EvalResult};
 pub use sample::{Penalties, Sampling};
