@@ -10,13 +10,14 @@ use std::sync::Arc;
 
 #[derive(Args)]
 #[command(
-    after_help = "The task (paper Section 3.4, at byte level): an episode is a haystack of filler
-text with N sentences \"the magic number of CITY is NUMBER. \" inserted, one of them at the
-asked depth (0% = first, 100% = last) and the others at random depths, followed by R queries
-\"\\nwhat is the magic number of CITY? NUMBER\", the needle at the depth asked first. An episode
-counts as retrieved when the model's most likely next byte is right at every digit of that
-first answer (which is what greedy decoding would write). The same --seed gives every model
-the same episodes.
+    after_help = "The task (paper Section 3.4): an episode is a haystack of filler text with N
+sentences \"the magic number of CITY is NUMBER. \" inserted, one of them at the asked depth
+(0% = first, 100% = last) and the others at random depths, followed by R queries
+\"\\nwhat is the magic number of CITY? NUMBER\", the needle at the depth asked first. The text
+is tokenized with the model's tokenizer (bytes, or its tokenizer.json, the filler as long as
+fits the length). An episode counts as retrieved when the model's most likely next token is
+right at every token of that first answer (which is what greedy decoding would write). The
+same --seed gives every model the same episodes.
 
 A model trained on plain text has never seen a query and scores about 0; train on the task
 with `difftx train --needles N` (episodes over your own text) or use `difftx repro`'s models.
@@ -27,7 +28,8 @@ Examples:
 )]
 pub struct NeedleArgs {
     /// Model directory (native difftx, or Hugging Face llama / diffllama / difftx_diffv2), or a
-    /// training run folder (its newest checkpoint). It must use the byte-level tokenizer.
+    /// training run folder (its newest checkpoint). Episodes are tokenized with its tokenizer
+    /// (bytes, or its tokenizer.json: the episode's text tokenized whole).
     #[arg(long)]
     pub model: PathBuf,
     /// A text file whose consecutive bytes are the haystacks' filler (from a seeded random
@@ -43,8 +45,9 @@ pub struct NeedleArgs {
     /// Digits of each NUMBER (1–9).
     #[arg(long, default_value_t = 2)]
     pub digits: usize,
-    /// Episode lengths in tokens (input bytes), comma-separated [default: 1/2, 3/4 and all of
-    /// the model's context, rounded down to multiples of 16, those an episode fits in].
+    /// Episode lengths in tokens, comma-separated [default: 1/2, 3/4 and all of the model's
+    /// context, rounded down to multiples of 16, those an episode fits in]. Lengths past the
+    /// context run with the rotary table extended and a warning (positions never trained).
     #[arg(long, value_delimiter = ',', value_name = "T,...")]
     pub lengths: Vec<usize>,
     /// Depths of the needle asked first, as fractions in [0, 1], comma-separated.
@@ -67,21 +70,24 @@ pub struct NeedleArgs {
 }
 
 pub fn run(a: NeedleArgs, precision: difftx::kernels::Precision) -> Result<()> {
-    // 1. The model, which must read bytes
-    let (model, dir) = super::load_model(&a.model, precision)?;
-    if let Some(tok) = Tokenizer::for_model(&dir, &model.config)?.file() {
-        bail!(
-            "the needle task is byte-level, but {} has the tokenizer {}",
-            dir.display(),
-            tok.display()
-        );
-    }
+    // 1. The model and its tokenizer
+    let (mut model, dir) = super::load_model(&a.model, precision)?;
+    let tok = Tokenizer::for_model(&dir, &model.config)?;
     // 2. The task and the grid's axes, every value checked
     let queries = a.queries.unwrap_or(a.needles);
     let mut task = NeedleTask::synthetic(a.needles, queries, a.digits, 1);
     task.validate()?;
+    task.tokenizer = tok.file().is_some().then(|| Arc::new(tok));
     let ctx = model.config.max_position_embeddings;
     let lengths = lengths(&a, &task, ctx)?;
+    let longest = lengths.iter().copied().max().unwrap_or(0);
+    if longest > ctx {
+        eprintln!(
+            "warning: --lengths up to {longest} are past the context of {} ({ctx}): positions from {ctx} on were never trained",
+            dir.display()
+        );
+        model.set_context(longest)?;
+    }
     if let Some(path) = &a.filler {
         task.filler = text_filler(path, lengths.iter().copied().max().unwrap_or(0))?;
     }
@@ -116,18 +122,19 @@ fn text_filler(path: &Path, longest: usize) -> Result<Filler> {
     Ok(Filler::Text(Arc::new(text)))
 }
 
-/// The lengths asked for (each between the task's minimum and the model's context), or the
-/// default ones.
+/// The lengths asked for (each at least the task's minimum), or the default ones (within the
+/// model's context).
 fn lengths(a: &NeedleArgs, task: &NeedleTask, ctx: usize) -> Result<Vec<usize>> {
+    // bytes: every token holds at least one, so this many tokens always hold an episode
     let min = task.min_len();
-    if min > ctx {
-        bail!(
-            "an episode of {} needles of {} digits needs at least {min} tokens; the model's context is {ctx}",
-            task.needles,
-            task.digits
-        );
-    }
     if a.lengths.is_empty() {
+        if min > ctx {
+            bail!(
+                "an episode of {} needles of {} digits needs up to {min} tokens; the model's context is {ctx} (pass longer --lengths)",
+                task.needles,
+                task.digits
+            );
+        }
         let l: Vec<usize> = [ctx / 2, 3 * ctx / 4, ctx]
             .into_iter()
             .map(|l| if l == ctx { l } else { l / 16 * 16 })
@@ -136,10 +143,11 @@ fn lengths(a: &NeedleArgs, task: &NeedleTask, ctx: usize) -> Result<Vec<usize>> 
         return Ok(l);
     }
     for &l in &a.lengths {
-        if l < min || l > ctx {
+        if l < min && task.tokenizer.is_none() {
             bail!(
-                "--lengths: {l} is outside {min}..={ctx} (an episode of {} needles needs at least {min} tokens; the model's context is {ctx})",
-                task.needles
+                "--lengths: {l} is too short for an episode of {} needles of {} digits (at least {min} tokens)",
+                task.needles,
+                task.digits
             );
         }
     }

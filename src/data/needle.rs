@@ -11,12 +11,15 @@
 //! ```
 //!
 //! Filler comes from a seeded synthetic language (Zipf-distributed pseudo-words built from
-//! consonant–vowel syllables) or from consecutive bytes of a text. Tokens are bytes, so the
-//! task needs the byte-level vocabulary.
+//! consonant–vowel syllables) or from consecutive bytes of a text. Tokens are bytes, or under
+//! a model's own tokenizer (BPE) the same text tokenized whole (`needle/tokenized.rs`).
 //!
 //! `fill_rows` makes a training batch of episodes: `difftx repro` trains on them
 //! (experiments/repro), and so does `difftx train --needles N` over its own text.
 
+mod tokenized;
+
+use crate::data::tokenizer::Tokenizer;
 use crate::error::{Error, Result};
 use crate::kernels::cross_entropy::IGNORE;
 use rand::{Rng, SeedableRng};
@@ -183,6 +186,9 @@ pub struct NeedleTask {
     pub queries: usize,
     pub digits: usize,
     pub filler: Filler,
+    /// A tokenizer other than bytes (a model's `tokenizer.json`) to tokenize episodes with;
+    /// None: byte-level.
+    pub tokenizer: Option<Arc<Tokenizer>>,
 }
 
 /// One episode: T + 1 byte tokens; the model reads `tokens[..T]` and predicts `tokens[1..]`.
@@ -305,15 +311,21 @@ fn insertion_points(
     n: usize,
 ) -> Vec<(usize, u8, usize)> {
     let f = filler.len();
+    let others: Vec<usize> = (1..n).map(|_| rng.random_range(0..=f)).collect();
+    place_points(filler, depth, &others)
+}
+
+/// `insertion_points` with the other needles' offsets given.
+fn place_points(filler: &[u8], depth: f64, others: &[usize]) -> Vec<(usize, u8, usize)> {
+    let f = filler.len();
     let answer_rank = if depth <= 0.5 { 0 } else { 2 };
     let mut points: Vec<(usize, u8, usize)> = vec![(
         snap(filler, (depth * f as f64).round() as usize),
         answer_rank,
         0,
     )];
-    for i in 1..n {
-        let o = rng.random_range(0..=f);
-        points.push((snap(filler, o), 1, i));
+    for (i, &o) in others.iter().enumerate() {
+        points.push((snap(filler, o.min(f)), 1, i + 1));
     }
     points.sort();
     points
@@ -327,6 +339,7 @@ impl NeedleTask {
             queries,
             digits,
             filler: Filler::Synthetic(SyntheticLanguage::new(language_seed, 200)),
+            tokenizer: None,
         }
     }
 
@@ -363,8 +376,17 @@ impl NeedleTask {
         Ok(())
     }
 
-    /// An episode of `t` input tokens with the queried needle at `depth` ∈ [0, 1].
+    /// An episode of `t` input tokens with the queried needle at `depth` ∈ [0, 1]: bytes, or
+    /// under the task's `tokenizer` the same text tokenized whole (`tokenized.rs`).
     pub fn episode(&self, rng: &mut ChaCha8Rng, t: usize, depth: f64) -> Result<Episode> {
+        match self.tokenizer.as_deref() {
+            Some(tok) if tok.file().is_some() => self.episode_tokenized(tok, rng, t, depth),
+            _ => self.episode_bytes(rng, t, depth),
+        }
+    }
+
+    /// The byte-level episode: exactly t + 1 bytes.
+    fn episode_bytes(&self, rng: &mut ChaCha8Rng, t: usize, depth: f64) -> Result<Episode> {
         self.validate()?;
         if !(0.0..=1.0).contains(&depth) {
             return Err(Error::Invalid(format!("depth {depth} is outside [0, 1]")));
@@ -584,6 +606,7 @@ mod tests {
             queries: 1,
             digits: 3,
             filler: Filler::Text(Arc::new(src.clone())),
+            tokenizer: None,
         };
         let mut rng = ChaCha8Rng::seed_from_u64(5);
         for depth in DEPTHS {

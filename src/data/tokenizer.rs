@@ -17,6 +17,18 @@ pub enum Tokenizer {
     },
 }
 
+/// A token's bytes in the text it was encoded from: `start..end` as a pair.
+pub type Span = (usize, usize);
+
+impl std::fmt::Debug for Tokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.file() {
+            None => write!(f, "Tokenizer(bytes)"),
+            Some(p) => write!(f, "Tokenizer({})", p.display()),
+        }
+    }
+}
+
 impl Tokenizer {
     /// The tokenizer of a model directory: `tokenizer.json` if present, else the byte-level
     /// default (which needs a vocabulary of at least 256).
@@ -89,6 +101,22 @@ impl Tokenizer {
                     msg: format!("cannot encode text ({e})"),
                 }),
         }
+    }
+
+    /// `encode`, with each token's byte range in `text` (a byte's own for the byte-level
+    /// tokenizer).
+    pub fn encode_offsets(&self, text: &str) -> Result<(Vec<u32>, Vec<Span>)> {
+        let Tokenizer::Hf { tok, path, .. } = self else {
+            return Ok((
+                self.encode(text)?,
+                (0..text.len()).map(|i| (i, i + 1)).collect(),
+            ));
+        };
+        let enc = tok.encode(text, true).map_err(|e| Error::Data {
+            path: path.clone(),
+            msg: format!("cannot encode text ({e})"),
+        })?;
+        Ok((enc.get_ids().to_vec(), enc.get_offsets().to_vec()))
     }
 
     /// `encode`, and how much of the text the tokens represent (`Coverage`): the byte-level

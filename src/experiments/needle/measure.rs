@@ -23,11 +23,6 @@ pub fn answers_correct(
     t: usize,
 ) -> Result<Vec<Vec<bool>>> {
     let v = model.config.vocab_size;
-    if v < 256 {
-        return Err(Error::Invalid(format!(
-            "needle retrieval needs the byte-level vocabulary (256), the model has {v}"
-        )));
-    }
     // the model reads every token but the last
     let inputs = episodes
         .iter()
@@ -103,7 +98,7 @@ pub fn retrieval_grid(
     for &len in lengths {
         if len > ctx {
             return Err(Error::Invalid(format!(
-                "context length {len} is longer than the model's context ({ctx})"
+                "context length {len} is longer than the model's context ({ctx}; `Model::set_context` extends it)"
             )));
         }
         let mut ws = Workspace::new(model, batch.max(1), len);
