@@ -381,3 +381,83 @@ fn attention_map_dumps_npy_and_draws_every_head_of_a_layer() {
     assert_eq!(err.trim_end().lines().count(), 1, "{err}");
     assert!(err.contains("maps.txt") && err.contains(".npy"), "{err}");
 }
+
+/// `repro --long --quick`: every stage runs, the report has its sections and plots, each unit's
+/// result is kept; run again it continues (a unit whose result is gone is trained again, to
+/// the same figures); another plan in the same folder, or a corpus folder that is missing,
+/// is refused in one line.
+#[test]
+fn long_quick_study_runs_every_stage_and_continues_where_it_stopped() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("long");
+    let o = out.to_str().unwrap();
+    let run = |extra: &[&str]| {
+        difftx(
+            &[
+                &["--threads", "2", "repro", "--long", "--quick", "--out", o][..],
+                extra,
+            ]
+            .concat(),
+        )
+    };
+    ok(&run(&[]));
+    let md = std::fs::read_to_string(out.join("REPRO_LONG.md")).unwrap();
+    for section in [
+        "## Learning-rate sweep",
+        "## Language modelling and the loss by position",
+        "## Multi-needle retrieval in haystacks of corpus text",
+        "## diff_v1's λ_init and subln",
+        "## Reading",
+    ] {
+        assert!(md.contains(section), "{section} missing:\n{md}");
+    }
+    for kind in ["standard", "diff_v1", "diff_v2"] {
+        assert!(md.contains(&format!("| {kind} | 1")), "{kind}:\n{md}");
+    }
+    for png in [
+        "long_heatmap.png",
+        "long_by_position.png",
+        "long_needles.png",
+    ] {
+        assert!(
+            std::fs::metadata(out.join(png)).unwrap().len() > 2000,
+            "{png}"
+        );
+    }
+    let results = std::fs::read_dir(out.join("results")).unwrap().count();
+    assert_eq!(results, 14);
+    // the extended model's validation loss (the trainer's, at 2C) is the report's loss to 2C
+    let r: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("results/extend-diff_v1-s0.json")).unwrap())
+            .unwrap();
+    let last = r["eval"]["by_position"].as_array().unwrap().last().unwrap()["cumulative"].clone();
+    let (a, b) = (last.as_f64().unwrap(), r["val_loss"].as_f64().unwrap());
+    assert!((a - b).abs() < 1e-5 * b, "{a} vs {b}");
+    // continued: only the unit whose result is gone runs, to the same figures
+    let section =
+        |md: &str| md[md.find("## Language").unwrap()..md.find("## Reading").unwrap()].to_string();
+    std::fs::remove_file(out.join("results/extend-diff_v2-s0.json")).unwrap();
+    std::fs::remove_dir_all(out.join("runs/extend-diff_v2-s0")).unwrap();
+    let err = ok(&run(&[]));
+    assert!(
+        err.contains("[14/14] extend-diff_v2-s0") && !err.contains("[1/14]"),
+        "{err}"
+    );
+    let again = std::fs::read_to_string(out.join("REPRO_LONG.md")).unwrap();
+    assert_eq!(section(&again), section(&md));
+    // another plan in the same folder; a corpus folder without its files
+    fails_with(
+        &run(&["--seeds", "2"]),
+        &["holds a study with another plan"],
+    );
+    let nowhere = tmp.path().join("nowhere");
+    let args = [
+        "repro",
+        "--long",
+        "--corpus",
+        nowhere.to_str().unwrap(),
+        "--out",
+        o,
+    ];
+    fails_with(&difftx(&args), &["nowhere", "scripts/long_corpus.sh"]);
+}

@@ -12,6 +12,7 @@
 //! icl/{task, plan, measure, render}          many-shot in-context classification
 //! lm_scaling/{plan, measure, fit, render}    language modelling at three sizes, ablations
 //! repro/{plan, measure, render, run}         the needle experiment, and the whole run
+//! long/{plan, measure, run, render}          `repro --long`: long context on a real corpus
 //! demo                          `difftx demo`: two tiny models through the real trainer
 //! bench                         `difftx bench`: speed and memory of steps, products, decoding
 //! ```
@@ -26,6 +27,7 @@ pub mod corpus;
 pub mod demo;
 pub mod icl;
 pub mod lm_scaling;
+pub mod long;
 pub mod needle;
 pub mod repro;
 pub mod serve_load;
