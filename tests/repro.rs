@@ -406,6 +406,7 @@ fn long_quick_study_runs_every_stage_and_continues_where_it_stopped() {
         "## Learning-rate sweep",
         "## Language modelling and the loss by position",
         "## Multi-needle retrieval in haystacks of corpus text",
+        "## Attention noise, outliers and low-bit weights",
         "## diff_v1's λ_init and subln",
         "## Reading",
     ] {

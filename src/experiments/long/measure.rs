@@ -7,9 +7,16 @@ use crate::config::AttentionKind;
 use crate::data::needle::{Filler, NeedleTask};
 use crate::data::Tokenizer;
 use crate::error::{Error, Result};
+use crate::experiments::attention_stats::{
+    allocation, attention_logits, hidden_states, Allocation, Magnitudes,
+};
 use crate::experiments::needle::{accuracy, retrieval_grid, Cell};
 use crate::infer::{evaluate_by_position, Bucket, ByPosition};
+use crate::kernels::quant::QuantKind;
+use crate::model::{Model, Workspace};
 use crate::train::checkpoint::model_dir;
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 use std::sync::Arc;
@@ -47,6 +54,17 @@ pub struct ModelEval {
     pub cells: Vec<CellRow>,
     /// retrieval at C against the number of needles
     pub by_needles: Vec<(usize, f64)>,
+    /// attention mass on the queried needle and on the rest of the haystack, episodes at C
+    /// (paper Table 3)
+    pub answer_mass: f64,
+    pub noise_mass: f64,
+    /// the largest attention logit and block output over their medians, a window of text at
+    /// C (paper Table 5)
+    pub logit_top1_ratio: f64,
+    pub hidden_top1_ratio: f64,
+    /// the loss at C with q8_0 and q4_0 weights (and int8 inputs), less the f32 loss
+    pub q8_0_increase: f64,
+    pub q4_0_increase: f64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
@@ -160,12 +178,7 @@ fn read_metrics(run: &Path) -> Result<(f64, Vec<(u64, f64)>)> {
 /// A model's evaluations over the validation text `valid` (which is the needles' filler
 /// too): loss at C, loss by position at the longest length (the rotary table extended past
 /// a model's own context), retrieval per (length, depth) and against N.
-fn evaluate(
-    plan: &LongPlan,
-    model: &mut crate::model::Model,
-    dir: &Path,
-    valid: &[u8],
-) -> Result<ModelEval> {
+fn evaluate(plan: &LongPlan, model: &mut Model, dir: &Path, valid: &[u8]) -> Result<ModelEval> {
     // 1. Tokens: as many for every model, whatever its context
     let tok = Tokenizer::for_model(dir, &model.config)?;
     let ids = tok.encode(&String::from_utf8_lossy(valid))?;
@@ -213,7 +226,23 @@ fn evaluate(
     for &k in &plan.needle_counts {
         by_needles.push((k, accuracy(&grid(&task(k), &[c])?)));
     }
+    // 4. Attention on the needle against the rest (Table 3), outliers (Table 5)
+    let episodes = plan.episodes.max(1);
+    let alloc = allocation_at(model, &task(plan.needles), c, &plan.depths, episodes)?;
+    let (logits, hidden) = outliers(model, &ids[..c], c)?;
+    // 5. Quantised weights: the loss at C under q8_0 and q4_0
+    let increase = |kind: QuantKind| -> Result<f64> {
+        let mut q = model.clone();
+        q.quantize(kind);
+        Ok(spread(&q, &ids, windows, c)?.0 - loss_at_c)
+    };
     Ok(ModelEval {
+        answer_mass: alloc.answer,
+        noise_mass: alloc.noise,
+        logit_top1_ratio: logits.top1_ratio(),
+        hidden_top1_ratio: hidden.top1_ratio(),
+        q8_0_increase: increase(QuantKind::Q8_0)?,
+        q4_0_increase: increase(QuantKind::Q4_0)?,
         loss_at_c,
         by_position,
         cells: cells
@@ -228,14 +257,55 @@ fn evaluate(
     })
 }
 
+/// The mean attention allocation over `per_depth` episodes of `len` tokens at each depth:
+/// the queried needle's tokens are the answer, the rest of the haystack the noise, the rows
+/// those that predict the answer.
+fn allocation_at(
+    model: &Model,
+    task: &NeedleTask,
+    len: usize,
+    depths: &[f64],
+    per_depth: usize,
+) -> Result<Allocation> {
+    let mut ws = Workspace::new(model, 1, len);
+    let mut rng = ChaCha8Rng::seed_from_u64(EPISODES_SEED ^ 0xa110c);
+    let (mut sum, mut n) = (Allocation::default(), 0);
+    for &depth in depths {
+        for _ in 0..per_depth {
+            let e = task.episode(&mut rng, len, depth)?;
+            model.forward(&mut ws, &e.tokens[..len], 1, len)?;
+            let a = allocation(
+                model,
+                &ws,
+                0,
+                e.answer_queries(),
+                e.needle.clone(),
+                e.context,
+            )?;
+            sum.answer += a.answer;
+            sum.noise += a.noise;
+            n += 1;
+        }
+    }
+    Ok(Allocation {
+        answer: sum.answer / n as f64,
+        noise: sum.noise / n as f64,
+    })
+}
+
+/// The magnitudes of the attention logits and of the block outputs over one window of text.
+fn outliers(model: &Model, window: &[u32], len: usize) -> Result<(Magnitudes, Magnitudes)> {
+    let mut ws = Workspace::new(model, 1, len);
+    ws.keep_hidden_states(model);
+    model.forward(&mut ws, window, 1, len)?;
+    let logits = Magnitudes::of(&mut attention_logits(model, &ws))?;
+    let hidden = Magnitudes::of(&mut hidden_states(model, &ws)?)?;
+    Ok((logits, hidden))
+}
+
 /// The loss of `n` windows of `len` tokens at evenly spaced offsets of `ids` (the first at
 /// the start, the last at the end): the mean, and by position.
-fn spread(
-    model: &crate::model::Model,
-    ids: &[u32],
-    n: usize,
-    len: usize,
-) -> Result<(f64, ByPosition)> {
+fn spread(model: &Model, ids: &[u32], n: usize, len: usize) -> Result<(f64, ByPosition)> {
     let span = ids.len() - len - 1;
     let n = n.clamp(1, span / len + 1);
     let mut at = ByPosition {
