@@ -24,6 +24,9 @@ use std::sync::Arc;
 /// The seed of every model's needle episodes: all models see the same haystacks.
 const EPISODES_SEED: u64 = 20_251_128;
 
+/// The seed of the made-up facts (the training text's and the test's).
+pub const FACTS_SEED: u64 = 36;
+
 /// One training run's measurements.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct UnitResult {
@@ -65,6 +68,8 @@ pub struct ModelEval {
     /// the loss at C with q8_0 and q4_0 weights (and int8 inputs), less the f32 loss
     pub q8_0_increase: f64,
     pub q4_0_increase: f64,
+    /// the share of made-up facts answered from a passage that contradicts them (facts.rs)
+    pub from_context: f64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
@@ -201,6 +206,7 @@ fn evaluate(plan: &LongPlan, model: &mut Model, dir: &Path, valid: &[u8]) -> Res
     let batch = plan.batch;
     // 3. Retrieval in haystacks of the validation text
     let filler = Filler::Text(Arc::new(valid.to_vec()));
+    let tok_for_facts = Tokenizer::for_model(dir, &model.config)?;
     let bpe = tok.file().is_some().then(|| Arc::new(tok));
     let task = |needles: usize| NeedleTask {
         needles,
@@ -236,7 +242,12 @@ fn evaluate(plan: &LongPlan, model: &mut Model, dir: &Path, valid: &[u8]) -> Res
         q.quantize(kind);
         Ok(spread(&q, &ids, windows, c)?.0 - loss_at_c)
     };
+    // 6. Answers from the context against the facts trained on
+    let facts = super::facts::facts(plan.facts, FACTS_SEED);
+    let text = String::from_utf8_lossy(valid);
+    let from_context = super::facts::from_context_rate(model, &tok_for_facts, &facts, &text, c)?;
     Ok(ModelEval {
+        from_context,
         answer_mass: alloc.answer,
         noise_mass: alloc.noise,
         logit_top1_ratio: logits.top1_ratio(),

@@ -46,6 +46,10 @@ pub struct LongPlan {
     pub buckets: usize,
     /// validation windows scored for each model's loss
     pub val_windows: usize,
+    /// the hallucination proxy: made-up facts repeated through this share of the training
+    /// bytes (facts.rs)
+    pub facts: usize,
+    pub fact_share: f64,
     pub bf16: bool,
 }
 
@@ -100,6 +104,8 @@ impl LongPlan {
             digits: 3,
             buckets: 16,
             val_windows: 64,
+            facts: 50,
+            fact_share: 0.02,
             bf16: crate::kernels::Precision::new(true).is_some(),
         }
     }
@@ -132,6 +138,8 @@ impl LongPlan {
             digits: 1,
             buckets: 4,
             val_windows: 4,
+            facts: 10,
+            fact_share: 0.02,
             bf16: false,
         }
     }
@@ -226,8 +234,10 @@ impl LongPlan {
         runs: &Path,
     ) -> TrainOptions {
         // 1. Data and tokenizer
+        let mut data = vec![corpus.train.display().to_string()];
+        data.extend(corpus.facts.iter().map(|p| p.display().to_string()));
         let mut o = TrainOptions {
-            data: vec![corpus.train.display().to_string()],
+            data,
             val_data: vec![corpus.valid.display().to_string()],
             tokenizer: corpus.tokenizer.clone(),
             seed: Some(unit.seed),
@@ -338,9 +348,10 @@ impl LongPlan {
                 self.rope_theta * self.extend_factor as f64
             ),
             format!(
-                "5. measured on every model: validation loss, loss by position up to {} ({} buckets), needle retrieval at lengths {:?} × depths {:?} ({} needles, {} asked, {} episodes per cell, corpus text as filler), accuracy against N ∈ {:?} at C",
+                "5. measured on every model: validation loss, loss by position up to {} ({} buckets), needle retrieval at lengths {:?} × depths {:?} ({} needles, {} asked, {} episodes per cell, corpus text as filler), accuracy against N ∈ {:?} at C, attention noise, outliers, q8_0/q4_0 loss, and answers from the context against {} made-up facts repeated through {:.0}% of the training text",
                 self.longest(), self.buckets, self.lengths(), self.depths, self.needles,
-                self.queries, self.episodes, self.needle_counts
+                self.queries, self.episodes, self.needle_counts, self.facts,
+                self.fact_share * 100.0
             ),
             format!(
                 "{} training runs, {:.1} M tokens in all: about {:.1} PFLOP for {:.1} M parameters at a vocabulary of 8,192, {:.1} h at a sustained 100 GFLOP/s (two Zen 3 cores trained the `bench` shape in f32 at 78–138 GFLOP/s; `difftx bench train` measures yours), plus the evaluations",
@@ -360,6 +371,8 @@ pub struct LongCorpus {
     pub valid: PathBuf,
     /// None: byte-level
     pub tokenizer: Option<PathBuf>,
+    /// the made-up facts trained on beside the text (the study writes them)
+    pub facts: Option<PathBuf>,
 }
 
 impl LongCorpus {
@@ -384,6 +397,7 @@ impl LongCorpus {
             train,
             valid,
             tokenizer: tokenizer.is_file().then_some(tokenizer),
+            facts: None,
         })
     }
 }

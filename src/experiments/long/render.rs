@@ -176,8 +176,8 @@ fn retrieval(s: &mut String, plan: &LongPlan, rs: &[UnitResult]) {
 fn noise_and_outliers(s: &mut String, plan: &LongPlan, rs: &[UnitResult]) {
     let _ = writeln!(
         s,
-        "\n## Attention noise, outliers and low-bit weights (models at C)\n\nAttention mass on the queried needle and on the rest of the haystack (Table 3; rows predicting the answer, every head and layer, episodes of {} tokens); the largest attention logit and block output over their medians on a window of validation text (Table 5); the loss at C with q8_0 and q4_0 weights less the f32 loss.\n",
-        plan.context
+        "\n## Attention noise, outliers and low-bit weights (models at C)\n\nAttention mass on the queried needle and on the rest of the haystack (Table 3; rows predicting the answer, every head and layer, episodes of {} tokens); the largest attention logit and block output over their medians on a window of validation text (Table 5); the loss at C with q8_0 and q4_0 weights less the f32 loss; \"from context\": the share of {} made-up facts, repeated through the training text, that the model answers from a passage of {} tokens stating otherwise (a contextual-hallucination proxy: higher is less hallucination).\n",
+        plan.context, plan.facts, plan.context
     );
     let cols = [
         "answer mass",
@@ -190,13 +190,14 @@ fn noise_and_outliers(s: &mut String, plan: &LongPlan, rs: &[UnitResult]) {
     table_head(s, &["kind"], cols.iter().map(|c| c.to_string()));
     for kind in AttentionKind::ALL {
         let p = of(rs, "pretrain", kind);
-        let fs: [&dyn Fn(&ModelEval) -> f64; 6] = [
+        let fs: [&dyn Fn(&ModelEval) -> f64; 7] = [
             &|e| e.answer_mass,
             &|e| e.noise_mass,
             &|e| e.logit_top1_ratio,
             &|e| e.hidden_top1_ratio,
             &|e| e.q8_0_increase,
             &|e| e.q4_0_increase,
+            &|e| e.from_context,
         ];
         let cells: Vec<String> = fs.iter().map(|f| fmt_ms(&each(&p, f), 4)).collect();
         let _ = writeln!(s, "| {kind} | {} |", cells.join(" | "));

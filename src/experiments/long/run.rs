@@ -39,6 +39,7 @@ pub fn run_long(
     let results_dir = out.join("results");
     std::fs::create_dir_all(&results_dir).map_err(|e| Error::io(&results_dir, e))?;
     let valid = std::fs::read(&corpus.valid).map_err(|e| Error::io(&corpus.valid, e))?;
+    let corpus = &with_facts(plan, corpus, out)?;
     // 2. Each unit: its kept result, or trained (resumed) and measured
     let units = plan.units();
     let mut results: Vec<UnitResult> = Vec::with_capacity(units.len());
@@ -77,6 +78,30 @@ pub fn run_long(
     }
     // 3. The report, from the results alone
     render(plan, corpus, &results, out, command).map(Ended::Report)
+}
+
+/// The corpus with the made-up facts (`facts.rs`) written beside the study, repeated to
+/// make up the plan's share of the training bytes.
+fn with_facts(plan: &LongPlan, corpus: &LongCorpus, out: &Path) -> Result<LongCorpus> {
+    let bytes = tree_bytes(&corpus.train);
+    let facts = super::facts::facts(plan.facts, super::measure::FACTS_SEED);
+    let sentence = 36; // "the capital of xxxxia is xxxx. "
+    let repeats = (plan.fact_share * bytes as f64 / (plan.facts.max(1) * sentence) as f64) as usize;
+    let text = super::facts::training_text(&facts, repeats.max(3), super::measure::FACTS_SEED);
+    let path = out.join("facts.txt");
+    crate::util::write_atomic(&path, text.as_bytes())?;
+    Ok(LongCorpus {
+        facts: Some(path),
+        ..corpus.clone()
+    })
+}
+
+/// The bytes of a file, or of every file under a folder.
+fn tree_bytes(path: &Path) -> u64 {
+    match std::fs::read_dir(path) {
+        Ok(entries) => entries.flatten().map(|e| tree_bytes(&e.path())).sum(),
+        Err(_) => std::fs::metadata(path).map_or(0, |m| m.len()),
+    }
 }
 
 /// Trains one unit into `dir`, continuing a run found there; None when stopped while the
