@@ -230,6 +230,7 @@ pub fn bench_matmul(
     if bf16 {
         runs.push(Run::Gemm(Backend::Bf16));
     }
+    #[cfg(target_arch = "x86_64")]
     let packed = match bf16 && b_t {
         true => crate::kernels::gemm::bf16::pack_weight(&b, n, k),
         false => Vec::new(),
@@ -259,6 +260,7 @@ pub fn bench_matmul(
     }
     let mut times = vec![Vec::new(); runs.len()];
     crate::kernels::on_pool(|| {
+        #[cfg(target_arch = "x86_64")]
         let threads = rayon::current_num_threads();
         for rep in 0..=reps {
             for (bi, &run) in runs.iter().enumerate() {
@@ -269,10 +271,14 @@ pub fn bench_matmul(
                 let t0 = Instant::now();
                 match run {
                     Run::Gemm(be) => gemm_on(be, d, lhs, rhs, out),
+                    #[cfg(target_arch = "x86_64")]
                     Run::Bf16Packed => {
                         use crate::kernels::gemm::bf16::{gemm_packed, PackedB};
                         gemm_packed(d, lhs, &PackedB::weight(&packed, n, k), out, threads)
                     }
+                    // only pushed where the CPU has AVX512_BF16
+                    #[cfg(not(target_arch = "x86_64"))]
+                    Run::Bf16Packed => unreachable!("bf16 tiles off x86-64"),
                     Run::F32Panels => {
                         use crate::kernels::gemm::linear::{matmul_forward, Weight};
                         let w = Weight {

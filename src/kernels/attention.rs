@@ -43,6 +43,7 @@ fn load_tile_t(
     h: usize,
     w: usize,
 ) {
+    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
     let mut c0 = 0;
     #[cfg(target_arch = "x86_64")]
     if w.is_multiple_of(16) && super::gemm::cpu::avx512f() {

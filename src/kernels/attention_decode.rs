@@ -21,7 +21,9 @@ use super::attention_parts::AttnShape;
 use super::gemm::cpu::Isa;
 #[cfg(target_arch = "x86_64")]
 use super::Lanes16;
-use super::{axpy, exp_nonpos, map_lanes, Elem, KvElem, Row, SharedMut, MAX, SUM};
+#[cfg(target_arch = "x86_64")]
+use super::Elem;
+use super::{axpy, exp_nonpos, map_lanes, KvElem, Row, SharedMut, MAX, SUM};
 use rayon::prelude::*;
 
 /// Cached positions per task for a sequence that sees `visible` of them: about a sixteenth,
@@ -410,7 +412,9 @@ fn scores_rows<const Q: usize, const N: usize, C: KvElem>(
                 },
                 _ => {
                     let k = values(row, at, dk);
-                    std::array::from_fn(|i| super::dot_elems(&qs[i * dk..(i + 1) * dk], k))
+                    std::array::from_fn::<f32, Q, _>(|i| {
+                        super::dot_elems(&qs[i * dk..(i + 1) * dk], k)
+                    })
                 }
             };
             store_scores(out, dots, j0, part, s.dv + 2 + t);

@@ -48,7 +48,9 @@ pub use simd::{
 pub(crate) use simd::{
     dot_grid, dot_tree, dot_tree8, exp_nonpos16, lane_mask, load8, transpose16, Lanes16,
 };
-pub(crate) use simd::{prefetch, prefetch_stream};
+pub(crate) use simd::prefetch;
+#[cfg(target_arch = "x86_64")]
+pub(crate) use simd::prefetch_stream;
 pub use simd::{Elem, NextLines};
 
 /// Test inputs: `n` values uniform in [-scale, scale) from a linear congruential generator

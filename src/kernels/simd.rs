@@ -83,10 +83,12 @@ impl NextLines {
 /// `medium` read its weights at 46–61 GB/s on a Zen 5; asking 16 KiB ahead, at 72–89 GB/s in
 /// the same minutes (12 KiB as well; 8 KiB or less and 32 KiB or more less well; PREFETCHT0
 /// about as well).
+#[cfg(target_arch = "x86_64")]
 pub(crate) const STREAM_AHEAD: usize = 16 << 10;
 
 /// Asks for the cache line `STREAM_AHEAD` bytes past `at`, non-temporally (PREFETCHNTA): data
 /// read once, which should displace little. A hint, which reads nothing: any address will do.
+#[cfg(target_arch = "x86_64")]
 #[inline(always)]
 pub(crate) fn prefetch_stream<T>(at: *const T) {
     #[cfg(target_arch = "x86_64")]

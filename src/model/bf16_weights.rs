@@ -31,6 +31,7 @@ fn places(l: &ParamLayout) -> (Places, Vec<&ParamSpec>) {
 impl Bf16Weights {
     pub(crate) fn new(model: &Model) -> Self {
         let (tiles, specs) = places(&model.layout);
+        #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
         let mut data = crate::kernels::zeroed_u16(tiles.total);
         for (s, at) in specs.iter().zip(tiles.ranges()) {
             #[cfg(target_arch = "x86_64")]

@@ -2,6 +2,8 @@
 //! packing that feeds one: below both the driver and the kernels of each instruction set
 //! (f32_avx512.rs, f32_avx2.rs), which implement it through `f32_kernel!`.
 
+#![cfg_attr(not(target_arch = "x86_64"), allow(dead_code, unused_imports, unused_macros))]
+
 use super::Mat;
 
 /// The tile of C that one micro-kernel call writes: h rows of w columns from `c`, rows `ldc`

@@ -239,6 +239,7 @@ impl<'a> Gemv<'a> {
     /// f32 row.
     fn run(&self, ti: usize) {
         let outs = ti * GEMV_CHUNK..((ti + 1) * GEMV_CHUNK).min(self.oc);
+        #[cfg(target_arch = "x86_64")]
         let (x, n, c) = (self.x, self.n, self.c);
         #[cfg(target_arch = "x86_64")]
         if let Some(tiles) = self.w.tiles {

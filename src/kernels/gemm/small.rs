@@ -542,6 +542,7 @@ mod tests {
                 unsafe { small_gemm(d, at, bm, out, bf16) };
                 check(&c, "dispatch");
                 // the AVX2 path too where the CPU has it (the dispatch prefers AVX-512)
+                #[cfg(target_arch = "x86_64")]
                 if !bf16 && crate::kernels::gemm::cpu::avx2_fma() {
                     let mut c = vec![1.0f32; m * rs];
                     // SAFETY: AVX2 and FMA detected; c holds m rows of n + 2.

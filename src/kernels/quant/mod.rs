@@ -45,6 +45,7 @@ mod vnni;
 #[cfg(target_arch = "x86_64")]
 pub(crate) use vnni::block_quants;
 
+#[cfg(target_arch = "x86_64")]
 use crate::kernels::NextLines;
 pub use block::{dequantize, quantize, QuantKind, BLOCK};
 use rayon::prelude::*;
@@ -535,6 +536,7 @@ pub fn matmul_on(
 }
 
 /// One input row's sums with the sixteen weight rows of a tile, lane i for the tile's row i.
+#[cfg(target_arch = "x86_64")]
 pub(crate) type TileSums = [f32; TILE_ROWS];
 
 /// A SIMD engine's block sums, as `engine_tile` runs them: `dots` gives the sums of input rows
