@@ -7,67 +7,9 @@
 mod cli;
 
 use anyhow::{bail, Result};
-use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
+use clap::FromArgMatches;
+use cli::args::{command, Cli, Cmd, NO_BF16};
 use difftx::kernels::Precision;
-
-#[derive(Parser)]
-#[command(name = "difftx", version, about = "Train, run and evaluate Differential Transformer language models on a CPU.", long_about = None)]
-struct Cli {
-    /// Worker threads (default: all cores). Results are bit-identical for a given thread count.
-    #[arg(long, global = true)]
-    threads: Option<usize>,
-    /// Matrix products in bf16 with f32 accumulation; weights, gradients and AdamW stay f32.
-    /// Needs AVX512_BF16 (AMD Zen 4, Intel Cooper Lake or later).
-    #[arg(long, global = true)]
-    bf16: bool,
-    #[command(subcommand)]
-    cmd: Cmd,
-}
-
-#[derive(Subcommand)]
-enum Cmd {
-    /// Quick demo: train a tiny diff_v1 model and its matched standard baseline on the built-in
-    /// text (about 22 s on 2 cores once built), compare their validation losses and plot both.
-    Demo(cli::demo::DemoArgs),
-    /// Train a model on your text, with checkpoints that survive crashes and resume exactly.
-    Train(Box<cli::train::TrainArgs>),
-    /// Tokenizers: train a byte-level BPE tokenizer.json on your text.
-    #[command(subcommand)]
-    Tokenizer(cli::tokenizer::TokenizerCmd),
-    /// Overlay the loss curves of several runs in one PNG.
-    Plot(cli::plot::PlotArgs),
-    /// Mean next-token cross-entropy and perplexity of a text file under a model.
-    Eval(cli::eval::EvalArgs),
-    /// Generate text after a prompt; the continuation streams to stdout, everything else to stderr.
-    Generate(cli::generate::GenerateArgs),
-    /// Train standard, diff_v1 and diff_v2 at matched parameters on the same multi-needle data
-    /// and measure the paper's claims side by side: OUT/REPRO.md, OUT/needle_heatmap.png.
-    Repro(cli::repro::ReproArgs),
-    /// Score a model on multi-needle retrieval (the task `repro` trains on): accuracy per
-    /// context length × depth of the needle asked for.
-    Needle(cli::needle::NeedleArgs),
-    /// Draw one head's attention over a prompt: A1, A2 and A1 − λA2 side by side for the diff
-    /// kinds, the softmax map for standard.
-    AttentionMap(cli::attention_map::AttentionMapArgs),
-    /// Write a model in another format: `--format hf` gives a directory that Hugging Face
-    /// transformers loads (standard → llama, diff_v1 → diffllama, diff_v2 → its own remote code),
-    /// `--format gguf` a file that llama.cpp runs (standard only).
-    Export(cli::export::ExportArgs),
-    /// An OpenAI-compatible HTTP server (completions, chat, streaming, echo log-probabilities)
-    /// with continuous batching; see docs/SERVING.md.
-    #[cfg(feature = "serve")]
-    Serve(Box<cli::serve::ServeArgs>),
-    /// Create a model directory with freshly initialised weights from a preset.
-    Init(cli::init::InitArgs),
-    /// Turn a standard (Llama) model into diff_v2 (exactly: the same logits) or diff_v1 (near
-    /// it), to fine-tune with `train --init-from`.
-    Retrofit(cli::retrofit::RetrofitArgs),
-    /// Benchmarks (speed and memory); compare with bench/pytorch_reference.py.
-    #[command(subcommand)]
-    Bench(cli::bench::BenchCmd),
-    /// Print the presets and their parameter counts for every attention kind.
-    Presets,
-}
 
 fn main() {
     let matches = command().get_matches();
@@ -90,27 +32,6 @@ fn main() {
         eprintln!("error: {e:#}");
         std::process::exit(1);
     }
-}
-
-/// The commands that run no matrix products of their own in bf16: `--bf16` is hidden from
-/// their help and refused on their command line.
-const NO_BF16: &[&str] = &["tokenizer", "plot", "repro", "export", "init", "presets"];
-
-/// The parser: `Cli` with `--bf16` hidden where it would do nothing. A subcommand that
-/// holds its own hidden `--bf16` is left out when clap copies the global flags down.
-fn command() -> clap::Command {
-    fn hide_bf16(c: clap::Command) -> clap::Command {
-        let subs: Vec<String> = c.get_subcommands().map(|s| s.get_name().into()).collect();
-        let flag = clap::Arg::new("bf16")
-            .long("bf16")
-            .action(clap::ArgAction::SetTrue)
-            .hide(true);
-        subs.into_iter()
-            .fold(c.arg(flag), |c, s| c.mut_subcommand(s, hide_bf16))
-    }
-    NO_BF16
-        .iter()
-        .fold(Cli::command(), |c, name| c.mut_subcommand(name, hide_bf16))
 }
 
 fn try_main(cli: Cli, name: &str) -> Result<()> {
@@ -156,7 +77,7 @@ fn try_main(cli: Cli, name: &str) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::Cli;
+    use crate::cli::args::Cli;
     use clap::CommandFactory;
 
     /// Every flag of every command says what it does in `--help`.
@@ -177,14 +98,14 @@ mod tests {
         walk(&Cli::command(), "difftx", &mut missing);
         assert!(missing.is_empty(), "flags without help: {missing:?}");
         Cli::command().debug_assert();
-        super::command().debug_assert();
+        crate::cli::args::command().debug_assert();
     }
 
     /// `--bf16` shows in the help of the commands it changes, and only there.
     #[test]
     fn bf16_is_in_the_help_where_it_matters() {
         let help = |path: &[&str]| {
-            let mut c = super::command();
+            let mut c = crate::cli::args::command();
             c.build();
             let mut sub = &mut c;
             for p in path {

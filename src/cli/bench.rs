@@ -13,29 +13,43 @@ use std::path::PathBuf;
 #[derive(Subcommand)]
 pub enum BenchCmd {
     /// Median time of a full training step (forward, backward, AdamW) on random tokens.
+    ///
+    /// Example: difftx bench train --preset bench --attention diff_v1
     Train(BenchTrainArgs),
-    /// GFLOP/s of one matrix product, difftx's f32 kernel against the `gemm` crate (and bf16
-    /// where the CPU has AVX512_BF16; with --layout nt also with B packed beforehand, as
-    /// inference's weights are, and quantised to q8_0 and q4_0 on each integer engine the CPU
-    /// has, as --quant runs them), alternating.
+    /// GFLOP/s of one matrix product: difftx's kernels (f32, bf16, q8_0, q4_0) against the
+    /// `gemm` crate, alternating.
+    ///
+    /// Example: difftx bench matmul --m 512 --n 2816 --k 512 --layout nt
+    ///
+    /// bf16 runs where the CPU has AVX512_BF16; with --layout nt the weights are also packed
+    /// beforehand and quantised, as inference runs them.
     Matmul(BenchMatmulArgs),
-    /// Prefill and greedy decode tokens/s, at batch 1 or --batch N (compare with
-    /// bench/hf_decode.py and llama-bench).
+    /// Prefill and greedy decode tokens/s, at batch 1 or --batch N.
+    ///
+    /// Example: difftx bench decode --preset medium --attention standard --quant q8_0
     Decode(BenchDecodeArgs),
     /// One layer's attention kernel, forward and backward, on a preset's head layout.
+    ///
+    /// Example: difftx bench attention --preset bench
     Attention(BenchAttentionArgs),
     /// Peak memory of a training step against what the buffers add up to.
+    ///
+    /// Example: difftx bench memory --preset small --seq 4096 --batch 8
     Memory(BenchMemoryArgs),
-    /// The same short training run with f32 and with bf16 matrix products: step times,
-    /// how far apart the loss curves end up, and both curves in a PNG.
+    /// The same short training run in f32 and in bf16: step times, loss curves, a PNG.
+    ///
+    /// Example: difftx bench bf16 --preset bench --plot bf16_loss.png
     Bf16(BenchBf16Args),
-    /// Content digests: XXH3-128 throughput over a file, or for a model directory with a
-    /// manifest.json, its verification against the whole load, alternating.
+    /// Content digests: XXH3-128 over a file, or a model's manifest check against its load.
+    ///
+    /// Example: difftx bench digest model/
     Digest(BenchDigestArgs),
-    /// Closed-loop load on a running OpenAI-compatible server (difftx serve, llama-server):
-    /// per client count, aggregate tokens/s, p50/p99 time to first token and per-token
-    /// latency, errors and the server's peak RSS (bench/serve_load.py's measurements, from
-    /// a client that takes little of the cores it shares with the server).
+    /// Closed-loop load on a running OpenAI-compatible server (difftx serve, llama-server).
+    ///
+    /// Example: difftx bench serve --url http://127.0.0.1:8080 --clients 1,16
+    ///
+    /// Per client count: aggregate tokens/s, p50/p99 time to first token and per-token
+    /// latency, errors and, with --pid, the server's peak RSS.
     Serve(BenchServeArgs),
 }
 

@@ -1,6 +1,7 @@
 //! One module per command (uv's `commands/`): each holds its arguments and a `run` that
 //! calls the library and prints. Helpers shared by several commands live here.
 
+pub mod args;
 pub mod attention_map;
 pub mod bench;
 pub mod demo;

@@ -7,8 +7,11 @@ use std::path::PathBuf;
 
 #[derive(Subcommand)]
 pub enum TokenizerCmd {
-    /// Train a byte-level BPE tokenizer (GPT-2 style) and write it as a Hugging Face
-    /// tokenizer.json, for `difftx train --tokenizer`.
+    /// Train a byte-level BPE tokenizer (GPT-2 style) and write it as a tokenizer.json.
+    ///
+    /// Example: difftx tokenizer train --data texts/ --vocab-size 4096 --out tok.json
+    ///
+    /// Use it with `difftx train --tokenizer tok.json`.
     Train(TokenizerTrainArgs),
 }
 
