@@ -268,6 +268,26 @@ pub fn allocation(
     })
 }
 
+/// A needle episode of `len` input tokens through the model (`ws` holds one row of `len`) and
+/// its allocation: the queried needle's tokens are the answer, the rest of the haystack the
+/// noise, the rows those that predict the answer.
+pub fn episode_allocation(
+    model: &Model,
+    ws: &mut Workspace,
+    e: &crate::data::needle::Episode,
+    len: usize,
+) -> Result<Allocation> {
+    model.forward(ws, &e.tokens[..len], 1, len)?;
+    allocation(
+        model,
+        ws,
+        0,
+        e.answer_queries(),
+        e.needle.clone(),
+        e.context,
+    )
+}
+
 /// The largest, 10th largest and median of a set of magnitudes.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
 pub struct Magnitudes {

@@ -20,9 +20,9 @@
 use super::attention_parts::AttnShape;
 use super::gemm::cpu::Isa;
 #[cfg(target_arch = "x86_64")]
-use super::Lanes16;
-#[cfg(target_arch = "x86_64")]
 use super::Elem;
+#[cfg(target_arch = "x86_64")]
+use super::Lanes16;
 use super::{axpy, exp_nonpos, map_lanes, KvElem, Row, SharedMut, MAX, SUM};
 use rayon::prelude::*;
 

@@ -40,6 +40,9 @@ pub(crate) use scratch::{ensure, ensure_aligned, with_thread_buffer, ROW_CHUNK};
 pub use scratch::{prepare_threads, zeroed, zeroed_u16};
 pub use shared::Grad;
 pub(crate) use shared::SharedMut;
+pub(crate) use simd::prefetch;
+#[cfg(target_arch = "x86_64")]
+pub(crate) use simd::prefetch_stream;
 pub use simd::{
     axpy, axpy_elems, bf16_to_f32, dot, dot3, dot_bf16, dot_elems, exp_nonpos, map_lanes,
     reduce_lanes, scale, sigmoid, sum_lanes, MAX, SUM,
@@ -48,9 +51,6 @@ pub use simd::{
 pub(crate) use simd::{
     dot_grid, dot_tree, dot_tree8, exp_nonpos16, lane_mask, load8, transpose16, Lanes16,
 };
-pub(crate) use simd::prefetch;
-#[cfg(target_arch = "x86_64")]
-pub(crate) use simd::prefetch_stream;
 pub use simd::{Elem, NextLines};
 
 /// Test inputs: `n` values uniform in [-scale, scale) from a linear congruential generator

@@ -8,7 +8,7 @@ use crate::data::needle::{Filler, NeedleTask};
 use crate::data::Tokenizer;
 use crate::error::{Error, Result};
 use crate::experiments::attention_stats::{
-    allocation, attention_logits, hidden_states, Allocation, Magnitudes,
+    attention_logits, episode_allocation, hidden_states, Allocation, Magnitudes,
 };
 use crate::experiments::needle::{accuracy, retrieval_grid, Cell};
 use crate::infer::{evaluate_by_position, Bucket, ByPosition};
@@ -284,15 +284,7 @@ fn allocation_at(
     for &depth in depths {
         for _ in 0..per_depth {
             let e = task.episode(&mut rng, len, depth)?;
-            model.forward(&mut ws, &e.tokens[..len], 1, len)?;
-            let a = allocation(
-                model,
-                &ws,
-                0,
-                e.answer_queries(),
-                e.needle.clone(),
-                e.context,
-            )?;
+            let a = episode_allocation(model, &mut ws, &e, len)?;
             sum.answer += a.answer;
             sum.noise += a.noise;
             n += 1;

@@ -6,7 +6,7 @@ use crate::config::{AttentionKind, ModelConfig};
 use crate::data::needle::fill_rows;
 use crate::error::{Error, Result};
 use crate::experiments::attention_stats::{
-    allocation, attention_logits, head_row, hidden_states, Allocation, Magnitudes,
+    attention_logits, episode_allocation, head_row, hidden_states, Allocation, Magnitudes,
 };
 use crate::experiments::common::{final_loss, kind_name, mean_std};
 use crate::experiments::lm_scaling::LmRun;
@@ -215,15 +215,7 @@ fn allocation_and_lambdas(
     for &depth in &plan.depths {
         for _ in 0..plan.alloc_episodes {
             let e = task.episode(&mut rng, len, depth)?;
-            model.forward(&mut ws, &e.tokens[..len], 1, len)?;
-            let a = allocation(
-                model,
-                &ws,
-                0,
-                e.answer_queries(),
-                e.needle.clone(),
-                e.context,
-            )?;
+            let a = episode_allocation(model, &mut ws, &e, len)?;
             sum.answer += a.answer;
             sum.noise += a.noise;
             n += 1;

@@ -2,7 +2,10 @@
 //! packing that feeds one: below both the driver and the kernels of each instruction set
 //! (f32_avx512.rs, f32_avx2.rs), which implement it through `f32_kernel!`.
 
-#![cfg_attr(not(target_arch = "x86_64"), allow(dead_code, unused_imports, unused_macros))]
+#![cfg_attr(
+    not(target_arch = "x86_64"),
+    allow(dead_code, unused_imports, unused_macros)
+)]
 
 use super::Mat;
 
