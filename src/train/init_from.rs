@@ -50,13 +50,7 @@ pub fn options_from_model(
     o.init_from = Some(dir.clone());
     o.tokenizer = tokenizer;
     o.preset = None;
-    o.attention = Some(c.attention.as_str().into());
-    o.hidden_size = Some(c.hidden_size);
-    o.intermediate_size = Some(c.intermediate_size);
-    o.num_hidden_layers = Some(c.num_hidden_layers);
-    o.num_attention_heads = Some(c.num_attention_heads);
-    o.num_key_value_heads = Some(c.num_key_value_heads);
-    o.head_dim = Some(c.head_dim);
+    o.set_shape(c);
     o.max_position_embeddings = opts
         .max_position_embeddings
         .or(Some(c.max_position_embeddings));

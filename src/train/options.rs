@@ -502,6 +502,20 @@ impl TrainConfig {
     }
 }
 
+impl TrainOptions {
+    /// Every shape flag of the model set from `c`: the attention kind, widths, layers, heads
+    /// and head dim (not the context, θ or the ablations, which callers choose).
+    pub fn set_shape(&mut self, c: &ModelConfig) {
+        self.attention = Some(c.attention.as_str().into());
+        self.hidden_size = Some(c.hidden_size);
+        self.intermediate_size = Some(c.intermediate_size);
+        self.num_hidden_layers = Some(c.num_hidden_layers);
+        self.num_attention_heads = Some(c.num_attention_heads);
+        self.num_key_value_heads = Some(c.num_key_value_heads);
+        self.head_dim = Some(c.head_dim);
+    }
+}
+
 impl RunConfig {
     /// The run as fully explicit options (every setting given), to resume from.
     pub fn to_options(&self) -> TrainOptions {

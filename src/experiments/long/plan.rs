@@ -276,13 +276,7 @@ impl LongPlan {
             s.head_dim,
             self.context,
         );
-        o.attention = Some(unit.kind.as_str().into());
-        o.hidden_size = Some(c.hidden_size);
-        o.intermediate_size = Some(c.intermediate_size);
-        o.num_hidden_layers = Some(c.num_hidden_layers);
-        o.num_attention_heads = Some(c.num_attention_heads);
-        o.num_key_value_heads = Some(c.num_key_value_heads);
-        o.head_dim = Some(c.head_dim);
+        o.set_shape(&c);
         o.max_position_embeddings = Some(self.context);
         o.rope_theta = Some(self.rope_theta);
         o.tie_word_embeddings = Some(s.tie_word_embeddings);
