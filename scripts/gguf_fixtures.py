@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Writes tests/fixtures/quant_blocks.json: inputs with awkward values and the Q8_0 and Q4_0
 blocks gguf-py's reference quantiser makes of them (and the values those blocks stand for),
-which src/kernels/quant/block.rs checks bit for bit.
+which crates/kernels/src/quant/block.rs checks bit for bit.
 
     pip install gguf numpy && python3 scripts/gguf_fixtures.py
 """

@@ -10,7 +10,6 @@ pub mod error;
 pub mod experiments;
 pub mod infer;
 pub mod interop;
-pub mod kernels;
 pub mod model;
 pub mod report;
 #[cfg(feature = "serve")]
@@ -18,8 +17,12 @@ pub mod serve;
 pub mod train;
 pub mod util;
 
+/// The numeric core, a crate of its own (`difftx-kernels`) so that it builds and tests alone
+/// (on ARM under emulation, say).
+pub use difftx_kernels as kernels;
+
 #[cfg(test)]
-pub(crate) mod testutil;
+pub(crate) use difftx_kernels::testutil;
 
 pub use config::{AttentionKind, ModelConfig, Preset};
 pub use error::{Error, Result};

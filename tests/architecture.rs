@@ -184,49 +184,56 @@ fn top_level_modules_form_no_cycle() {
     }
 }
 
-/// Edges between the files of one folder (`src/kernels/attention.rs` names
+/// Edges between the files of one folder (`kernels/attention.rs` names
 /// `super::attention_decode`), each file by its path under `src/` without `.rs`, a subfolder by
 /// its path (its `mod.rs` is its face, and declares its files rather than importing them). Read
 /// from `super::x` and `crate::folder::x` in the code above a file's tests: inside an inline
 /// module `super::` means the file itself, so a name there counts only where it is a file of
-/// the folder (`super::super::x` is not read).
+/// the folder (`super::super::x` is not read). The kernels are a crate of their own
+/// (crates/kernels), read as the folder `kernels`: there `crate::x` names a sibling, and
+/// `lib.rs` is the face.
 fn sibling_graph() -> BTreeMap<String, BTreeSet<String>> {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let mut files = Vec::new();
-    rust_files(&src, &mut files);
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut next: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    for f in files {
-        let (dir, stem) = (
-            f.parent().unwrap(),
-            f.file_stem().unwrap().to_string_lossy(),
-        );
-        if dir == src || stem == "mod" {
-            continue; // the crate's top level is module_graph's; a face declares its files
-        }
-        let folder = dir
-            .strip_prefix(&src)
-            .unwrap()
-            .to_string_lossy()
-            .replace('/', "::");
-        let text = std::fs::read_to_string(&f).unwrap();
-        let code = text
-            .split("#[cfg(test)]")
-            .next()
-            .unwrap()
-            .replace("super::super::", "");
-        let mut names = named_modules(&code, "super::");
-        names.extend(named_modules(&code, &format!("crate::{folder}::")));
-        let node = |name: &str| {
-            dir.strip_prefix(&src)
+    for (src, label) in [
+        (root.join("src"), None),
+        (root.join("crates/kernels/src"), Some("kernels")),
+    ] {
+        let mut files = Vec::new();
+        rust_files(&src, &mut files);
+        for f in files {
+            let (dir, stem) = (
+                f.parent().unwrap(),
+                f.file_stem().unwrap().to_string_lossy(),
+            );
+            if (dir == src && label.is_none()) || stem == "mod" || stem == "lib" {
+                continue; // the crate's top level is module_graph's; a face declares its files
+            }
+            // the folder's path from its crate's root: `kernels/gemm` for crates/kernels/src/gemm
+            let rel = Path::new(label.unwrap_or("")).join(dir.strip_prefix(&src).unwrap());
+            let within = dir
+                .strip_prefix(&src)
                 .unwrap()
-                .join(name)
-                .display()
-                .to_string()
-        };
-        for n in names {
-            let sibling = dir.join(format!("{n}.rs")).is_file() || dir.join(&n).is_dir();
-            if sibling && n != stem {
-                next.entry(node(&stem)).or_default().insert(node(&n));
+                .to_string_lossy()
+                .replace('/', "::");
+            let text = std::fs::read_to_string(&f).unwrap();
+            let code = text
+                .split("#[cfg(test)]")
+                .next()
+                .unwrap()
+                .replace("super::super::", "");
+            let mut names = named_modules(&code, "super::");
+            let prefix = match (label, within.is_empty()) {
+                (Some(_), true) => "crate::".to_string(),
+                _ => format!("crate::{within}::"),
+            };
+            names.extend(named_modules(&code, &prefix));
+            let node = |name: &str| rel.join(name).display().to_string();
+            for n in names {
+                let sibling = dir.join(format!("{n}.rs")).is_file() || dir.join(&n).is_dir();
+                if sibling && n != stem {
+                    next.entry(node(&stem)).or_default().insert(node(&n));
+                }
             }
         }
     }

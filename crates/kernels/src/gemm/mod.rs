@@ -19,6 +19,8 @@ pub mod f32_avx2;
 #[cfg(target_arch = "x86_64")]
 pub mod f32_avx512;
 mod f32_kernel;
+#[cfg(target_arch = "aarch64")]
+pub mod f32_neon;
 pub mod linear;
 pub mod panels;
 pub mod small;

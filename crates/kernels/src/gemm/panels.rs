@@ -8,7 +8,7 @@
 //! panel (`NextLines`, a line a step of its depth at most), so that the memory streams while
 //! the later passes reread this one.
 
-use crate::kernels::NextLines;
+use crate::NextLines;
 
 /// Outputs a panel holds (the last panel of a matrix is padded with zeros).
 pub const PANEL: usize = 32;

@@ -671,7 +671,7 @@ pub enum Lambda<'a> {
 
 impl Lambda<'_> {
     /// λ of pair `pair` at row `row_pair` = row · H + pair.
-    pub(crate) fn at(&self, row_pair: usize) -> f32 {
+    pub fn at(&self, row_pair: usize) -> f32 {
         match self {
             Lambda::Layer(l) => *l,
             Lambda::PerToken(l) => l[row_pair],
@@ -1209,7 +1209,7 @@ fn head_rows(x: &[f32], row0: usize, heads: usize, h: usize, w: usize) -> Mat<'_
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::axpy;
+    use crate::axpy;
     use crate::testutil::{check_grad, dot64, randn};
 
     /// Plain softmax attention with the whole score row materialised, as a reference.
@@ -1304,7 +1304,7 @@ mod tests {
     #[test]
     fn register_softmax_matches_the_portable_passes() {
         use super::super::attention_scores::{probs_grads_row, scores_softmax};
-        if !crate::kernels::gemm::cpu::avx512f() {
+        if !crate::gemm::cpu::avx512f() {
             eprintln!("skipped: no AVX-512F");
             return;
         }

@@ -3,15 +3,17 @@
 //! activations to q8_0), and each output the f32 sum over blocks of an int32 block dot product
 //! times both blocks' scales.
 //!
-//! Three engines run the products: `Engine::Vnni` (vnni.rs, AVX512-VNNI's `vpdpbusd`) where
-//! the CPU has it, else `Engine::Avx2` (avx2.rs, `vpmaddubsw`: the same tiles and sums, the
-//! same bits) where it has AVX2, else `Engine::Portable` (plain integer loops); tests run
-//! every one the CPU has (`matmul_on`). A product of up to `GEMV_ROWS` input rows (decoding) reads every weight once,
+//! The engines that run the products: on x86-64 `Engine::Vnni` (vnni.rs, AVX512-VNNI's
+//! `vpdpbusd`) where the CPU has it, else `Engine::Avx2` (avx2.rs, `vpmaddubsw`: the same tiles
+//! and sums, the same bits) where it has AVX2; on ARM64 `Engine::Sdot` (sdot.rs, `sdot` by
+//! lane: the same tiles, the same bits) where the CPU has `dotprod`; else `Engine::Portable`
+//! (plain integer loops whose FMA gives the same bits again). Tests run every one the CPU has
+//! (`matmul_on`). A product of up to `GEMV_ROWS` input rows (decoding) reads every weight once,
 //! for those rows together; longer ones (prefill) run as a blocked GEMM over tiles of input and
 //! weight rows. Both split the weight rows (and the GEMM the input rows) over the rayon pool.
 
 /// `SimdDots` for the engine module it is called in, from that module's `dots` and `lanes`.
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 macro_rules! simd_dots {
     ($engine:ident, $sum:ty) => {
         pub(super) struct $engine;
@@ -24,7 +26,7 @@ macro_rules! simd_dots {
                 kind: QuantKind,
                 tl: Tiling,
                 ts: [&[u8]; T],
-                next: crate::kernels::NextLines,
+                next: crate::NextLines,
             ) -> [[Self::Sum; T]; R] {
                 // SAFETY: the trait's contract is `dots`'s.
                 unsafe { dots(x, xr, kind, tl, ts, next) }
@@ -40,13 +42,15 @@ macro_rules! simd_dots {
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 pub mod block;
+#[cfg(target_arch = "aarch64")]
+mod sdot;
 #[cfg(target_arch = "x86_64")]
 mod vnni;
 #[cfg(target_arch = "x86_64")]
 pub(crate) use vnni::block_quants;
 
-#[cfg(target_arch = "x86_64")]
-use crate::kernels::NextLines;
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+use crate::NextLines;
 pub use block::{dequantize, quantize, QuantKind, BLOCK};
 use rayon::prelude::*;
 
@@ -256,6 +260,8 @@ pub enum Engine {
     Vnni,
     /// AVX2 with FMA and F16C (`vpmaddubsw` then `vpmaddwd`)
     Avx2,
+    /// ARM64 with `dotprod` (`sdot` by lane: signed bytes into int32)
+    Sdot,
     /// plain loops, on any CPU
     Portable,
 }
@@ -287,6 +293,7 @@ impl Engine {
         match self {
             Engine::Vnni => "vnni",
             Engine::Avx2 => "avx2",
+            Engine::Sdot => "sdot",
             Engine::Portable => "portable",
         }
     }
@@ -303,6 +310,9 @@ impl Engine {
             #[cfg(target_arch = "x86_64")]
             if avx2::available() {
                 engines.push(Engine::Avx2);
+            }
+            if crate::gemm::cpu::dotprod() {
+                engines.push(Engine::Sdot);
             }
             engines.push(Engine::Portable);
             engines
@@ -473,13 +483,13 @@ pub fn matmul_on(
     let act_chunk = if n <= GEMV_ROWS { GEMV_ROWS } else { ACT_CHUNK };
     let ti = n.div_ceil(act_chunk);
     // 1. each part's output, and its tasks: (input rows, weight rows) tiles
-    let jobs: Vec<(crate::kernels::SharedMut, &QuantMatrix, usize)> = parts
+    let jobs: Vec<(crate::SharedMut, &QuantMatrix, usize)> = parts
         .iter_mut()
         .map(|(out, w)| {
             assert!(out.len() >= n * w.rows, "quant matmul: out too small");
             assert_eq!(x.stride, w.blocks(), "quant matmul: widths differ");
             (
-                crate::kernels::SharedMut::new(out),
+                crate::SharedMut::new(out),
                 *w,
                 ti * w.rows.div_ceil(ROW_CHUNK),
             )
@@ -523,6 +533,11 @@ pub fn matmul_on(
             Engine::Avx2 => unsafe {
                 engine_tile::<avx2::Avx2, { avx2::NX }, { avx2::NT }>(x, w, rows, outs, put)
             },
+            #[cfg(target_arch = "aarch64")]
+            // SAFETY: as above.
+            Engine::Sdot => unsafe {
+                engine_tile::<sdot::Sdot, { sdot::NX }, { sdot::NT }>(x, w, rows, outs, put)
+            },
             _ => portable_tile(x, w, rows, outs, put),
         }
     };
@@ -536,13 +551,13 @@ pub fn matmul_on(
 }
 
 /// One input row's sums with the sixteen weight rows of a tile, lane i for the tile's row i.
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 pub(crate) type TileSums = [f32; TILE_ROWS];
 
 /// A SIMD engine's block sums, as `engine_tile` runs them: `dots` gives the sums of input rows
 /// `xr` with the sixteen rows of each tile of `ts` (lane i for a tile's row i), in the
 /// engine's registers, which `lanes` stores.
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 pub(super) trait SimdDots {
     /// sixteen f32 lanes: one register on AVX-512, two on AVX2
     type Sum: Copy;
@@ -567,7 +582,7 @@ pub(super) trait SimdDots {
 ///
 /// # Safety
 /// The CPU has E's features; `rows` and `outs` lie inside `x` and `w`, `outs` from a tile.
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 unsafe fn engine_tile<E: SimdDots, const NX: usize, const NT: usize>(
     x: &QuantAct,
     w: &QuantMatrix,
@@ -604,28 +619,27 @@ unsafe fn engine_tile<E: SimdDots, const NX: usize, const NT: usize>(
 /// scales and corrections (checked to hold the tiling's blocks). Made once a call, it asks for
 /// the tiles' scales whole: a short stretch of their own, too short for the hardware
 /// prefetchers to follow.
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 pub(super) struct Operands<'a, const R: usize, const T: usize> {
     pub tiles: [*const u8; T],
     pub xq: [&'a [i8]; R],
     pub xd: [&'a [f32]; R],
+    // (the ARM engine makes its weights signed and needs no correction)
+    #[cfg_attr(target_arch = "aarch64", allow(dead_code))]
     pub xc: [&'a [i32]; R],
 }
 
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 impl<'a, const R: usize, const T: usize> Operands<'a, R, T> {
     pub fn new(x: &'a QuantAct, xr: [usize; R], tl: Tiling, ts: [&[u8]; T]) -> Self {
-        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
         assert!(ts.iter().all(|t| t.len() >= tl.bytes()));
         let rows = xr.map(|r| x.row(r));
         assert!(rows
             .iter()
             .all(|(q, d, _)| q.len() >= tl.blocks * BLOCK && d.len() >= tl.blocks));
         for t in ts {
-            for line in (0..tl.scale_bytes()).step_by(64) {
-                // SAFETY: a hint, which reads nothing (SSE, on every x86_64).
-                unsafe { _mm_prefetch::<_MM_HINT_T0>(t[line..].as_ptr().cast()) };
-            }
+            // (a line of 64 bytes every 16 values)
+            crate::prefetch(t.as_ptr().cast(), tl.scale_bytes() / 4);
         }
         Operands {
             tiles: ts.map(|t| t.as_ptr()),
@@ -663,7 +677,7 @@ impl<'a, const R: usize, const T: usize> Operands<'a, R, T> {
 /// the steps after it find it in cache), past the task's last tile too: the next task's
 /// first, which the same worker most often runs next. Each tile's rows past `outs` (the
 /// padding) are dropped.
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 fn simd_tile<const NX: usize, const NT: usize>(
     w: &QuantMatrix,
     rows: std::ops::Range<usize>,
@@ -742,7 +756,9 @@ fn portable_tile(
                         })
                         .sum(),
                 };
-                sum += dot as f32 * (half::f16::from_bits(w.scale(o, b)).to_f32() * xd[b]);
+                // the SIMD engines' convert and FMA: every engine gives the same bits
+                let scale = half::f16::from_bits(w.scale(o, b)).to_f32() * xd[b];
+                sum = (dot as f32).mul_add(scale, sum);
             }
             put(r, o, &[sum]);
         }
@@ -879,15 +895,12 @@ mod tests {
         }
     }
 
-    /// The SIMD engines take the same exact integer block sums and scale them with the same f32
-    /// operations in the same order: the same bits (checked where the CPU has more than one).
+    /// Every engine, the portable loops too, takes the same exact integer block sums and
+    /// scales them with the same f32 operations (a convert, a product of the scales, an FMA) in
+    /// the same order: the same bits, so that a model gives the same text on every CPU.
     #[test]
-    fn the_simd_engines_give_the_same_bits() {
-        let simd: Vec<Engine> = Engine::available()
-            .iter()
-            .copied()
-            .filter(|&e| e != Engine::Portable)
-            .collect();
+    fn every_engine_gives_the_same_bits() {
+        let simd = Engine::available();
         for (n, c, oc) in [(1, 544, 131), (9, 96, 40), (70, 64, 33)] {
             let (x, w) = (data(n * c, 8, true), data(oc * c, 9, false));
             for kind in QuantKind::ALL {

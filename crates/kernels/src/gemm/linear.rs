@@ -3,8 +3,8 @@
 //! with no packing.
 
 use super::{gemm, threads_for, Dims, Mat, Out, Precision, PARALLEL_THRESHOLD};
-use crate::kernels::quant::{QuantAct, QuantMatrix};
-use crate::kernels::Grad;
+use crate::quant::{QuantAct, QuantMatrix};
+use crate::Grad;
 use rayon::prelude::*;
 use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -55,7 +55,7 @@ pub fn matmul_forward<'a>(
     if let Some(q) = w.quant {
         assert!(q.rows == oc && q.cols == c && inp.len() >= n * c);
         let x = QuantAct::new(inp, n, c, q.kind);
-        return crate::kernels::quant::matmul(out, &x, q, accumulate);
+        return crate::quant::matmul(out, &x, q, accumulate);
     }
     if n <= gemv_rows(&w) {
         return gemv(&[Gemv::new(out, inp, w, n, c, oc, accumulate)]);
@@ -109,8 +109,8 @@ pub fn matmul_forward_each(
                 (&mut **out, q)
             })
             .collect();
-        let engine = crate::kernels::quant::Engine::detect();
-        return crate::kernels::quant::matmul_on(engine, &mut qparts, &x, false);
+        let engine = crate::quant::Engine::detect();
+        return crate::quant::matmul_on(engine, &mut qparts, &x, false);
     }
     if parts.len() <= GEMV_PARTS && parts.iter().all(|p| n <= gemv_rows(&p.1)) {
         // on the stack: a decoding step allocates nothing (tests/no_alloc.rs)
@@ -178,7 +178,7 @@ fn gemv_rows(w: &Weight) -> usize {
 /// Up to this many rows `dot_grid` beats packing the weights for one product (f32, 1408 × 512
 /// from memory, 2 threads: 94 against 61 GFLOP/s at 16 rows, 137 against 133 at 64; packing
 /// wins from about 128), so that the server's short prefill chunks take it too.
-pub(crate) const GRID_ROWS: usize = 64;
+pub const GRID_ROWS: usize = 64;
 
 /// Most weights that `matmul_forward_each` runs in one matrix-vector region (q, k and v).
 const GEMV_PARTS: usize = 4;
@@ -194,7 +194,7 @@ const GEMV_PARALLEL_THRESHOLD: usize = PARALLEL_THRESHOLD / 4;
 /// One matrix-vector product of decoding: out (n, oc) (+)= x (n, c) · wᵀ for few rows n
 /// (`gemv_rows`), in tasks of GEMV_CHUNK outputs (`run`).
 struct Gemv<'a> {
-    out: crate::kernels::SharedMut,
+    out: crate::SharedMut,
     /// `out` stays borrowed while the tasks write it through the raw pointer.
     _out: std::marker::PhantomData<&'a mut [f32]>,
     x: &'a [f32],
@@ -218,7 +218,7 @@ impl<'a> Gemv<'a> {
         assert!(out.len() >= n * oc && x.len() >= n * c);
         assert!(w.f32.len() >= oc * c, "matmul_forward: weight too small");
         Gemv {
-            out: crate::kernels::SharedMut::new(out),
+            out: crate::SharedMut::new(out),
             _out: std::marker::PhantomData,
             x,
             w,
@@ -258,8 +258,8 @@ impl<'a> Gemv<'a> {
             return self.grid(outs);
         }
         match self.w.bf16 {
-            Some(wb) => self.dots(outs, wb, crate::kernels::dot_bf16),
-            None => self.dots(outs, self.w.f32, crate::kernels::dot),
+            Some(wb) => self.dots(outs, wb, crate::dot_bf16),
+            None => self.dots(outs, self.w.f32, crate::dot),
         }
     }
 
@@ -321,7 +321,7 @@ impl<'a> Gemv<'a> {
             // SAFETY: AVX-512F was detected (`run`); every row pointer has c values in bounds
             // (rows < n of x, outputs < oc of w: `Gemv::new`).
             unsafe {
-                let v = crate::kernels::dot_grid::<R, O, f32>(xs, ws, c, ahead.at(s));
+                let v = crate::dot_grid::<R, O, f32>(xs, ws, c, ahead.at(s));
                 std::arch::x86_64::_mm512_storeu_ps(sums.as_mut_ptr(), v);
             }
             for i in 0..rows {
@@ -349,7 +349,7 @@ impl<'a> Gemv<'a> {
             // SAFETY: AVX-512F was detected (`run`); x holds c values, and weight row o < oc
             // c values in bounds (`Gemv::new`).
             let [[v]] = unsafe {
-                crate::kernels::dot_tree::<1, 1, 0, &[f32]>(&self.x[..c], [&w[o * c..][..c]], true)
+                crate::dot_tree::<1, 1, 0, &[f32]>(&self.x[..c], [&w[o * c..][..c]], true)
             };
             *y = if self.accumulate { *y + v } else { v };
         }
@@ -361,7 +361,7 @@ impl<'a> Gemv<'a> {
     /// (each panel in small pages of its own: 0.7× at `medium`).
     fn panel_rows(&self, outs: Range<usize>, p: &[f32]) {
         use super::panels::{rows, PANEL, PANEL_ROWS};
-        use crate::kernels::NextLines;
+        use crate::NextLines;
         let (n, c) = (self.n, self.c);
         let passes = n.div_ceil(PANEL_ROWS);
         for o0 in outs.step_by(PANEL) {
@@ -429,7 +429,7 @@ impl<'a> Gemv<'a> {
         for o0 in outs.clone().step_by(16) {
             let h = 16.min(outs.end - o0);
             let y = sums(o0, h);
-            let m = crate::kernels::lane_mask(h);
+            let m = crate::lane_mask(h);
             for (r, y) in y.iter().enumerate().take(self.n) {
                 // SAFETY: AVX-512F is present (the callers checked); outputs o0..o0+h of row r
                 // are in bounds (Gemv::new) and belong to this task alone.
@@ -662,7 +662,7 @@ mod tests {
     #[test]
     #[should_panic(expected = "sgemm:")]
     fn a_part_too_small_for_its_rows_is_refused() {
-        use crate::kernels::gemm::{
+        use crate::gemm::{
             cpu::Isa,
             f32::{sgemm_parts, Part},
         };
@@ -681,7 +681,7 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn parts_packed_in_column_groups_match_each_product() {
-        use crate::kernels::gemm::{
+        use crate::gemm::{
             cpu::Isa,
             f32::{sgemm_parts, Part},
         };

@@ -30,7 +30,7 @@ pub(crate) fn reserve(keys: usize, dk: usize, dv: usize) {
     let mut bufs = PACKED.take();
     bufs.resize_with(bufs.len().max(MAX_PACKED), Vec::new);
     for b in &mut bufs {
-        crate::kernels::ensure(b, len);
+        crate::ensure(b, len);
     }
     PACKED.set(bufs);
 }
@@ -159,7 +159,7 @@ pub(crate) mod avx512 {
 
     /// Lanes of columns j0 + 16·v .. for v < NV, masked to the first `w` columns.
     fn masks<const NV: usize>(w: usize) -> [__mmask16; NV] {
-        std::array::from_fn(|v| crate::kernels::lane_mask(w.saturating_sub(16 * v)))
+        std::array::from_fn(|v| crate::lane_mask(w.saturating_sub(16 * v)))
     }
 
     /// `super::small_gemm` on AVX-512F registers.
@@ -481,7 +481,7 @@ mod tests {
     fn small_gemm_matches_loops_with_strides_and_ragged_edges() {
         let round = |x: f32| half::bf16::from_f32(x).to_f32();
         for bf16 in [false, true] {
-            if bf16 && !crate::kernels::gemm::cpu::avx512_bf16() {
+            if bf16 && !crate::gemm::cpu::avx512_bf16() {
                 eprintln!("skipped bf16: this CPU has no AVX512_BF16");
                 continue;
             }
@@ -534,7 +534,7 @@ mod tests {
                 let (d, rs) = (Dims::new(m, n, k), n + 2);
                 let mut c = vec![1.0f32; m * rs];
                 let out = SharedOut {
-                    dst: crate::kernels::SharedMut::new(&mut c),
+                    dst: crate::SharedMut::new(&mut c),
                     rs,
                     accumulate: true,
                 };
@@ -543,7 +543,7 @@ mod tests {
                 check(&c, "dispatch");
                 // the AVX2 path too where the CPU has it (the dispatch prefers AVX-512)
                 #[cfg(target_arch = "x86_64")]
-                if !bf16 && crate::kernels::gemm::cpu::avx2_fma() {
+                if !bf16 && crate::gemm::cpu::avx2_fma() {
                     let mut c = vec![1.0f32; m * rs];
                     // SAFETY: AVX2 and FMA detected; c holds m rows of n + 2.
                     unsafe { avx2::small_gemm(d, at, bm, (c.as_mut_ptr(), rs, true)) };

@@ -5,15 +5,18 @@
 //! gradients) split their depth across the pool instead.
 //!
 //! The micro-kernels, one per instruction set (`Kernel`): f32_avx512.rs (14 × 32 tiles in
-//! AVX-512's 32 registers) and f32_avx2.rs (6 × 16 in AVX2's 16); everything else here serves
-//! both. Off x86-64 there is no micro-kernel yet (products run on the `gemm` crate), so the
-//! driver is compiled there but not called.
-#![cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+//! AVX-512's 32 registers), f32_avx2.rs (6 × 16 in AVX2's 16) and f32_neon.rs (8 × 12 in
+//! NEON's 32); everything else here serves all three. On other CPUs products run on the `gemm`
+//! crate, so the driver is compiled there but not called.
+#![cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "aarch64")),
+    allow(dead_code)
+)]
 
 use super::cpu::Isa;
 use super::f32_kernel::{CTile, Kernel};
 use super::{extent, Dims, Mat, Out};
-use crate::kernels::{ensure, ensure_aligned, with_thread_buffer};
+use crate::{ensure, ensure_aligned, with_thread_buffer};
 use rayon::prelude::*;
 use std::cell::Cell;
 use std::ops::Range;
@@ -26,10 +29,12 @@ macro_rules! on_isa {
             Isa::Avx512 => $f::<super::f32_avx512::Avx512>($($arg),*),
             #[cfg(target_arch = "x86_64")]
             Isa::Avx2 => $f::<super::f32_avx2::Avx2>($($arg),*),
+            #[cfg(target_arch = "aarch64")]
+            Isa::Neon => $f::<super::f32_neon::Neon>($($arg),*),
             #[allow(unreachable_patterns)]
             _ => {
                 $(let _ = &$arg;)*
-                unreachable!("no f32 kernel off x86-64")
+                unreachable!("no f32 kernel on this CPU")
             }
         }
     };
@@ -267,7 +272,7 @@ fn gemm_split_depth<K: Kernel>(d: Dims, a: Mat, b: Mat, out: Out, threads: usize
         for t in 1..threads {
             let part = &partial[(t - 1) * m * n..t * m * n];
             for (i, row) in part.chunks_exact(n).enumerate() {
-                crate::kernels::axpy(&mut dst[i * dst_rs..i * dst_rs + n], 1.0, row);
+                crate::axpy(&mut dst[i * dst_rs..i * dst_rs + n], 1.0, row);
             }
         }
     });

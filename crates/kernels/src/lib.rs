@@ -1,4 +1,4 @@
-//! The numeric core: each file holds one op's forward and backward over flat f32 buffers.
+//! difftx's numeric core (re-exported by `difftx` as `difftx::kernels`): each file holds one op's forward and backward over flat f32 buffers.
 //! Backward passes write an input's gradient where they make its first contribution and add
 //! to it after that (`Grad`); parameter gradients accumulate over a step.
 //!
@@ -31,6 +31,8 @@ mod scratch;
 mod shared;
 mod simd;
 pub mod swiglu;
+#[doc(hidden)]
+pub mod testutil;
 
 pub use attention::attention_cached;
 pub use kv_rows::{KvElem, Q8Block, Row};
@@ -63,4 +65,46 @@ pub(crate) fn lcg_values(n: usize, seed: &mut u32, scale: f32) -> Vec<f32> {
             ((*seed >> 8) as f32 / (1 << 24) as f32 * 2.0 - 1.0) * scale
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::gemm::cpu::{self, Isa};
+    use crate::quant::Engine;
+
+    /// The f32 products' kernel and the quantised products' engine this CPU runs, as
+    /// "f32=… quant=…".
+    fn picked() -> String {
+        let f32 = match Isa::detect() {
+            Some(Isa::Avx512) => "avx512",
+            Some(Isa::Avx2) => "avx2",
+            Some(Isa::Neon) => "neon",
+            None => "gemm-crate",
+        };
+        format!("f32={f32} quant={}", Engine::detect().name())
+    }
+
+    /// Each kernel is picked where the CPU has its feature and the fallback where not: on
+    /// ARM64 the NEON f32 kernel always, SDOT exactly where `dotprod` is. Where the runner
+    /// names what the (emulated) CPU calls for (`DIFFTX_EXPECT_KERNELS`, set by
+    /// scripts/test_arm64.sh for each `qemu -cpu`), exactly that.
+    #[test]
+    fn picks_the_kernels_the_cpu_calls_for() {
+        let got = picked();
+        if let Ok(want) = std::env::var("DIFFTX_EXPECT_KERNELS") {
+            assert_eq!(got, want, "kernels picked on this CPU");
+        }
+        if cfg!(target_arch = "aarch64") {
+            let quant = if cpu::dotprod() { "sdot" } else { "portable" };
+            assert_eq!(got, format!("f32=neon quant={quant}"));
+        }
+        if cfg!(target_arch = "x86_64") && cpu::avx2_fma() {
+            assert!(got.starts_with(if cpu::avx512f() {
+                "f32=avx512"
+            } else {
+                "f32=avx2"
+            }));
+            assert!(!got.ends_with("portable"), "{got}");
+        }
+    }
 }

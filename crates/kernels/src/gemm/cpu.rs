@@ -17,13 +17,30 @@ pub fn avx2_fma() -> bool {
     false
 }
 
+/// NEON (Advanced SIMD): every ARM64 CPU has it; the f32 products' micro-kernel there.
+pub fn neon() -> bool {
+    #[cfg(target_arch = "aarch64")]
+    return std::arch::is_aarch64_feature_detected!("neon");
+    #[cfg(not(target_arch = "aarch64"))]
+    false
+}
+
+/// SDOT/UDOT (ARMv8.2's `dotprod`): four int8 products summed into each int32 lane.
+pub fn dotprod() -> bool {
+    #[cfg(target_arch = "aarch64")]
+    return std::arch::is_aarch64_feature_detected!("dotprod");
+    #[cfg(not(target_arch = "aarch64"))]
+    false
+}
+
 /// The vector unit a kernel with a loop for each runs: the f32 products' micro-kernels
-/// (`f32_avx512`, `f32_avx2`; the `gemm` crate's where there is none) and the decoding
-/// attention's loops (the portable ones where there is none).
+/// (`f32_avx512`, `f32_avx2`, `f32_neon`; the `gemm` crate's where there is none) and, on
+/// x86-64, the decoding attention's loops (the portable ones elsewhere).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Isa {
     Avx512,
     Avx2,
+    Neon,
 }
 
 impl Isa {
@@ -34,16 +51,17 @@ impl Isa {
 
     /// Every unit this CPU runs, the best first.
     pub fn available_all() -> impl Iterator<Item = Isa> {
-        [Isa::Avx512, Isa::Avx2]
+        [Isa::Avx512, Isa::Avx2, Isa::Neon]
             .into_iter()
             .filter(|i| i.available())
     }
 
-    /// Whether this CPU runs it (never off x86-64).
+    /// Whether this CPU runs it (the first two on x86-64 only, the last on ARM64 only).
     pub fn available(self) -> bool {
         match self {
             Isa::Avx512 => avx512f(),
             Isa::Avx2 => avx2_fma(),
+            Isa::Neon => neon(),
         }
     }
 }

@@ -299,7 +299,7 @@ mod tests {
     #[test]
     fn q8_rows_round_by_q8_0s_rule_and_widen_alike_on_every_path() {
         let mut seed = 7u32;
-        let mut rand = |n: usize| crate::kernels::lcg_values(n, &mut seed, 3.0);
+        let mut rand = |n: usize| crate::lcg_values(n, &mut seed, 3.0);
         for width in [8, 20, 32, 40, 64, 100, 128] {
             let rows = 5;
             let mut x = rand(rows * width);

@@ -70,7 +70,7 @@ unsafe fn dots<const R: usize, const T: usize>(
     kind: QuantKind,
     tl: Tiling,
     ts: [&[u8]; T],
-    next: crate::kernels::NextLines,
+    next: crate::NextLines,
 ) -> [[Half2<__m256>; T]; R] {
     let ops = super::Operands::new(x, xr, tl, ts);
     let (wp, xd, xc) = (ops.tiles, ops.xd, ops.xc);

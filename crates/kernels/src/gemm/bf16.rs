@@ -12,7 +12,7 @@
 
 use super::cpu::{amx, avx512_bf16 as available};
 use super::{Dims, Mat, Out, SharedOut};
-use crate::kernels::{lane_mask, transpose16, with_thread_buffer, SharedMut};
+use crate::{lane_mask, transpose16, with_thread_buffer, SharedMut};
 use rayon::prelude::*;
 use std::arch::asm;
 use std::arch::x86_64::*;
@@ -266,7 +266,7 @@ pub(crate) fn reserve(long: usize, short: usize) {
         .min(split_below(rayon::current_num_threads()));
     for (slot, n) in [(&PACK_A, a), (&PACK_A_SHARED, shared), (&PACK_B, b)] {
         with_thread_buffer(slot, |v| {
-            crate::kernels::ensure(v, n);
+            crate::ensure(v, n);
         });
     }
 }
@@ -545,7 +545,7 @@ pub fn gemm(d: Dims, a: Mat, b: Mat, out: Out, threads: usize) {
 /// No other thread may access rows 0..m (`out.rs` apart) of n columns of the output meanwhile.
 pub(crate) unsafe fn gemm_shared(d: Dims, a: Mat, b: Mat, out: SharedOut, threads: usize) {
     with_thread_buffer(&PACK_B, |pb| {
-        let dst = crate::kernels::ensure(pb, packed_len(d.n, d.k));
+        let dst = crate::ensure(pb, packed_len(d.n, d.k));
         pack_b(dst, b.transposed(), d.n, d.k, threads);
         let b = PackedB {
             tiles: pb,
@@ -636,8 +636,8 @@ unsafe fn row_sums<const R: usize>(x: &[f32], row: &[u16], c: usize) -> [__m512;
         // 1. Two pairs at a time, into four chains.
         let mut p = 0;
         while p + 4 <= c {
-            crate::kernels::prefetch_stream(row.as_ptr().wrapping_add(TR * p));
-            crate::kernels::prefetch_stream(row.as_ptr().wrapping_add(TR * (p + 2)));
+            crate::prefetch_stream(row.as_ptr().wrapping_add(TR * p));
+            crate::prefetch_stream(row.as_ptr().wrapping_add(TR * (p + 2)));
             let ((e0, o0), (e1, o1)) = (pair!(p), pair!(p + 2));
             for (r, a) in acc.iter_mut().enumerate() {
                 a[0] = _mm512_fmadd_ps(e0, at!(r, p), a[0]);
@@ -715,7 +715,7 @@ impl<'a> PackedB<'a> {
 
     /// Packs b (k × n) into buf, one thread. The caller bounds-checked b and `available()`.
     pub(crate) fn pack(buf: &'a mut Vec<u16>, b: Mat, k: usize, n: usize) -> PackedB<'a> {
-        let tiles = crate::kernels::ensure(buf, packed_len(n, k));
+        let tiles = crate::ensure(buf, packed_len(n, k));
         pack_b(tiles, b.transposed(), n, k, 1);
         PackedB {
             tiles,
@@ -804,7 +804,7 @@ unsafe fn products(d: Dims, a: Mat, b: PackedB, out: SharedOut, threads: usize) 
     let per_split = col_blocks.div_ceil(splits);
     with_thread_buffer(&PACK_A_SHARED, |shared| {
         let whole = (splits > 1).then(|| {
-            let whole = crate::kernels::ensure(shared, 2 * blocks * row);
+            let whole = crate::ensure(shared, 2 * blocks * row);
             // SAFETY: AVX512_BF16 is available and a holds (m, k) (the caller's checks);
             // each call packs the one tile row its chunk holds.
             let pack =
@@ -821,7 +821,7 @@ unsafe fn products(d: Dims, a: Mat, b: PackedB, out: SharedOut, threads: usize) 
                 let a_rows: &[u16] = match whole {
                     Some(w) => &w[bi * 2 * row..(bi + 1) * 2 * row],
                     None => {
-                        let a_rows = crate::kernels::ensure(pa, 2 * row);
+                        let a_rows = crate::ensure(pa, 2 * row);
                         // SAFETY: as above; these are this task's two tile rows.
                         unsafe { pack_tile_rows(a_rows, a, 2 * bi, m, k, false) };
                         a_rows
@@ -987,14 +987,14 @@ mod tests {
             let packed = pack_weight(&w, oc, c);
             for rows in 1..=4 {
                 let mut y = vec![0.25f32; rows * oc];
-                let weight = crate::kernels::gemm::Weight {
+                let weight = crate::gemm::Weight {
                     f32: &w,
                     bf16: None,
                     tiles: Some(&packed),
                     quant: None,
                     panels: None,
                 };
-                crate::kernels::gemm::matmul_forward(
+                crate::gemm::matmul_forward(
                     &mut y,
                     &x,
                     weight,
@@ -1002,7 +1002,7 @@ mod tests {
                     c,
                     oc,
                     true,
-                    crate::kernels::Precision::F32,
+                    crate::Precision::F32,
                 );
                 for r in 0..rows {
                     for o in 0..oc {

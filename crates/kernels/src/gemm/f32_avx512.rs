@@ -68,10 +68,7 @@ unsafe fn kernel(kc: usize, ap: &[f32], bp: &[f32], tile: CTile) {
         }
         // Rows by a loop of fixed length (unrolled, so that acc stays in registers: a loop of h
         // rows kept it on the stack, zeroed by a memset at every call).
-        let (m0, m1) = (
-            crate::kernels::lane_mask(w),
-            crate::kernels::lane_mask(w.saturating_sub(16)),
-        );
+        let (m0, m1) = (crate::lane_mask(w), crate::lane_mask(w.saturating_sub(16)));
         for r in 0..MR {
             if r == h {
                 break;
@@ -119,8 +116,8 @@ unsafe fn transpose_rows<const R: usize>(panel: &mut [f32], rows: &[&[f32]; R], 
                 for (i, r) in r.iter_mut().enumerate().take(w) {
                     *r = _mm512_loadu_si512(rows[c0 + i].as_ptr().add(p) as *const _);
                 }
-                crate::kernels::transpose16(&mut r);
-                let mask = crate::kernels::lane_mask(w);
+                crate::transpose16(&mut r);
+                let mask = crate::lane_mask(w);
                 for (i, v) in r.iter().enumerate() {
                     let dst = panel.as_mut_ptr().add((p + i) * R + c0);
                     _mm512_mask_storeu_epi32(dst as *mut _, mask, *v);

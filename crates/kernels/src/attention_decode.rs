@@ -610,7 +610,7 @@ unsafe fn weighted_row_avx2<const Q: usize, const N: usize, T: Elem>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::Q8Block;
+    use crate::Q8Block;
     use half::bf16;
 
     /// Four cached rows at a time (`dot_tree::<4, ..>` with `sum_lanes_tree4`,
@@ -625,11 +625,9 @@ mod tests {
         }
         fn check<const Q: usize, const N: usize>(seed: &mut u32) {
             let w = 16 * N;
-            let mut xs = crate::kernels::lcg_values(Q * w, seed, 1.0);
+            let mut xs = crate::lcg_values(Q * w, seed, 1.0);
             xs.iter_mut().step_by(7).for_each(|x| *x *= 1e4);
-            let rows: Vec<Vec<f32>> = (0..4)
-                .map(|_| crate::kernels::lcg_values(w, seed, 3.0))
-                .collect();
+            let rows: Vec<Vec<f32>> = (0..4).map(|_| crate::lcg_values(w, seed, 3.0)).collect();
             let b16: Vec<Vec<bf16>> = rows
                 .iter()
                 .map(|r| r.iter().map(|&x| bf16::from_f32(x)).collect())
@@ -639,7 +637,7 @@ mod tests {
                 .map(|r| r.chunks(32).map(Q8Block::quantize).collect())
                 .collect();
             let part = w + 2 + 4;
-            let mut heads = crate::kernels::lcg_values(Q * part, seed, 1.0);
+            let mut heads = crate::lcg_values(Q * part, seed, 1.0);
             fn both<const Q: usize, const N: usize, W: Lanes16>(
                 xs: &[f32],
                 ws: [W; 4],
@@ -690,7 +688,7 @@ mod tests {
     fn bf16_and_q8_caches_decode_as_their_widened_values_on_every_path() {
         let paths: Vec<Option<Isa>> = Isa::available_all().map(Some).collect();
         let mut seed = 1u32;
-        let mut rand = |n: usize| crate::kernels::lcg_values(n, &mut seed, 2.0);
+        let mut rand = |n: usize| crate::lcg_values(n, &mut seed, 2.0);
         /// x's rows of `width` as C's entries, and the f32 values they stand for.
         fn cached<C: KvElem>(x: &[f32], width: usize) -> (Vec<C>, Vec<f32>) {
             let rows = x.len() / width;

@@ -1,9 +1,9 @@
 //! What the f32 product's driver (f32.rs) asks of a register micro-kernel (`Kernel`), and the
 //! packing that feeds one: below both the driver and the kernels of each instruction set
-//! (f32_avx512.rs, f32_avx2.rs), which implement it through `f32_kernel!`.
+//! (f32_avx512.rs, f32_avx2.rs, f32_neon.rs), which implement it through `f32_kernel!`.
 
 #![cfg_attr(
-    not(target_arch = "x86_64"),
+    not(any(target_arch = "x86_64", target_arch = "aarch64")),
     allow(dead_code, unused_imports, unused_macros)
 )]
 
@@ -110,7 +110,7 @@ macro_rules! f32_kernel {
 }
 pub(crate) use f32_kernel;
 
-/// Rows ahead that packing a row-major source prefetches (`crate::kernels::prefetch`).
+/// Rows ahead that packing a row-major source prefetches (`crate::prefetch`).
 const PACK_AHEAD: usize = 8;
 
 /// panels[q·stride + p·R + c] = x(p0 + p, j0 + q·R + c) for p < kc and c < R, zero past w
@@ -128,7 +128,7 @@ pub(crate) fn pack_panels<const R: usize, K: Kernel>(
         // panel, a row-major source was read R values at a time at its row stride).
         for p in 0..kc {
             if p + PACK_AHEAD < kc {
-                crate::kernels::prefetch(x.data[(p0 + p + PACK_AHEAD) * x.rs + j0..].as_ptr(), w);
+                crate::prefetch(x.data[(p0 + p + PACK_AHEAD) * x.rs + j0..].as_ptr(), w);
             }
             let src = &x.data[(p0 + p) * x.rs + j0..][..w];
             for (q, chunk) in src.chunks(R).enumerate() {

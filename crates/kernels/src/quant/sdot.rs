@@ -1,0 +1,201 @@
+//! The ARM64 engine, for CPUs with `dotprod` (ARMv8.2 on: Apple M1 on, Neoverse N1/V1/V2,
+//! Cortex-A76 on): the x86 engines' tiles and order of sums, with 128-bit registers. A 64-byte
+//! chunk of a tile (four quant bytes of each of its sixteen rows) is four registers, rows 0–3,
+//! 4–7, 8–11 and 12–15, and `vpdpbusd` becomes `sdot` by lane: each int32 lane adds the product
+//! of its row's four bytes with four bytes of the input, picked by lane from the register that
+//! holds the input's block, so no broadcast is spent.
+//!
+//! `sdot` multiplies signed by signed, so the weights are made signed first and need no
+//! correction: Q8_0's stored q + 128 with its top bit flipped back, Q4_0's nibbles less 8.
+//! Each block's dot product is exact in int32, the same integer as the x86 engines', and is
+//! scaled into the f32 sums by the same convert and FMA: the same bits.
+
+// (the loops index several arrays by one counter, in the x86 engines' shape)
+#![allow(clippy::needless_range_loop)]
+
+use super::{QuantAct, QuantKind, TileSums, Tiling, BLOCK, TILE_ROWS};
+use std::arch::aarch64::*;
+
+/// Input rows the GEMM's step takes against `NT` tiles: four rows by one tile is sixteen
+/// registers of int32 sums, four of weights and eight of input quants (of 32).
+pub(super) const NX: usize = 4;
+/// Tiles of weight rows the GEMM's step takes at once.
+pub(super) const NT: usize = 1;
+
+/// Sixteen lanes as four registers: rows 0–3 of a tile, 4–7, 8–11, 12–15.
+type Quad<T> = [T; 4];
+
+// The engine as `super::engine_tile` runs it.
+simd_dots!(Sdot, Quad<float32x4_t>);
+
+/// Four registers' sixteen lanes.
+#[target_feature(enable = "neon")]
+fn lanes(v: Quad<float32x4_t>) -> TileSums {
+    let mut s = [0f32; TILE_ROWS];
+    for (q, v) in v.into_iter().enumerate() {
+        // SAFETY: four f32 into each quarter of sixteen.
+        unsafe { vst1q_f32(s.as_mut_ptr().add(4 * q), v) };
+    }
+    s
+}
+
+/// Four f16 (as bits) widened to f32 exactly (`fcvtl`: the base ARMv8 conversion, which
+/// Rust's intrinsics offer only over its unstable f16 vector types).
+#[target_feature(enable = "neon")]
+#[inline]
+fn widen_f16(h: uint16x4_t) -> float32x4_t {
+    let out: float32x4_t;
+    // SAFETY: one conversion between registers, which reads no memory.
+    unsafe {
+        std::arch::asm!(
+            "fcvtl {o:v}.4s, {i:v}.4h",
+            o = lateout(vreg) out,
+            i = in(vreg) h,
+            options(pure, nomem, nostack, preserves_flags)
+        )
+    };
+    out
+}
+
+/// `acc` + the dot products of each lane's four bytes of `w` with bytes 4l..4l + 4 of `x`,
+/// for a lane l known where the call is unrolled (`sdot` by lane, through `asm!`: Rust's
+/// `vdotq_laneq_s32` is not stable yet).
+#[target_feature(enable = "neon,dotprod")]
+#[inline]
+fn sdot_lane(acc: int32x4_t, w: int8x16_t, x: int8x16_t, l: usize) -> int32x4_t {
+    match l {
+        0 => sdot::<0>(acc, w, x),
+        1 => sdot::<1>(acc, w, x),
+        2 => sdot::<2>(acc, w, x),
+        _ => sdot::<3>(acc, w, x),
+    }
+}
+
+/// `sdot_lane` at lane L.
+#[target_feature(enable = "neon,dotprod")]
+#[inline]
+fn sdot<const L: u32>(mut acc: int32x4_t, w: int8x16_t, x: int8x16_t) -> int32x4_t {
+    // SAFETY: one instruction of the `dotprod` extension this fn requires, between registers.
+    unsafe {
+        std::arch::asm!(
+            ".arch_extension dotprod",
+            "sdot {a:v}.4s, {w:v}.16b, {x:v}.4b[{l}]",
+            a = inout(vreg) acc,
+            w = in(vreg) w,
+            x = in(vreg) x,
+            l = const L,
+            options(pure, nomem, nostack, preserves_flags)
+        )
+    };
+    acc
+}
+
+/// The sums of input rows `xr` with the sixteen rows of each tile of `ts`, block after block,
+/// in the x86 engines' order and with their f32 operations, each block asking for its part
+/// of `next`.
+///
+/// # Safety
+/// NEON and dotprod; the rows exist; each of `ts` is a tile of `tl`.
+#[target_feature(enable = "neon,dotprod")]
+unsafe fn dots<const R: usize, const T: usize>(
+    x: &QuantAct,
+    xr: [usize; R],
+    kind: QuantKind,
+    tl: Tiling,
+    ts: [&[u8]; T],
+    next: crate::NextLines,
+) -> [[Quad<float32x4_t>; T]; R] {
+    let ops = super::Operands::new(x, xr, tl, ts);
+    let (wp, xd) = (ops.tiles, ops.xd);
+    let mut acc = [[[vdupq_n_f32(0.0); 4]; T]; R];
+    for b in 0..tl.blocks {
+        next.fetch(b, tl.blocks);
+        // 1. the block's scales: the tiles' sixteen rows' (f16), then each input row's
+        let mut dw = [[vdupq_n_f32(0.0); 4]; T];
+        for k in 0..T {
+            for (q, d) in dw[k].iter_mut().enumerate() {
+                // SAFETY: the block's sixteen scales lie inside the tile (`scale_at`).
+                let h = unsafe { vld1_u16(wp[k].add(tl.scale_at(4 * q, b)).cast()) };
+                *d = widen_f16(h);
+            }
+        }
+        // 2. every block dot product, exact in int32
+        // SAFETY: the block lies inside the tiles (asserted) and the input rows (`row`).
+        let dot = unsafe { block_dots::<R, T>(&ops, kind, tl, b) };
+        // 3. scaled into the f32 sums
+        for j in 0..R {
+            let dx = vdupq_n_f32(xd[j][b]);
+            for k in 0..T {
+                for q in 0..4 {
+                    let exact = vcvtq_f32_s32(dot[j][k][q]);
+                    let scale = vmulq_f32(dw[k][q], dx);
+                    acc[j][k][q] = vfmaq_f32(acc[j][k][q], exact, scale);
+                }
+            }
+        }
+    }
+    acc
+}
+
+/// Block b's exact dot products of input rows `xq` with the sixteen rows of each tile of
+/// `ts`, chunk by chunk: each chunk of weights loaded (and made signed) once for all the input
+/// rows, each input's block loaded once for all the tiles.
+///
+/// # Safety
+/// NEON and dotprod; `ops` was made for tiles of `tl`, with block b inside them
+/// (`Operands::new` checks the tiles' and the rows' lengths).
+#[target_feature(enable = "neon,dotprod")]
+#[inline]
+unsafe fn block_dots<const R: usize, const T: usize>(
+    ops: &super::Operands<R, T>,
+    kind: QuantKind,
+    tl: Tiling,
+    b: usize,
+) -> [[Quad<int32x4_t>; T]; R] {
+    // chunk c of tile t at wp[t] + 64·c; input row j's element e at xp[j] + e
+    // SAFETY: block b lies inside the tiles and the input rows (the caller's contract).
+    let (wp, xp) = unsafe { ops.block(tl, b) };
+    // SAFETY: each input row holds the block's 32 quants.
+    let xs: [[int8x16_t; 2]; R] =
+        std::array::from_fn(|j| unsafe { [vld1q_s8(xp[j]), vld1q_s8(xp[j].add(16))] });
+    let mut dot = [[[vdupq_n_s32(0); 4]; T]; R];
+    // (loops, not closures: a closure would not inherit this fn's target features)
+    match kind {
+        QuantKind::Q8_0 => {
+            // chunk c: elements 4c..4c + 4, lane c % 4 of the input's register c / 4
+            let flip = vdupq_n_u8(0x80);
+            for c in 0..BLOCK / 4 {
+                for t in 0..T {
+                    for q in 0..4 {
+                        // SAFETY: a block's eight chunks lie inside the tile.
+                        let z = unsafe { vld1q_u8(wp[t].add(64 * c + 16 * q)) };
+                        let w = vreinterpretq_s8_u8(veorq_u8(z, flip));
+                        for j in 0..R {
+                            dot[j][t][q] = sdot_lane(dot[j][t][q], w, xs[j][c / 4], c % 4);
+                        }
+                    }
+                }
+            }
+        }
+        QuantKind::Q4_0 => {
+            // chunk c: packed bytes 4c..4c + 4, whose low nibbles are elements 4c..4c + 4
+            // (lane c of the input's first register) and high ones 16 + 4c.. (of its second)
+            let (low, eight) = (vdupq_n_u8(15), vdupq_n_s8(8));
+            for c in 0..BLOCK / 8 {
+                for t in 0..T {
+                    for q in 0..4 {
+                        // SAFETY: a block's four chunks lie inside the tile.
+                        let z = unsafe { vld1q_u8(wp[t].add(64 * c + 16 * q)) };
+                        let lo = vsubq_s8(vreinterpretq_s8_u8(vandq_u8(z, low)), eight);
+                        let hi = vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8::<4>(z)), eight);
+                        for j in 0..R {
+                            dot[j][t][q] = sdot_lane(dot[j][t][q], lo, xs[j][0], c);
+                            dot[j][t][q] = sdot_lane(dot[j][t][q], hi, xs[j][1], c);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    dot
+}
