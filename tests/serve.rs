@@ -1260,3 +1260,103 @@ fn bench_serve_counts_what_the_server_streams() {
         &["--disconnect 1.5", "[0, 1]"],
     );
 }
+
+/// `/v1/embeddings`: one unit vector of the hidden size per input, in order, equal to the
+/// library's `infer::embed` of the same tokens; base64 is the same floats' bytes; a string and
+/// its token ids give one vector; usage counts the tokens; bad inputs are 400s naming `input`.
+#[test]
+fn embeddings_are_the_librarys_unit_vectors_in_both_formats() {
+    let s = start(&[]);
+    let model = difftx::Model::load(&s.model).unwrap();
+    let texts = [
+        "The cat sat.",
+        "A different sentence, longer than the first one.",
+    ];
+    let (st, v) = s.call("/v1/embeddings", json!({"input": texts, "model": "tiny"}));
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["object"], "list");
+    let ids: Vec<Vec<u32>> = texts
+        .iter()
+        .map(|t| t.bytes().map(u32::from).collect())
+        .collect();
+    let want = difftx::infer::embed(&model, &ids).unwrap();
+    let data = v["data"].as_array().unwrap();
+    assert_eq!(data.len(), 2);
+    let mut served = Vec::new();
+    for (i, d) in data.iter().enumerate() {
+        assert_eq!(
+            (d["object"].as_str(), d["index"].as_u64()),
+            (Some("embedding"), Some(i as u64))
+        );
+        let got: Vec<f32> = serde_json::from_value(d["embedding"].clone()).unwrap();
+        assert_eq!(got.len(), model.config.hidden_size);
+        // (another process's thread pool may sum in another order: f32 rounding apart)
+        let off = got
+            .iter()
+            .zip(&want[i])
+            .map(|(g, w)| (g - w).abs())
+            .fold(0f32, f32::max);
+        assert!(off < 1e-5, "input {i}: {off}");
+        served.push(got);
+    }
+    assert_ne!(want[0], want[1]);
+    let n = (ids[0].len() + ids[1].len()) as u64;
+    assert_eq!(v["usage"]["prompt_tokens"].as_u64(), Some(n));
+    // base64: the little-endian f32 bytes; token ids: the same vector as the text
+    let (st, b) = s.call(
+        "/v1/embeddings",
+        json!({"input": [ids[0].clone()], "encoding_format": "base64"}),
+    );
+    assert_eq!(st, 200, "{b}");
+    let raw = decode_base64(b["data"][0]["embedding"].as_str().unwrap());
+    let floats: Vec<f32> = raw
+        .chunks(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    assert_eq!(floats, served[0]);
+    // bad inputs: 400s that name the field
+    let long = "x".repeat(129);
+    for (body, param, says) in [
+        (json!({"input": ""}), "input", "empty"),
+        (json!({"input": long}), "input", "context of 128"),
+        (json!({"input": [300]}), "input", "vocabulary"),
+        (json!({"input": 5}), "input", "must be a string"),
+        (json!({}), "input", "input is required"),
+        (
+            json!({"input": "a", "encoding_format": "hex"}),
+            "encoding_format",
+            "base64",
+        ),
+    ] {
+        let (st, v) = s.call("/v1/embeddings", body.clone());
+        assert_eq!(
+            (st, &v["error"]["param"]),
+            (400, &json!(param)),
+            "{body}: {v}"
+        );
+        let msg = v["error"]["message"].as_str().unwrap();
+        assert!(msg.contains(says), "{body}: {msg}");
+    }
+}
+
+/// Standard base64 (the test's own decoder, independent of the server's encoder).
+fn decode_base64(s: &str) -> Vec<u8> {
+    let val = |c: u8| match c {
+        b'A'..=b'Z' => c - b'A',
+        b'a'..=b'z' => c - b'a' + 26,
+        b'0'..=b'9' => c - b'0' + 52,
+        b'+' => 62,
+        b'/' => 63,
+        _ => panic!("not base64: {c}"),
+    } as u32;
+    let mut out = Vec::new();
+    for chunk in s.as_bytes().chunks(4) {
+        let pad = chunk.iter().filter(|&&c| c == b'=').count();
+        let n = chunk[..4 - pad]
+            .iter()
+            .enumerate()
+            .fold(0u32, |n, (i, &c)| n | val(c) << (18 - 6 * i));
+        out.extend((0..3 - pad).map(|k| (n >> (16 - 8 * k)) as u8));
+    }
+    out
+}

@@ -100,10 +100,16 @@ pub fn parse_body(body: &[u8]) -> ApiResult<Value> {
 
 /// `prompt`: a string, a list of strings, a list of token ids, or a list of such lists.
 pub fn prompts(req: &Value) -> ApiResult<Vec<Prompt>> {
+    texts_at(req, "prompt")
+}
+
+/// The texts of field `key` (`prompt`, or `input` for embeddings): a string, a list of
+/// strings, a list of token ids or a list of lists of token ids.
+pub fn texts_at(req: &Value, key: &'static str) -> ApiResult<Vec<Prompt>> {
     let bad = || {
         ApiError::bad(
-            "prompt",
-            "prompt must be a string, a list of strings, a list of token ids or a list of lists of token ids",
+            key,
+            format!("{key} must be a string, a list of strings, a list of token ids or a list of lists of token ids"),
         )
     };
     let ids = |a: &[Value]| -> ApiResult<Vec<u32>> {
@@ -116,7 +122,7 @@ pub fn prompts(req: &Value) -> ApiResult<Vec<Prompt>> {
             .collect::<Option<Vec<u32>>>()
             .ok_or_else(bad)
     };
-    let out = match req.get("prompt") {
+    let out = match req.get(key) {
         Some(Value::String(s)) => vec![Prompt::Text(s.clone())],
         Some(Value::Array(a)) if !a.is_empty() => match &a[0] {
             Value::String(_) => a
@@ -139,7 +145,7 @@ pub fn prompts(req: &Value) -> ApiResult<Vec<Prompt>> {
                 .collect::<ApiResult<_>>()?,
             _ => return Err(bad()),
         },
-        None => return Err(ApiError::bad("prompt", "prompt is required")),
+        None => return Err(ApiError::bad(key, format!("{key} is required"))),
         _ => return Err(bad()),
     };
     Ok(out)

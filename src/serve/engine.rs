@@ -16,7 +16,9 @@
 //! never stalls the others for more than one chunk. A `MapsJob` (the attention maps of a short
 //! prompt, for `/v1/attention`) runs whole when it is taken from the queue, before a step's
 //! decode: one forward pass of at most
-//! `MAX_MAP_TOKENS` tokens. Every sequence has its own KV cache and
+//! `MAX_MAP_TOKENS` tokens. An `EmbedJob` (`/v1/embeddings`) runs whole likewise: one forward
+//! pass per input, each up to the context, so long inputs hold the decoding batch up for as
+//! long as a prefill of theirs would. Every sequence has its own KV cache and
 //! its own seeded sampler, so a request's tokens do not depend on what else runs beside it.
 
 use crate::error::{Error, Result};
@@ -34,7 +36,18 @@ use std::time::Duration;
 pub enum Task {
     Complete(Job),
     Maps(MapsJob),
+    Embed(EmbedJob),
 }
+
+/// The embeddings of `inputs` (checked by the caller: each 1 to the context's tokens), handed
+/// to `reply`; computed, like a `MapsJob`, between two engine steps.
+pub struct EmbedJob {
+    pub inputs: Vec<Vec<u32>>,
+    pub reply: EmbedReply,
+}
+
+/// Where an `EmbedJob`'s vectors (one per input) go.
+pub type EmbedReply = Box<dyn FnOnce(Result<Vec<Vec<f32>>>) + Send>;
 
 /// The longest prompt whose attention maps the server computes: they run between two decode
 /// steps, and their JSON grows with the square of the length.
@@ -241,6 +254,7 @@ impl<'m> Engine<'m> {
             match task {
                 Task::Complete(job) => self.admit(job),
                 Task::Maps(m) => (m.reply)(head_maps(self.model, &m.prompt, &m.picks)),
+                Task::Embed(e) => (e.reply)(crate::infer::embed(self.model, &e.inputs)),
             }
         }
         true

@@ -46,6 +46,7 @@ pub async fn run(app: Arc<App>, listener: std::net::TcpListener) -> Result<()> {
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat))
         .route("/v1/attention", post(attention))
+        .route("/v1/embeddings", post(embeddings))
         .route("/tokenize", post(tokenize))
         .route("/detokenize", post(detokenize))
         .route("/tokenizer_info", get(tokenizer_info))
@@ -117,6 +118,18 @@ async fn attention(State(app): AppState, headers: HeaderMap, body: Body) -> Resp
             let (ready, req) = request(&app, &headers, body).await?;
             Ok(json_ok(
                 super::maps::attention(app.clone(), ready, req).await?,
+            ))
+        }
+        .await,
+    )
+}
+
+async fn embeddings(State(app): AppState, headers: HeaderMap, body: Body) -> Response {
+    answer(
+        async {
+            let (ready, req) = request(&app, &headers, body).await?;
+            Ok(json_ok(
+                super::embeddings::embeddings(app.clone(), ready, req).await?,
             ))
         }
         .await,

@@ -13,6 +13,7 @@
 
 pub mod api;
 pub mod chat;
+mod embeddings;
 pub mod engine;
 mod http;
 mod maps;
@@ -70,23 +71,28 @@ pub struct Ready {
 impl Ready {
     /// A prompt's token ids and text, checked against the vocabulary; an empty one is refused.
     fn encode(&self, p: &api::Prompt) -> ApiResult<(Vec<u32>, String)> {
+        self.encode_as(p, "prompt")
+    }
+
+    /// `encode` for a request's field `field` (`input` for embeddings), which errors name.
+    fn encode_as(&self, p: &api::Prompt, field: &'static str) -> ApiResult<(Vec<u32>, String)> {
         let (i, t) = match p {
             api::Prompt::Text(s) => {
                 let i = self
                     .tok
                     .encode(s)
-                    .map_err(|e| ApiError::bad("prompt", e.to_string()))?;
+                    .map_err(|e| ApiError::bad(field, e.to_string()))?;
                 (i, s.clone())
             }
             api::Prompt::Ids(i) => {
-                api::check_ids(i, self.vocab, "prompt")?;
+                api::check_ids(i, self.vocab, field)?;
                 (i.clone(), self.tok.decode(i).unwrap_or_default())
             }
         };
         if i.is_empty() {
             return Err(ApiError::bad(
-                "prompt",
-                "the prompt is empty: at least one token is needed",
+                field,
+                format!("the {field} is empty: at least one token is needed"),
             ));
         }
         Ok((i, t))
