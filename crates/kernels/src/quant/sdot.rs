@@ -13,7 +13,7 @@
 // (the loops index several arrays by one counter, in the x86 engines' shape)
 #![allow(clippy::needless_range_loop)]
 
-use super::{QuantAct, QuantKind, TileSums, Tiling, BLOCK, TILE_ROWS};
+use super::{QuantAct, QuantKind, TileSums, Tiling, TILE_ROWS};
 use std::arch::aarch64::*;
 
 /// Input rows the GEMM's step takes against `NT` tiles: four rows by one tile is sixteen
@@ -57,21 +57,8 @@ fn widen_f16(h: uint16x4_t) -> float32x4_t {
     out
 }
 
-/// `acc` + the dot products of each lane's four bytes of `w` with bytes 4l..4l + 4 of `x`,
-/// for a lane l known where the call is unrolled (`sdot` by lane, through `asm!`: Rust's
-/// `vdotq_laneq_s32` is not stable yet).
-#[target_feature(enable = "neon,dotprod")]
-#[inline]
-fn sdot_lane(acc: int32x4_t, w: int8x16_t, x: int8x16_t, l: usize) -> int32x4_t {
-    match l {
-        0 => sdot::<0>(acc, w, x),
-        1 => sdot::<1>(acc, w, x),
-        2 => sdot::<2>(acc, w, x),
-        _ => sdot::<3>(acc, w, x),
-    }
-}
-
-/// `sdot_lane` at lane L.
+/// `acc` + the dot products of each lane's four bytes of `w` with bytes 4L..4L + 4 of `x`
+/// (`sdot` by lane, through `asm!`: Rust's `vdotq_laneq_s32` is not stable yet).
 #[target_feature(enable = "neon,dotprod")]
 #[inline]
 fn sdot<const L: u32>(mut acc: int32x4_t, w: int8x16_t, x: int8x16_t) -> int32x4_t {
@@ -159,43 +146,81 @@ unsafe fn block_dots<const R: usize, const T: usize>(
     let xs: [[int8x16_t; 2]; R] =
         std::array::from_fn(|j| unsafe { [vld1q_s8(xp[j]), vld1q_s8(xp[j].add(16))] });
     let mut dot = [[[vdupq_n_s32(0); 4]; T]; R];
-    // (loops, not closures: a closure would not inherit this fn's target features)
-    match kind {
-        QuantKind::Q8_0 => {
-            // chunk c: elements 4c..4c + 4, lane c % 4 of the input's register c / 4
-            let flip = vdupq_n_u8(0x80);
-            for c in 0..BLOCK / 4 {
-                for t in 0..T {
-                    for q in 0..4 {
-                        // SAFETY: a block's eight chunks lie inside the tile.
-                        let z = unsafe { vld1q_u8(wp[t].add(64 * c + 16 * q)) };
-                        let w = vreinterpretq_s8_u8(veorq_u8(z, flip));
-                        for j in 0..R {
-                            dot[j][t][q] = sdot_lane(dot[j][t][q], w, xs[j][c / 4], c % 4);
-                        }
-                    }
+    // (one call per lane: a lane is a constant of the instruction; calls, not closures: a
+    // closure would not inherit this fn's target features)
+    // SAFETY (each call): block b's chunks lie inside the tiles (the caller's contract).
+    unsafe {
+        match kind {
+            QuantKind::Q8_0 => {
+                for h in 0..2 {
+                    q8_chunk::<0, R, T>(&mut dot, &wp, &xs, h);
+                    q8_chunk::<1, R, T>(&mut dot, &wp, &xs, h);
+                    q8_chunk::<2, R, T>(&mut dot, &wp, &xs, h);
+                    q8_chunk::<3, R, T>(&mut dot, &wp, &xs, h);
                 }
             }
-        }
-        QuantKind::Q4_0 => {
-            // chunk c: packed bytes 4c..4c + 4, whose low nibbles are elements 4c..4c + 4
-            // (lane c of the input's first register) and high ones 16 + 4c.. (of its second)
-            let (low, eight) = (vdupq_n_u8(15), vdupq_n_s8(8));
-            for c in 0..BLOCK / 8 {
-                for t in 0..T {
-                    for q in 0..4 {
-                        // SAFETY: a block's four chunks lie inside the tile.
-                        let z = unsafe { vld1q_u8(wp[t].add(64 * c + 16 * q)) };
-                        let lo = vsubq_s8(vreinterpretq_s8_u8(vandq_u8(z, low)), eight);
-                        let hi = vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8::<4>(z)), eight);
-                        for j in 0..R {
-                            dot[j][t][q] = sdot_lane(dot[j][t][q], lo, xs[j][0], c);
-                            dot[j][t][q] = sdot_lane(dot[j][t][q], hi, xs[j][1], c);
-                        }
-                    }
-                }
+            QuantKind::Q4_0 => {
+                q4_chunk::<0, R, T>(&mut dot, &wp, &xs);
+                q4_chunk::<1, R, T>(&mut dot, &wp, &xs);
+                q4_chunk::<2, R, T>(&mut dot, &wp, &xs);
+                q4_chunk::<3, R, T>(&mut dot, &wp, &xs);
             }
         }
     }
     dot
+}
+
+/// Q8_0's chunk c = 4h + L of a block (elements 4c..4c + 4, lane L of the input's register h)
+/// added into `dot`, its weights made signed (the stored q + 128 with the top bit flipped).
+///
+/// # Safety
+/// NEON and dotprod; chunk c of the block lies inside each tile at `wp`.
+#[target_feature(enable = "neon,dotprod")]
+#[inline]
+unsafe fn q8_chunk<const L: u32, const R: usize, const T: usize>(
+    dot: &mut [[Quad<int32x4_t>; T]; R],
+    wp: &[*const u8; T],
+    xs: &[[int8x16_t; 2]; R],
+    h: usize,
+) {
+    let c = 4 * h + L as usize;
+    for t in 0..T {
+        for q in 0..4 {
+            // SAFETY: the chunk lies inside the tile (this fn's contract).
+            let z = unsafe { vld1q_u8(wp[t].add(64 * c + 16 * q)) };
+            let w = vreinterpretq_s8_u8(veorq_u8(z, vdupq_n_u8(0x80)));
+            for j in 0..R {
+                dot[j][t][q] = sdot::<L>(dot[j][t][q], w, xs[j][h]);
+            }
+        }
+    }
+}
+
+/// Q4_0's chunk L of a block added into `dot`: packed bytes 4L..4L + 4, whose low nibbles are
+/// elements 4L..4L + 4 (lane L of the input's first register) and high ones 16 + 4L.. (of its
+/// second), each less 8.
+///
+/// # Safety
+/// NEON and dotprod; chunk L of the block lies inside each tile at `wp`.
+#[target_feature(enable = "neon,dotprod")]
+#[inline]
+unsafe fn q4_chunk<const L: u32, const R: usize, const T: usize>(
+    dot: &mut [[Quad<int32x4_t>; T]; R],
+    wp: &[*const u8; T],
+    xs: &[[int8x16_t; 2]; R],
+) {
+    let c = L as usize;
+    let (low, eight) = (vdupq_n_u8(15), vdupq_n_s8(8));
+    for t in 0..T {
+        for q in 0..4 {
+            // SAFETY: the chunk lies inside the tile (this fn's contract).
+            let z = unsafe { vld1q_u8(wp[t].add(64 * c + 16 * q)) };
+            let lo = vsubq_s8(vreinterpretq_s8_u8(vandq_u8(z, low)), eight);
+            let hi = vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8::<4>(z)), eight);
+            for j in 0..R {
+                dot[j][t][q] = sdot::<L>(dot[j][t][q], lo, xs[j][0]);
+                dot[j][t][q] = sdot::<L>(dot[j][t][q], hi, xs[j][1]);
+            }
+        }
+    }
 }
