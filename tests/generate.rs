@@ -35,6 +35,7 @@ fn opts(n: usize) -> GenerateOptions {
         seed: 0,
         eos: None,
         truncate_prompt: false,
+        lookup: 0,
     }
 }
 
@@ -266,4 +267,82 @@ fn bf16_and_q8_kv_caches_generate_the_f32_caches_text() {
             }
         }
     }
+}
+
+/// Speculative decoding by prompt lookup gives plain greedy decoding's tokens for every kind,
+/// KV cache type and quantisation, prompts together or alone, drafts accepted and rejected
+/// along the way; sampled, a seed repeats its text.
+#[test]
+fn prompt_lookup_decodes_the_plain_greedy_tokens() {
+    let prompts: Vec<Vec<u32>> = [
+        "the cat sat on the mat and the cat sat on the",
+        "abcabcabcabc",
+        "Z",
+    ]
+    .iter()
+    .map(|t| t.bytes().map(u32::from).collect())
+    .collect();
+    for kind in AttentionKind::ALL {
+        for (kv, quant) in [
+            (KvKind::F32, None),
+            (KvKind::Bf16, None),
+            (KvKind::Q8_0, Some(difftx::kernels::quant::QuantKind::Q8_0)),
+            (KvKind::F32, Some(difftx::kernels::quant::QuantKind::Q4_0)),
+        ] {
+            let mut m = model(kind, 1);
+            m.kv_cache = kv;
+            if let Some(q) = quant {
+                m.quantize(q);
+            }
+            let label = format!("{kind:?} {kv:?} {quant:?}");
+            let plain = generate(&m, &prompts, &opts(30), |_, _| {}).unwrap();
+            let (mut drafted, mut accepted) = (0, 0);
+            for n in [1, 4, 8] {
+                let o = GenerateOptions {
+                    lookup: n,
+                    ..opts(30)
+                };
+                let mut streamed = vec![Vec::new(); prompts.len()];
+                let got = generate(&m, &prompts, &o, |i, t| streamed[i].push(t)).unwrap();
+                assert_eq!(got.tokens, plain.tokens, "{label} lookup {n}");
+                assert_eq!(streamed, plain.tokens, "{label} lookup {n}: streamed");
+                assert!(got.accepted <= got.drafted);
+                drafted += got.drafted;
+                accepted += got.accepted;
+            }
+            assert!(accepted > 0 && accepted < drafted, "{label}: {accepted} of {drafted}");
+        }
+    }
+    // sampled: the same seed, the same text; every token inside the vocabulary
+    let m = model(AttentionKind::DiffV1, 1);
+    let mut o = GenerateOptions {
+        lookup: 4,
+        ..opts(30)
+    };
+    o.sampling.temperature = 0.8;
+    let a = generate(&m, &prompts[..1], &o, |_, _| {}).unwrap();
+    let b = generate(&m, &prompts[..1], &o, |_, _| {}).unwrap();
+    assert_eq!(a.tokens, b.tokens);
+    assert_eq!(a.tokens[0].len(), 30);
+}
+
+#[test]
+fn lookup_drafts_what_followed_the_latest_repeat_of_the_last_tokens() {
+    use difftx::infer::generate::lookup_draft;
+    // "a b c d a b" → the 2-gram "a b" earlier, followed by "c d a b"
+    assert_eq!(lookup_draft(&[1, 2, 3, 4, 1, 2], 3), vec![3, 4, 1]);
+    // the latest occurrence wins; 3-grams before 2-grams
+    assert_eq!(
+        lookup_draft(&[7, 1, 2, 5, 9, 1, 2, 6, 9, 1, 2], 2),
+        vec![6, 9]
+    );
+    assert_eq!(
+        lookup_draft(&[1, 2, 3, 8, 2, 3, 9, 1, 2, 3], 5),
+        vec![8, 2, 3, 9, 1]
+    );
+    // no repeat, no draft; n = 0, no draft
+    assert!(lookup_draft(&[1, 2, 3], 4).is_empty());
+    assert!(lookup_draft(&[1, 1, 1], 0).is_empty());
+    // a draft never runs past the text's end
+    assert_eq!(lookup_draft(&[5, 5], 4), vec![5]);
 }

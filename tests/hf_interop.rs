@@ -84,6 +84,7 @@ fn check(case: &str, kind: AttentionKind) {
         seed: 0,
         eos: tok.eos_id(&model.config),
         truncate_prompt: false,
+        lookup: 0,
     };
     let out = generate(&model, &[prompt], &opts, |_, _| {}).unwrap();
     assert_eq!(
@@ -243,6 +244,7 @@ fn diff_v2_export_matches_transformers() {
             seed: 0,
             eos: None,
             truncate_prompt: false,
+            lookup: 0,
         };
         let gen = generate(&m, &[ids(&exp["prompt_ids"])], &opts, |_, _| {}).unwrap();
         assert_eq!(gen.tokens[0], ids(&exp["new_ids"]), "{case}: greedy tokens");

@@ -430,6 +430,7 @@ pub fn bench_decode(
         seed: 0,
         eos: None,
         truncate_prompt: false,
+        lookup: 0,
     };
     let mut memory_gbs = Vec::new();
     // each repetition's phase times: (prefill, decoding steps)

@@ -2,7 +2,7 @@
 //! together, one token per step, each new token costing time linear in its context.
 
 use crate::error::{Error, Result};
-use crate::infer::sample::{adjusted, sample, Sampling, Seen};
+use crate::infer::sample::{adjusted, sample, verify, Sampling, Seen};
 use crate::model::{memory::Need, KvCache, Model, Workspace};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -17,6 +17,9 @@ pub struct GenerateOptions {
     pub eos: Option<u32>,
     /// keep the last tokens of a prompt longer than the context instead of failing
     pub truncate_prompt: bool,
+    /// speculative decoding by prompt lookup: up to this many tokens drafted a step from the
+    /// text so far (`lookup_draft`) and verified in one forward pass (0: off)
+    pub lookup: usize,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -30,6 +33,9 @@ pub struct Generation {
     pub prefill_seconds: f64,
     pub decode_seconds: f64,
     pub decode_tokens: usize,
+    /// tokens drafted by prompt lookup, and how many of them were accepted
+    pub drafted: usize,
+    pub accepted: usize,
 }
 
 impl Generation {
@@ -38,6 +44,10 @@ impl Generation {
     }
     pub fn decode_tokens_per_second(&self) -> f64 {
         self.decode_tokens as f64 / self.decode_seconds
+    }
+    /// The share of drafted tokens that were accepted (0 where none were drafted).
+    pub fn acceptance(&self) -> f64 {
+        self.accepted as f64 / self.drafted.max(1) as f64
     }
 }
 
@@ -105,7 +115,8 @@ fn generate_in_pool(
         .check(&format!(
             "generating for {b} prompts of up to {longest} tokens with a context of {ctx}"
         ))?;
-    let mut ws = Workspace::new(model, b, longest);
+    // (a lookup step verifies up to `lookup` drafted tokens after the last one)
+    let mut ws = Workspace::new(model, b, longest.max(opts.lookup + 1));
     ws.keep_weight_copies(model, panels);
     let mut caches: Vec<KvCache> = (0..b).map(|_| KvCache::new(model, ctx)).collect();
     let mut rng = ChaCha8Rng::seed_from_u64(opts.seed);
@@ -144,6 +155,39 @@ fn generate_in_pool(
         opts,
         &mut on_token,
     );
+    if opts.lookup > 0 {
+        for slot in 0..active {
+            let i = order[slot];
+            let mut check = |row: &[f32], draft: u32, rng: &mut ChaCha8Rng| {
+                let (t, ok) = verify(
+                    adjusted(row, s, &seen[i], &[], &mut buf),
+                    s,
+                    rng,
+                    &mut scratch,
+                    draft,
+                );
+                seen[i].push(t);
+                (t, ok)
+            };
+            let seq = Seq {
+                prompt: used[i],
+                index: i,
+            };
+            decode_by_lookup(
+                model,
+                &mut ws,
+                &mut caches[slot],
+                seq,
+                &mut out,
+                opts,
+                &mut rng,
+                &mut check,
+                &mut on_token,
+            )?;
+        }
+        out.decode_seconds = t1.elapsed().as_secs_f64();
+        return Ok(out);
+    }
     let mut inputs = vec![0u32; b];
     while active > 0 {
         for s in 0..active {
@@ -210,4 +254,92 @@ fn finished(new: &[u32], cache: &KvCache, opts: &GenerateOptions, hit_context: &
         return true;
     }
     false
+}
+
+/// One prompt of a generation: its tokens (as used) and its index among the prompts.
+struct Seq<'a> {
+    prompt: &'a [u32],
+    index: usize,
+}
+
+/// Decodes one sequence to its end by prompt lookup: each step drafts up to `opts.lookup`
+/// tokens (`lookup_draft`), feeds the last token and the draft in one forward pass, and
+/// `verify(row, drafted token)` takes the drafted tokens in order while they are accepted,
+/// then the corrected token (or, all accepted, one more from the last row); the cache keeps
+/// the accepted positions only. Without a draft a step is plain decoding. Greedy, the text is
+/// plain decoding's; sampled, its distribution (`sample::verify`).
+// the decode loop's state for one sequence, as `generate_in_pool` holds it
+#[allow(clippy::too_many_arguments)]
+fn decode_by_lookup(
+    model: &Model,
+    ws: &mut Workspace,
+    cache: &mut KvCache,
+    seq: Seq,
+    out: &mut Generation,
+    opts: &GenerateOptions,
+    rng: &mut ChaCha8Rng,
+    verify: &mut impl FnMut(&[f32], u32, &mut ChaCha8Rng) -> (u32, bool),
+    on_token: &mut impl FnMut(usize, u32),
+) -> Result<()> {
+    let (i, v) = (seq.index, model.config.vocab_size);
+    let mut text: Vec<u32> = seq.prompt.iter().chain(&out.tokens[i]).copied().collect();
+    let mut done = finished(&out.tokens[i], cache, opts, &mut out.hit_context[i]);
+    while !done {
+        // 1. A draft that fits the tokens still wanted and the cache
+        let room = (opts.max_new_tokens - out.tokens[i].len())
+            .min(cache.capacity - cache.len)
+            .saturating_sub(1);
+        let draft = lookup_draft(&text, opts.lookup.min(room));
+        let inputs: Vec<u32> = std::iter::once(*text.last().unwrap())
+            .chain(draft.iter().copied())
+            .collect();
+        // 2. The last token and the draft in one pass, every position's logits
+        let at = cache.len;
+        model.forward_cached(ws, std::slice::from_mut(cache), &inputs, inputs.len(), true)?;
+        // 3. The drafted tokens while accepted, then the corrected or the next token
+        let mut new = Vec::with_capacity(inputs.len());
+        for (k, row) in ws.logits[..inputs.len() * v].chunks(v).enumerate() {
+            let (t, ok) = verify(row, draft.get(k).copied().unwrap_or(u32::MAX), rng);
+            new.push(t);
+            if !ok || k == draft.len() {
+                break;
+            }
+        }
+        out.drafted += draft.len();
+        out.accepted += new.len() - 1;
+        // the cache keeps the inputs up to the last accepted draft
+        cache.len = at + new.len();
+        for t in new {
+            out.tokens[i].push(t);
+            out.decode_tokens += 1;
+            on_token(i, t);
+            text.push(t);
+            done = finished(&out.tokens[i], cache, opts, &mut out.hit_context[i]);
+            if done {
+                break;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Prompt lookup's draft: the tokens that followed the latest earlier occurrence of the text's
+/// last 3 tokens (else 2, else 1), up to `n` of them; none where the text has no such
+/// repeat.
+pub fn lookup_draft(text: &[u32], n: usize) -> Vec<u32> {
+    if n == 0 {
+        return Vec::new();
+    }
+    for g in (1..=3).rev() {
+        if text.len() <= g {
+            continue;
+        }
+        let tail = &text[text.len() - g..];
+        // occurrences that end before the text's last token, the latest first
+        if let Some(start) = (0..text.len() - g).rev().find(|&j| &text[j..j + g] == tail) {
+            let from = start + g;
+            return text[from..(from + n).min(text.len())].to_vec();
+        }
+    }
+    Vec::new()
 }

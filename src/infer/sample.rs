@@ -184,7 +184,8 @@ pub fn argmax(logits: &[f32]) -> u32 {
     best as u32
 }
 
-/// Draws a token; `scratch` holds (probability, id) pairs and is reused between calls.
+/// Draws a token: greedy at temperature 0, else from softmax(logits / temperature) cut to
+/// the top-k, then to the top-p most likely tokens.
 pub fn sample(
     logits: &[f32],
     s: &Sampling,
@@ -194,6 +195,43 @@ pub fn sample(
     if s.temperature <= 0.0 {
         return argmax(logits);
     }
+    let keep = kept(logits, s, scratch);
+    draw(&scratch[..keep], rng, None)
+}
+
+/// Verifies a drafted token as speculative decoding does (the rejection rule of Leviathan et
+/// al. 2023 and Chen et al. 2023 for a draft that proposes `draft` with certainty): greedy,
+/// the argmax, accepted when it is the draft; sampled, the draft accepted with probability
+/// p(draft), else a token drawn from p with the draft taken out and renormalised, so that
+/// the token's distribution is p's either way. Returns (token, whether it is the draft).
+pub fn verify(
+    logits: &[f32],
+    s: &Sampling,
+    rng: &mut impl Rng,
+    scratch: &mut Vec<(f32, u32)>,
+    draft: u32,
+) -> (u32, bool) {
+    if s.temperature <= 0.0 {
+        let t = argmax(logits);
+        return (t, t == draft);
+    }
+    let keep = kept(logits, s, scratch);
+    let set = &scratch[..keep];
+    let total: f32 = set.iter().map(|p| p.0).sum();
+    let p_draft = set
+        .iter()
+        .find(|p| p.1 == draft)
+        .map_or(0.0, |p| p.0 / total);
+    if rng.random::<f32>() < p_draft {
+        return (draft, true);
+    }
+    (draw(set, rng, Some(draft)), false)
+}
+
+/// Fills `scratch` with (weight, token), most likely first (ties in token order, so that a
+/// draw is reproducible), weights exp((l − max) / temperature); returns how many the top-k
+/// and top-p cuts keep.
+fn kept(logits: &[f32], s: &Sampling, scratch: &mut Vec<(f32, u32)>) -> usize {
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     scratch.clear();
     scratch.extend(
@@ -202,7 +240,6 @@ pub fn sample(
             .enumerate()
             .map(|(i, &x)| (((x - max) / s.temperature).exp(), i as u32)),
     );
-    // Most likely first; ties keep token order so the draw is reproducible.
     scratch.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
     let mut keep = scratch.len();
     if let Some(k) = s.top_k {
@@ -219,15 +256,26 @@ pub fn sample(
             }
         }
     }
-    let total: f32 = scratch[..keep].iter().map(|p| p.0).sum();
+    keep
+}
+
+/// A token drawn from `set` in proportion to its weights, leaving out `except`.
+fn draw(set: &[(f32, u32)], rng: &mut impl Rng, except: Option<u32>) -> u32 {
+    let weight = |p: &(f32, u32)| if Some(p.1) == except { 0.0 } else { p.0 };
+    let total: f32 = set.iter().map(weight).sum();
     let mut u = rng.random::<f32>() * total;
-    for &(p, id) in &scratch[..keep] {
-        if u < p {
-            return id;
+    for p in set {
+        if u < weight(p) {
+            return p.1;
         }
-        u -= p;
+        u -= weight(p);
     }
-    scratch[keep - 1].1
+    // rounding left u at the end: the last token that may be drawn
+    set.iter()
+        .rev()
+        .find(|p| weight(p) > 0.0)
+        .unwrap_or(&set[0])
+        .1
 }
 
 #[cfg(test)]
@@ -235,6 +283,56 @@ mod tests {
     use super::*;
     use rand::SeedableRng;
     use rand_chacha::ChaCha8Rng;
+
+    /// The speculative rule keeps the distribution: over many draws, each token's frequency
+    /// is its probability after temperature, top-k and top-p, whatever the draft (inside the
+    /// kept set, outside it); a draft is accepted at the rate of its probability; greedy
+    /// verification is the argmax, accepted only when it is the draft.
+    #[test]
+    fn verifying_a_draft_draws_from_the_unchanged_distribution() {
+        let logits = [2.0, 1.0, 0.5, -1.0, 0.0];
+        let mut scratch = Vec::new();
+        for (top_k, top_p, draft) in [
+            (None, None, 1),
+            (None, None, 3),
+            (Some(3), None, 4),
+            (None, Some(0.8), 0),
+        ] {
+            let s = Sampling {
+                temperature: 0.7,
+                top_k,
+                top_p,
+                ..Sampling::greedy()
+            };
+            let n = 200_000;
+            let mut rng = ChaCha8Rng::seed_from_u64(7);
+            let (mut plain, mut spec, mut accepted) = ([0usize; 5], [0usize; 5], 0);
+            for _ in 0..n {
+                plain[sample(&logits, &s, &mut rng, &mut scratch) as usize] += 1;
+                let (t, ok) = verify(&logits, &s, &mut rng, &mut scratch, draft);
+                spec[t as usize] += 1;
+                accepted += ok as usize;
+                assert_eq!(ok, t == draft);
+            }
+            for t in 0..5 {
+                let (a, b) = (plain[t] as f64 / n as f64, spec[t] as f64 / n as f64);
+                assert!(
+                    (a - b).abs() < 0.006,
+                    "{top_k:?} {top_p:?} draft {draft}: token {t} {a} vs {b}"
+                );
+            }
+            let rate = accepted as f64 / n as f64;
+            let p_draft = plain[draft as usize] as f64 / n as f64;
+            assert!(
+                (rate - p_draft).abs() < 0.006,
+                "acceptance {rate} vs p {p_draft}"
+            );
+        }
+        let g = Sampling::greedy();
+        let mut rng = ChaCha8Rng::seed_from_u64(1);
+        assert_eq!(verify(&logits, &g, &mut rng, &mut scratch, 0), (0, true));
+        assert_eq!(verify(&logits, &g, &mut rng, &mut scratch, 2), (0, false));
+    }
 
     #[test]
     fn greedy_picks_the_first_maximum() {
