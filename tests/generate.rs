@@ -310,7 +310,10 @@ fn prompt_lookup_decodes_the_plain_greedy_tokens() {
                 drafted += got.drafted;
                 accepted += got.accepted;
             }
-            assert!(accepted > 0 && accepted < drafted, "{label}: {accepted} of {drafted}");
+            assert!(
+                accepted > 0 && accepted < drafted,
+                "{label}: {accepted} of {drafted}"
+            );
         }
     }
     // sampled: the same seed, the same text; every token inside the vocabulary

@@ -1360,3 +1360,76 @@ fn decode_base64(s: &str) -> Vec<u8> {
     }
     out
 }
+
+/// JSON mode (`response_format: {"type": "json_object"}`): sampled at temperature 1, every
+/// completion, chat answer and streamed text is one JSON object that closes within
+/// max_tokens (finish_reason "stop"); json_schema and malformed formats are 400s.
+#[test]
+fn json_mode_answers_parse_as_json_objects() {
+    let s = start(&[]);
+    let parse = |text: &str| {
+        let v: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("{e}: {text:?}"));
+        assert!(v.is_object(), "{text}");
+    };
+    let fmt = json!({"type": "json_object"});
+    for (seed, max_tokens) in (0..24).zip([4, 9, 16, 40].into_iter().cycle()) {
+        let v = s.complete(
+            json!({"prompt": "Data: ", "max_tokens": max_tokens, "seed": seed,
+            "temperature": 1.0, "n": 2, "response_format": fmt}),
+        );
+        for c in v["choices"].as_array().unwrap() {
+            parse(c["text"].as_str().unwrap());
+            assert_eq!(c["finish_reason"], "stop", "{c}");
+        }
+        assert!(v["usage"]["completion_tokens"].as_u64().unwrap() <= 2 * max_tokens);
+    }
+    let (st, v) = s.call(
+        "/v1/chat/completions",
+        json!({"messages": [{"role": "user", "content": "JSON please"}], "max_tokens": 30,
+               "seed": 5, "response_format": fmt}),
+    );
+    assert_eq!(st, 200, "{v}");
+    parse(v["choices"][0]["message"]["content"].as_str().unwrap());
+    let events = sse(s.post(
+        "/v1/completions",
+        &json!({"prompt": "x", "max_tokens": 20, "seed": 9, "stream": true,
+                "response_format": fmt})
+        .to_string(),
+    ));
+    let streamed: String = events
+        .iter()
+        .map(|e| e["choices"][0]["text"].as_str().unwrap_or(""))
+        .collect();
+    parse(&streamed);
+    for (body, says) in [
+        (
+            json!({"prompt": "x", "response_format": {"type": "json_schema", "json_schema": {}}}),
+            "not supported",
+        ),
+        (
+            json!({"prompt": "x", "response_format": {"type": "yaml"}}),
+            "must be",
+        ),
+        (json!({"prompt": "x", "response_format": "json"}), "must be"),
+    ] {
+        let (st, v) = s.call("/v1/completions", body.clone());
+        assert_eq!(
+            (st, &v["error"]["param"]),
+            (400, &json!("response_format")),
+            "{body}: {v}"
+        );
+        assert!(
+            v["error"]["message"].as_str().unwrap().contains(says),
+            "{v}"
+        );
+    }
+    let (st, v) = s.call(
+        "/v1/completions",
+        json!({"prompt": "x", "max_tokens": 1, "response_format": fmt}),
+    );
+    assert_eq!(
+        (st, &v["error"]["param"]),
+        (400, &json!("max_tokens")),
+        "{v}"
+    );
+}

@@ -3,6 +3,7 @@
 
 pub mod embed;
 pub mod generate;
+pub mod json;
 pub mod loss;
 pub mod sample;
 

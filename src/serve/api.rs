@@ -68,6 +68,8 @@ pub struct Settings {
     pub n: usize,
     /// (token id, bias) added to the logits before each token is drawn and scored
     pub logit_bias: Vec<(u32, f32)>,
+    /// `response_format: {"type": "json_object"}`: every choice is one JSON object
+    pub json: bool,
 }
 
 /// The most choices a request may ask for per prompt (`n`), as OpenAI's API allows.
@@ -245,6 +247,26 @@ fn whole(req: &Value, key: &'static str) -> ApiResult<Option<i64>> {
 
 /// The sampling and output fields shared by completions and chat. `max_key` names the field
 /// holding the token limit (chat also reads `max_completion_tokens`).
+/// `response_format`: false for none or `{"type": "text"}`, true for `{"type": "json_object"}`;
+/// `json_schema` is refused with a 400 that says so, as is anything else.
+fn response_format(req: &Value) -> ApiResult<bool> {
+    let Some(f) = req.get("response_format").filter(|f| !f.is_null()) else {
+        return Ok(false);
+    };
+    match f.get("type").and_then(Value::as_str) {
+        Some("text") => Ok(false),
+        Some("json_object") => Ok(true),
+        Some("json_schema") => Err(ApiError::bad(
+            "response_format",
+            "response_format json_schema is not supported yet; {\"type\": \"json_object\"} constrains the output to any JSON object",
+        )),
+        _ => Err(ApiError::bad(
+            "response_format",
+            format!("response_format must be {{\"type\": \"text\"}} or {{\"type\": \"json_object\"}}, got {f}"),
+        )),
+    }
+}
+
 pub fn settings(req: &Value, max_keys: &[&'static str], default_max: usize) -> ApiResult<Settings> {
     let mut max_tokens = default_max;
     for &k in max_keys {
@@ -296,6 +318,13 @@ pub fn settings(req: &Value, max_keys: &[&'static str], default_max: usize) -> A
             ))
         }
     };
+    let json = response_format(req)?;
+    if json && max_tokens < 2 {
+        return Err(ApiError::bad(
+            "max_tokens",
+            format!("a JSON object takes at least 2 tokens; max_tokens is {max_tokens}"),
+        ));
+    }
     let include_usage = match req.get("stream_options") {
         Some(o @ Value::Object(_)) => flag(o, "include_usage")?,
         _ => false,
@@ -347,6 +376,7 @@ pub fn settings(req: &Value, max_keys: &[&'static str], default_max: usize) -> A
         logprobs: logprobs.map(|k| k as usize),
         n: n as usize,
         logit_bias: logit_bias(req)?,
+        json,
     })
 }
 

@@ -23,6 +23,7 @@
 
 use crate::error::{Error, Result};
 use crate::experiments::attention_stats::{head_maps, HeadMaps};
+use crate::infer::json::JsonConstraint;
 use crate::infer::sample::{adjusted, sample, Sampling, Seen};
 use crate::model::{memory::Need, KvCache, Model, Workspace};
 use rand::SeedableRng;
@@ -76,6 +77,8 @@ pub struct Job {
     pub logit_bias: Vec<(u32, f32)>,
     /// also score every prompt token after the first (`Event::Prompt`)
     pub echo: bool,
+    /// JSON mode: the tokens are kept to one JSON object, which ends the job when it closes
+    pub json: Option<JsonConstraint>,
     /// receives the job's events; returns false when nobody listens any more, which cancels
     /// the job at its next token
     pub sink: Box<dyn FnMut(Event) -> bool + Send>,
@@ -159,6 +162,8 @@ pub struct Engine<'m> {
     scratch: Vec<(f32, u32)>,
     /// a row of logits with a job's `logit_bias` and penalties applied
     adjusted: Vec<f32>,
+    /// a row with JSON mode's mask
+    masked: Vec<f32>,
     gauges: Arc<EngineGauges>,
 }
 
@@ -200,6 +205,7 @@ impl<'m> Engine<'m> {
             prefill_ws,
             scratch: Vec::with_capacity(model.config.vocab_size),
             adjusted: Vec::with_capacity(model.config.vocab_size),
+            masked: Vec::with_capacity(model.config.vocab_size),
             gauges,
         })
     }
@@ -445,13 +451,23 @@ impl<'m> Engine<'m> {
         let s = &mut self.seqs[slot];
         let (j, adj) = (&s.job, &mut self.adjusted);
         let row = adjusted(row, &j.sampling, &s.seen, &j.logit_bias, adj);
+        let cache = &self.caches[slot];
+        // tokens this one included before the job ends at max_tokens or the cache's end
+        let left = (j.max_tokens - s.generated).min(cache.capacity + 1 - cache.len);
+        let row = match &j.json {
+            Some(c) => c.mask(row, left, &mut self.masked),
+            None => row,
+        };
         let tok = sample(row, &j.sampling, &mut s.rng, &mut self.scratch);
         s.seen.push(tok);
+        if let Some(c) = s.job.json.as_mut() {
+            c.advance(tok);
+        }
         let scored = s.job.logprobs.map(|k| score(row, tok, k));
         s.generated += 1;
         s.last = tok;
         let listening = (s.job.sink)(Event::Token(tok, scored));
-        let finish = if s.job.eos == Some(tok) {
+        let finish = if s.job.eos == Some(tok) || s.job.json.as_ref().is_some_and(|c| c.done()) {
             Some(Finish::Stop)
         } else if s.generated >= s.job.max_tokens
             || self.caches[slot].len >= self.caches[slot].capacity
@@ -537,6 +553,7 @@ mod tests {
             logprobs: None,
             logit_bias: Vec::new(),
             echo: false,
+            json: None,
             sink: Box::new(move |e| {
                 if let Event::Token(..) = e {
                     seen.lock().unwrap()[id] += 1;

@@ -66,6 +66,8 @@ pub struct Ready {
     pub attention: crate::config::AttentionKind,
     pub layers: usize,
     pub heads: usize,
+    /// each token's bytes (`None`: special), which JSON mode checks tokens by
+    pub token_bytes: Arc<Vec<Option<Vec<u8>>>>,
 }
 
 impl Ready {
@@ -248,7 +250,11 @@ fn load_and_run(
     let chat = chat::ChatTemplate::for_model(&dir).map_err(|e| e.to_string())?;
     let eos = tok.eos_id(&model.config);
     let mut engine = Engine::new(&model, eopts, app.gauges.clone()).map_err(|e| e.to_string())?;
+    let token_bytes = (0..model.config.vocab_size as u32)
+        .map(|t| tok.token_bytes(t))
+        .collect();
     let _ = app.ready.set(Arc::new(Ready {
+        token_bytes: Arc::new(token_bytes),
         tok,
         chat,
         context: model.config.max_position_embeddings,

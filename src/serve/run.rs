@@ -5,6 +5,7 @@ use super::api::{ApiError, ApiResult, Settings};
 use super::engine::{Event, Job, Task};
 use super::respond::Choice;
 use super::App;
+use crate::infer::json::JsonConstraint;
 use axum::body::Bytes;
 use serde_json::{json, Value};
 use std::collections::VecDeque;
@@ -122,6 +123,10 @@ impl Run {
                 logprobs: run.set.logprobs,
                 logit_bias: run.set.logit_bias.clone(),
                 echo: scored,
+                json: run
+                    .set
+                    .json
+                    .then(|| JsonConstraint::new(ready.token_bytes.clone())),
                 sink: Box::new(move |ev| !flag.load(Ordering::Relaxed) && tx.send((i, ev)).is_ok()),
             };
             app.submit(Task::Complete(job))?;
