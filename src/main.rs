@@ -50,7 +50,10 @@ fn try_main(cli: Cli, name: &str) -> Result<()> {
             .build_global()?;
     }
     let Some(precision) = Precision::new(cli.bf16) else {
-        bail!("--bf16 needs a CPU with AVX512_BF16 (AMD Zen 4 or later, Intel Cooper Lake or later); this machine has none, so leave it off");
+        bail!(
+            "--bf16 needs {}; this machine has none, so leave it off",
+            Precision::bf16_requirement()
+        );
     };
     match cli.cmd {
         Cmd::Demo(a) => cli::demo::run(a, precision),

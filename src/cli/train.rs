@@ -85,7 +85,10 @@ pub fn run(a: TrainArgs, precision: difftx::kernels::Precision) -> Result<()> {
     } = difftx::train::prepare_run(&opts, &a.out, a.resume, a.extend_steps)?;
     // A run recorded with bf16 products (or `bf16 = true` in TOML) trains with them.
     if run.train.bf16 && difftx::kernels::Precision::new(true).is_none() {
-        bail!("this run uses bf16 matrix products (--bf16), which need a CPU with AVX512_BF16 (AMD Zen 4 or later, Intel Cooper Lake or later); this machine has none");
+        bail!(
+            "this run uses bf16 matrix products (--bf16), which need {}; this machine has none",
+            difftx::kernels::Precision::bf16_requirement()
+        );
     }
     // 3. Data: tokenized once into the token cache, interruptible
     let stop = Stop::new()?;

@@ -25,6 +25,15 @@ impl Precision {
         }
     }
 
+    /// What bf16 products need, for the one-line refusal where `new(true)` is `None`.
+    pub fn bf16_requirement() -> &'static str {
+        if cfg!(target_arch = "aarch64") {
+            "an x86-64 CPU with AVX512_BF16 (difftx has no ARM64 bf16 kernels yet)"
+        } else {
+            "a CPU with AVX512_BF16 (AMD Zen 4 or later, Intel Cooper Lake or later)"
+        }
+    }
+
     /// Whether the products run in bf16: asked for, and the CPU can.
     pub fn is_bf16(self) -> bool {
         self == Precision::Bf16 && avx512_bf16()
