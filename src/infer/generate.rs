@@ -9,9 +9,13 @@ use rand_chacha::ChaCha8Rng;
 use std::time::Instant;
 
 #[derive(Clone, Debug)]
+/// How `generate` continues the prompts.
 pub struct GenerateOptions {
+    /// Tokens to generate after each prompt at most.
     pub max_new_tokens: usize,
+    /// How the next token is picked.
     pub sampling: Sampling,
+    /// Seed of the sampling generator (same seed, same tokens).
     pub seed: u64,
     /// generation of a sequence stops after this token (it is included in the output)
     pub eos: Option<u32>,
@@ -20,6 +24,7 @@ pub struct GenerateOptions {
 }
 
 #[derive(Clone, Debug, Default)]
+/// What `generate` produced, with its timings.
 pub struct Generation {
     /// the new tokens of each prompt
     pub tokens: Vec<Vec<u32>>,
@@ -27,15 +32,20 @@ pub struct Generation {
     pub prompt_tokens: Vec<usize>,
     /// sequences that stopped because the context was full
     pub hit_context: Vec<bool>,
+    /// Seconds spent prefilling the prompts.
     pub prefill_seconds: f64,
+    /// Seconds spent decoding.
     pub decode_seconds: f64,
+    /// Tokens decoded (every sequence together).
     pub decode_tokens: usize,
 }
 
 impl Generation {
+    /// Prompt tokens per second of prefill.
     pub fn prefill_tokens_per_second(&self) -> f64 {
         self.prompt_tokens.iter().sum::<usize>() as f64 / self.prefill_seconds
     }
+    /// Generated tokens per second of decode.
     pub fn decode_tokens_per_second(&self) -> f64 {
         self.decode_tokens as f64 / self.decode_seconds
     }

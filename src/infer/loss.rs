@@ -4,9 +4,11 @@ use crate::error::{Error, Result};
 use crate::model::{memory::Need, KvCache, KvKind, Model, Workspace};
 
 #[derive(Clone, Copy, Debug, PartialEq)]
+/// The mean next-token loss of a text under a model.
 pub struct EvalResult {
     /// mean cross-entropy in nats per predicted token
     pub loss: f64,
+    /// exp(loss).
     pub perplexity: f64,
     /// number of predicted tokens
     pub tokens: usize,
@@ -50,7 +52,9 @@ pub fn evaluate_by_position(
 /// p is the prediction of the window's token p + 1 from the p + 1 tokens before it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ByPosition {
+    /// Summed loss at each position.
     pub sum: Vec<f64>,
+    /// Predicted tokens at each position.
     pub count: Vec<u64>,
 }
 
@@ -58,10 +62,15 @@ pub struct ByPosition {
 /// up to `end` (the paper's cumulative average).
 #[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
 pub struct Bucket {
+    /// First position of the bucket.
     pub start: usize,
+    /// One past its last position.
     pub end: usize,
+    /// Predicted tokens in the bucket.
     pub tokens: u64,
+    /// Their mean loss, in nats.
     pub loss: f64,
+    /// Mean loss over every position up to `end`.
     pub cumulative: f64,
 }
 

@@ -24,6 +24,7 @@ use safetensors::SafeTensors;
 use serde_json::{Map, Value};
 use std::path::{Path, PathBuf};
 
+/// The shard index of a Hugging Face checkpoint split over several files.
 pub const INDEX_FILE: &str = "model.safetensors.index.json";
 
 /// The `model_type` of a diff_v2 export, and its remote-code files (name, text).

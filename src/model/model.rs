@@ -32,8 +32,11 @@ use rand_chacha::ChaCha8Rng;
 /// A model: its config, the parameter table and every parameter in one flat buffer.
 #[derive(Clone)]
 pub struct Model {
+    /// The shape and kind.
     pub config: ModelConfig,
+    /// Where each named tensor lies in `params`.
     pub layout: ParamLayout,
+    /// Every weight, in `layout` order.
     pub params: Vec<f32>,
     pub(crate) dims: Dims,
     pub(crate) rope: RopeTable,
@@ -51,23 +54,34 @@ pub struct Model {
 
 /// Everything a forward and backward pass over up to B×T tokens writes, allocated once.
 pub struct Workspace {
+    /// Sequences B the buffers hold.
     pub batch: usize,
+    /// Tokens per sequence T the buffers hold.
     pub seq: usize,
+    /// Each block's saved activations.
     pub layers: Vec<LayerActs>,
     /// the residual stream; after `forward` it holds the last block's output
     pub x: Vec<f32>,
     /// each block's output (B, T, D), kept only when `keep_hidden` is set (parity tests, evals)
     pub hidden: Vec<Vec<f32>>,
+    /// Whether `hidden` is filled.
     pub keep_hidden: bool,
     /// evaluation only: absmax-quantise the attention logits to this many bits
     /// (eval/lowbit.rs); no KV cache and no backward after such a forward pass
     pub logit_bits: Option<u32>,
+    /// The final norm's output.
     pub lnf: Vec<f32>,
+    /// The final norm's reciprocal RMS per token.
     pub rstdf: Vec<f32>,
+    /// The logits (B, T, vocab) after `forward`.
     pub logits: Vec<f32>,
+    /// Each position's cross-entropy after `loss`.
     pub losses: Vec<f32>,
+    /// Each position's log-sum-exp of the logits.
     pub ce_lse: Vec<f32>,
+    /// The input tokens of the last forward.
     pub tokens: Vec<u32>,
+    /// The targets of the last loss.
     pub targets: Vec<u32>,
     /// each sequence's first position in a cached forward
     positions: Vec<usize>,
@@ -184,6 +198,7 @@ impl Model {
         kept
     }
 
+    /// Number of parameters.
     pub fn num_params(&self) -> usize {
         self.layout.total
     }

@@ -11,12 +11,17 @@
 //! `respond`). The model loads on the engine thread while the server already answers
 //! (`/health` says 503 until it is ready).
 
+#[doc(hidden)]
 pub mod api;
+#[doc(hidden)]
 pub mod chat;
+#[doc(hidden)]
 pub mod engine;
 mod http;
 mod maps;
+#[doc(hidden)]
 pub mod metrics;
+#[doc(hidden)]
 pub mod respond;
 mod run;
 
@@ -32,8 +37,11 @@ use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
+/// How `serve` listens and batches.
 pub struct ServeOptions {
+    /// Address to listen on.
     pub host: String,
+    /// Port to listen on (0: one the system picks).
     pub port: u16,
     /// clients must send `Authorization: Bearer KEY`
     pub api_key: Option<String>,
@@ -56,6 +64,7 @@ pub struct ServeOptions {
 pub type Loader = Box<dyn FnOnce() -> std::result::Result<(Model, PathBuf), String> + Send>;
 
 /// What the server knows once the model is loaded.
+#[doc(hidden)]
 pub struct Ready {
     pub tok: Tokenizer,
     pub chat: chat::ChatTemplate,
@@ -93,6 +102,7 @@ impl Ready {
     }
 }
 
+#[doc(hidden)]
 pub struct App {
     opts: ServeOptions,
     name: String,

@@ -1,11 +1,16 @@
 //! Training: the optimizer step, the loop with its schedule, checkpoints that resume exactly,
 //! and the metrics log.
 
+#[doc(hidden)]
 pub mod checkpoint;
+#[doc(hidden)]
 pub mod in_memory;
+#[doc(hidden)]
 pub mod init_from;
+#[doc(hidden)]
 pub mod metrics;
 pub mod options;
+#[doc(hidden)]
 pub mod schedule;
 pub mod step;
 pub mod trainer;

@@ -175,24 +175,40 @@ pub struct TrainOptions {
 /// The optimisation settings of a resolved run.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct TrainConfig {
+    /// Optimizer steps in the whole run.
     pub steps: u64,
     /// the cosine decay's end when it is not `steps` (a run extended past its schedule)
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub decay_steps: Option<u64>,
+    /// Windows per micro-batch.
     pub batch: usize,
+    /// Micro-batches averaged into one update.
     pub grad_accum: usize,
+    /// Peak learning rate.
     pub lr: f32,
+    /// Learning rate at the end of the cosine.
     pub min_lr: f32,
+    /// Linear warm-up steps.
     pub warmup: u64,
+    /// AdamW weight decay (matrices only).
     pub weight_decay: f32,
+    /// AdamW β1.
     pub beta1: f32,
+    /// AdamW β2.
     pub beta2: f32,
+    /// AdamW ε.
     pub adam_eps: f32,
+    /// Global gradient-norm clip (0: off).
     pub clip: f32,
+    /// Seed of the initial weights and the window sampler.
     pub seed: u64,
+    /// Validation every N steps.
     pub eval_every: u64,
+    /// Validation batches scored each time.
     pub val_batches: usize,
+    /// Checkpoint every N steps (0: only at the end).
     pub ckpt_every: u64,
+    /// Checkpoints kept.
     pub keep_last: usize,
     /// bf16 matrix products (`--bf16`); runs recorded before the flag existed were f32
     #[serde(default)]
@@ -205,7 +221,9 @@ pub struct TrainConfig {
 /// A `--needles` run's task: N needles of `digits` digits, all N queried, the loss on `loss`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct NeedleTraining {
+    /// Needles inserted in each window.
     pub needles: usize,
+    /// Digits of each needle's number.
     pub digits: usize,
     /// `answers`, `queries` or `everything` (NeedleLoss's names)
     pub loss: String,
@@ -232,10 +250,15 @@ impl NeedleTraining {
 /// A resolved run: what checkpoints record and a resumed run must match.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RunConfig {
+    /// The preset the shape came from.
     pub preset: Preset,
+    /// The model's shape.
     pub model: ModelConfig,
+    /// The optimisation settings.
     pub train: TrainConfig,
+    /// The training and validation text.
     pub data: DataSpec,
+    /// The tokenizer.json (none: byte-level).
     pub tokenizer: Option<PathBuf>,
     /// the model directory whose weights the run started from (`--init-from`)
     pub init_from: Option<PathBuf>,
@@ -436,6 +459,7 @@ impl TrainOptions {
 }
 
 impl TrainConfig {
+    /// Refuses settings that cannot train (zero steps, batch or accumulation, a learning rate ≤ 0, …).
     pub fn validate(&self) -> Result<()> {
         let positive = [
             ("steps", self.steps as usize),
@@ -650,6 +674,7 @@ impl RunConfig {
         }
     }
 
+    /// The run as `run.json` and checkpoints record it.
     pub fn to_json(&self) -> Value {
         serde_json::json!({
             "preset": self.preset.as_str(),
@@ -661,6 +686,7 @@ impl RunConfig {
         })
     }
 
+    /// Reads a run recorded by `to_json`; `path` names the file in errors.
     pub fn from_json(v: &Value, path: &Path) -> Result<Self> {
         let err = |msg: String| Error::Config {
             path: path.to_path_buf(),

@@ -12,7 +12,9 @@
 //! `encode` that turns a row-major f32 matrix into that type's bytes; Q8_0 and Q4_0 use the
 //! block quantiser of `--quant` (`kernels::quant::block`, checked against gguf-py).
 
+#[doc(hidden)]
 pub mod format;
+#[doc(hidden)]
 pub mod vocab;
 
 use crate::config::AttentionKind;
@@ -26,16 +28,21 @@ use vocab::Vocab;
 /// How `export` stores the model's matrices.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Quant {
+    /// Every tensor in f32.
     F32,
+    /// Matrices in bf16.
     Bf16,
     /// GGUF's Q8_0 and Q4_0 blocks (`kernels::quant::block`)
     Q8_0,
+    /// GGUF's Q4_0: blocks of 32 4-bit weights with one f16 scale.
     Q4_0,
 }
 
 impl Quant {
+    /// Every storage type, in `--quant`'s order.
     pub const ALL: [Quant; 4] = [Quant::F32, Quant::Bf16, Quant::Q8_0, Quant::Q4_0];
 
+    /// Its `--quant` name.
     pub fn name(self) -> &'static str {
         match self {
             Quant::F32 => "f32",
@@ -45,6 +52,7 @@ impl Quant {
         }
     }
 
+    /// The storage type a `--quant` name names.
     pub fn parse(name: &str) -> Result<Self> {
         Self::ALL
             .into_iter()
@@ -136,7 +144,9 @@ pub fn gguf_name(native: &str) -> Option<String> {
 /// What `export` wrote.
 #[derive(Debug)]
 pub struct Exported {
+    /// Tensors written.
     pub tensors: usize,
+    /// Bytes of the file.
     pub bytes: u64,
     /// the tokenizer, in words
     pub tokenizer: String,
