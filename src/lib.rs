@@ -13,6 +13,7 @@ pub mod experiments;
 pub mod infer;
 pub mod interop;
 pub mod model;
+pub mod prelude;
 #[doc(hidden)]
 pub mod report;
 #[cfg(feature = "serve")]
@@ -33,3 +34,29 @@ pub(crate) use difftx_kernels::testutil;
 pub use config::{AttentionKind, ModelConfig, Preset};
 pub use error::{Error, Result};
 pub use model::{Model, Workspace};
+
+use std::path::Path;
+
+/// Opens what a user points at: a model directory, native difftx or Hugging Face (see
+/// [`interop::load`]), or a training run folder (its newest complete checkpoint), with the
+/// tokenizer saved beside it (byte-level when there is none).
+///
+/// ```
+/// use difftx::prelude::*;
+///
+/// let dir = tempfile::tempdir()?;
+/// let config = ModelConfig::preset(Preset::Tiny, AttentionKind::DiffV1);
+/// Model::init(config, 0)?.save(dir.path())?;
+///
+/// let (model, tok) = open_model(dir.path())?;
+/// assert_eq!(model.config.attention, AttentionKind::DiffV1);
+/// assert_eq!(tok.decode(&tok.encode("hi")?)?, "hi");
+/// assert!(open_model(dir.path().join("missing")).is_err());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn open_model(path: impl AsRef<Path>) -> Result<(Model, data::Tokenizer)> {
+    let (dir, _) = train::checkpoint::model_dir(path.as_ref())?;
+    let model = interop::load(&dir)?;
+    let tok = data::Tokenizer::for_model(&dir, &model.config)?;
+    Ok((model, tok))
+}

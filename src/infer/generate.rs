@@ -55,6 +55,27 @@ impl Generation {
 /// every token as it is produced (for streaming), on a worker thread of the pool: the whole
 /// generation runs there, so a decode step's parallel products fork inside the pool instead
 /// of waking it from outside once per token.
+///
+/// ```
+/// use difftx::prelude::*;
+///
+/// let model = Model::init(ModelConfig::preset(Preset::Tiny, AttentionKind::DiffV1), 0)?;
+/// let tok = Tokenizer::Bytes;
+/// let opts = GenerateOptions {
+///     max_new_tokens: 8,
+///     sampling: Sampling { temperature: 0.8, top_k: Some(40), ..Sampling::greedy() },
+///     seed: 1,
+///     eos: tok.eos_id(&model.config),
+///     truncate_prompt: false,
+/// };
+/// let prompts = vec![tok.encode("Once")?, tok.encode("The")?];
+/// let mut streamed = 0;
+/// let g = generate(&model, &prompts, &opts, |_prompt, _token| streamed += 1)?;
+/// assert_eq!(g.tokens[0].len(), 8);
+/// assert_eq!(streamed, 16);
+/// println!("{}", tok.decode(&g.tokens[0])?);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub fn generate(
     model: &Model,
     prompts: &[Vec<u32>],

@@ -20,6 +20,18 @@ pub struct EvalResult {
 /// Under a bf16 or q8_0 `kv_cache`, each window goes through a cache of that kind, as
 /// `generate` and `serve` run a prompt (its attention reads the cache's rounded rows): the
 /// loss that the cache's rounding costs.
+///
+/// ```
+/// use difftx::prelude::*;
+///
+/// let model = Model::init(ModelConfig::preset(Preset::Tiny, AttentionKind::Standard), 0)?;
+/// let ids = Tokenizer::Bytes.encode(&"a text to score. ".repeat(20))?;
+/// let r = evaluate_loss(&model, &ids, 4, |_done, _total| {})?;
+/// assert_eq!(r.tokens, ids.len() - 1);
+/// // an untrained model is about uniform over the 256 bytes: loss near ln 256
+/// assert!((r.loss - 256f64.ln()).abs() < 0.5);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub fn evaluate_loss(
     model: &Model,
     ids: &[u32],

@@ -21,5 +21,9 @@ pub mod phases;
 pub mod quant_weights;
 pub mod retrofit;
 
+/// Q8_0 or Q4_0 weight blocks, for [`Model::quantize`].
+pub use crate::kernels::quant::QuantKind;
+/// The matrix products' operand type ([`Model::precision`]): f32, or bf16 on AVX512_BF16.
+pub use crate::kernels::Precision;
 pub use kv_cache::{KvCache, KvKind};
 pub use model::{Model, Workspace};

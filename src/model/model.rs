@@ -30,6 +30,19 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 /// A model: its config, the parameter table and every parameter in one flat buffer.
+///
+/// ```
+/// use difftx::prelude::*;
+///
+/// let config = ModelConfig::preset(Preset::Tiny, AttentionKind::DiffV2);
+/// let model = Model::init(config, 0)?;
+/// let dir = tempfile::tempdir()?;
+/// model.save(dir.path())?;
+/// let (loaded, _tok) = open_model(dir.path())?;
+/// assert_eq!(loaded.params, model.params);
+/// assert_eq!(loaded.num_params(), model.num_params());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Clone)]
 pub struct Model {
     /// The shape and kind.
@@ -191,6 +204,19 @@ impl Model {
     /// Quantises the linear layers and the LM head to `kind` blocks for inference: every
     /// forward pass then multiplies by them (`backward` refuses). Returns the names of the
     /// matrices left f32, whose width is not a multiple of 32.
+    ///
+    /// ```
+    /// use difftx::prelude::*;
+    ///
+    /// let mut model = Model::init(ModelConfig::preset(Preset::Tiny, AttentionKind::DiffV1), 0)?;
+    /// let kept_f32 = model.quantize(QuantKind::Q8_0);
+    /// assert!(kept_f32.is_empty());
+    /// model.kv_cache = KvKind::Bf16; // half the KV cache's bytes
+    /// let tokens = Tokenizer::Bytes.encode("the cat sat on the mat, the cat sat on the mat")?;
+    /// let r = evaluate_loss(&model, &tokens, 1, |_, _| {})?;
+    /// assert!(r.loss.is_finite());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn quantize(&mut self, kind: crate::kernels::quant::QuantKind) -> Vec<String> {
         let q = QuantWeights::new(self, kind);
         let kept = q.kept_f32.clone();

@@ -3,6 +3,7 @@
 
 #[doc(hidden)]
 pub mod checkpoint;
+mod fit;
 #[doc(hidden)]
 pub mod in_memory;
 #[doc(hidden)]
@@ -15,6 +16,9 @@ pub mod schedule;
 pub mod step;
 pub mod trainer;
 
+/// AdamW's hyper-parameters, for [`Optimizer::new`].
+pub use crate::kernels::adamw::AdamWParams;
+pub use fit::fit;
 pub use metrics::StepReport;
 pub use options::{RunConfig, TrainConfig, TrainOptions};
 pub use step::{Optimizer, TrainStep};

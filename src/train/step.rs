@@ -7,6 +7,27 @@ use crate::model::{Model, Workspace};
 use rayon::prelude::*;
 
 /// AdamW with global-norm clipping over a model's flat parameters: the state a custom training loop keeps between steps.
+///
+/// ```
+/// use difftx::prelude::*;
+///
+/// let mut config = ModelConfig::preset(Preset::Tiny, AttentionKind::DiffV1);
+/// config.max_position_embeddings = 16;
+/// let mut model = Model::init(config, 0)?;
+/// let hp = AdamWParams { lr: 1e-3, beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1 };
+/// let mut opt = Optimizer::new(&model, hp, 1.0);
+/// let (b, t) = (2, 16);
+/// let mut ws = Workspace::new(&model, b, t);
+/// let text = Tokenizer::Bytes.encode(&"abcabcabc".repeat(8))?;
+/// let (x, y) = (&text[..b * t], &text[1..b * t + 1]);
+/// let first = opt.step(&mut model, &mut ws, x, y, b, t, 3e-3)?;
+/// let mut last = first;
+/// for _ in 0..10 {
+///     last = opt.step(&mut model, &mut ws, x, y, b, t, 3e-3)?;
+/// }
+/// assert!(last.loss < first.loss);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub struct Optimizer {
     /// AdamW's hyper-parameters (the learning rate is given per step).
     pub hp: AdamWParams,

@@ -233,7 +233,22 @@ pub fn to_gguf(model: &Model, model_dir: &Path, quant: Quant) -> Result<(Gguf, E
     Ok((g, exported))
 }
 
-/// Writes `out`, a GGUF file llama.cpp loads as a `llama` model.
+/// Writes `out`, a GGUF file llama.cpp loads as a `llama` model (`standard` models only).
+///
+/// ```
+/// use difftx::prelude::*;
+///
+/// let dir = tempfile::tempdir()?;
+/// let model = Model::init(ModelConfig::preset(Preset::Tiny, AttentionKind::Standard), 0)?;
+/// model.save(dir.path())?;
+/// let out = dir.path().join("m.gguf");
+/// let e = gguf::export(&model, dir.path(), gguf::Quant::Q8_0, &out)?;
+/// assert_eq!(std::fs::metadata(&out)?.len(), e.bytes);
+/// // llama.cpp has no differential attention: a diff model is refused
+/// let diff = Model::init(ModelConfig::preset(Preset::Tiny, AttentionKind::DiffV1), 0)?;
+/// assert!(gguf::export(&diff, dir.path(), gguf::Quant::F32, &out).is_err());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub fn export(model: &Model, model_dir: &Path, quant: Quant, out: &Path) -> Result<Exported> {
     let (g, mut exported) = to_gguf(model, model_dir, quant)?;
     let bytes = g.to_bytes()?;
