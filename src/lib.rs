@@ -1,5 +1,10 @@
 //! difftx: Differential Transformer language models (Ye et al., ICLR 2025) — DIFF V1, DIFF V2
 //! and the baseline Transformer — trained and run on a CPU with hand-written kernels.
+//!
+//! As a library: `use difftx::prelude::*;` brings the common path — [`open_model`],
+//! [`infer::generate()`], [`infer::evaluate_loss`], [`train::fit`], [`train::Optimizer`], quantising,
+//! exporting, attention maps and the HTTP server — each with an example in its docs. The guide
+//! is docs/LIBRARY.md; whole programs are in `examples/`.
 
 #![deny(clippy::undocumented_unsafe_blocks)]
 #![deny(unsafe_op_in_unsafe_fn)]
@@ -30,6 +35,11 @@ pub use difftx_kernels as kernels;
 
 #[cfg(test)]
 pub(crate) use difftx_kernels::testutil;
+
+/// docs/LIBRARY.md's Rust blocks, compiled as doctests so that the guide cannot drift.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/LIBRARY.md")]
+pub struct LibraryGuide;
 
 pub use config::{AttentionKind, ModelConfig, Preset};
 pub use error::{Error, Result};

@@ -4,7 +4,7 @@
 //! |---|---|---|
 //! | make a model | [`Model::init`] with [`ModelConfig::preset`] ([`Preset`], [`AttentionKind`]), then [`Model::save`] | [`Model`] |
 //! | load one (difftx, Hugging Face, or a training run folder) | [`open_model`] → ([`Model`], [`Tokenizer`]) | [`open_model`] |
-//! | generate | [`generate`] with [`GenerateOptions`] and [`Sampling`] ([`Penalties`]) → [`Generation`] | [`generate`] |
+//! | generate | [`generate()`] with [`GenerateOptions`] and [`Sampling`] ([`Penalties`]) → [`Generation`] | [`generate()`] |
 //! | score a text | [`evaluate_loss`] → [`EvalResult`] | [`evaluate_loss`] |
 //! | train from settings | [`fit`] ([`TrainOptions`], an [`Observer`] of [`StepReport`]s) → [`Outcome`]; [`prepare_run`] + [`train`] to resume or stop | [`fit`] |
 //! | write your own loop | [`Optimizer::step`] ([`AdamWParams`], [`Workspace`]) → [`TrainStep`] | [`Optimizer`] |
