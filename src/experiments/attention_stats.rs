@@ -156,6 +156,7 @@ pub fn head_row(
 /// Whole T×T maps of one head over one sequence (row i = query i, zero above the diagonal).
 #[derive(Clone, Debug)]
 pub struct HeadMaps {
+    /// Tokens in the sequence: each map is t × t, row-major.
     pub t: usize,
     /// standard: A; diff kinds: A1
     pub a1: Vec<f64>,
