@@ -5,7 +5,7 @@
 //! several files share sits in a file below them (`kernels/attention_parts.rs`).
 //!
 //! ```text
-//! cli (the binary) → experiments | serve → data | train | infer | interop → model → kernels
+//! cli (the binary) → prelude → experiments | serve → data | train | infer | interop → model → kernels
 //!                  → config → report → util | error
 //! ```
 //! docs/ARCHITECTURE.md draws the same picture.
@@ -22,6 +22,7 @@ const LAYERS: &[&[&str]] = &[
     &["model"],
     &["data", "train", "infer", "interop"],
     &["experiments", "serve"],
+    &["prelude"],
     &["cli"],
 ];
 

@@ -20,20 +20,14 @@ pub struct EvalArgs {
     /// Windows evaluated at once.
     #[arg(long, default_value_t = 8)]
     pub batch: usize,
-    /// With bf16 or q8_0, each window runs through a KV cache of that type, as `generate` and
-    /// `serve` run a prompt: the loss the cache's rounding costs. The default f32 scores
-    /// without a cache (the same numbers, up to rounding).
+    /// Score through a KV cache of this type (bf16, q8_0), as `generate` runs a prompt: the
+    /// loss its rounding costs; f32 scores without a cache.
     #[arg(long, default_value = "f32")]
     pub kv_cache: String,
-    /// Window length in tokens [default: the model's context]. Longer than the context the
-    /// model was trained at, the rotary table is extended and a warning says those positions
-    /// were never trained (length extrapolation; extend with `train --init-from M --context N
-    /// --rope-theta X` first).
+    /// Window length in tokens [default: the model's context]; past it, with a warning.
     #[arg(long, value_name = "N")]
     pub length: Option<usize>,
-    /// Also report the loss by position in the window, in --buckets of equal width: each
-    /// bucket's mean and the cumulative mean up to its end (the paper's long-sequence curve,
-    /// Figure 6).
+    /// Also report the loss by position in the window, in --buckets (paper Figure 6).
     #[arg(long)]
     pub by_position: bool,
     /// With --by-position: how many buckets.
@@ -42,9 +36,7 @@ pub struct EvalArgs {
     /// With --by-position: draw both curves (per bucket, cumulative) into this PNG.
     #[arg(long, value_name = "FILE.png", requires = "by_position")]
     pub plot: Option<PathBuf>,
-    /// Print one JSON object {"loss", "perplexity", "tokens", "bits_per_byte", "bytes",
-    /// "length"} on stdout (bits per byte compare models with different tokenizers); with
-    /// --by-position, also "by_position": [{"start", "end", "tokens", "loss", "cumulative"}].
+    /// Print one JSON object on stdout: loss, perplexity, tokens, bits_per_byte, … (docs/INFERENCE.md).
     #[arg(long)]
     pub json: bool,
 }

@@ -17,20 +17,17 @@ pub struct InitArgs {
     /// Seed of the initial weights (same seed, same weights).
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
-    /// diff_v1 ablation (paper Table 6): one constant λ_init for every layer, in [0, 1)
-    /// [default: the schedule 0.8 − 0.6·exp(−0.3·l) of layer l].
+    /// diff_v1 ablation (paper Table 6): one constant λ_init in [0, 1) for every layer
+    /// [default: the paper's per-layer schedule].
     #[arg(long, value_name = "X")]
     pub lambda_init: Option<f64>,
     /// diff_v1 ablation (paper Table 6): no per-head RMSNorm (subln) and no (1 − λ_init) scale.
     #[arg(long)]
     pub no_subln: bool,
-    /// Vocabulary size [default: the preset's 256 bytes]. A model with more ids than its
-    /// byte tokenizer holds is for speed measurements: 32000 sizes the LM head as a real
-    /// tokenizer's would (`export --format gguf` pads the token list with unused tokens).
+    /// Vocabulary size [default: 256, the bytes]; more is for speed measurements only.
     #[arg(long, value_name = "N")]
     pub vocab_size: Option<usize>,
-    /// Context length: the longest sequence the model runs (its max_position_embeddings)
-    /// [default: the preset's]. Memory for training and a KV cache grows linearly with it.
+    /// Context length in tokens [default: the preset's].
     #[arg(long, value_name = "N")]
     pub context: Option<usize>,
     /// RoPE base θ [default: 10000].

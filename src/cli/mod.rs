@@ -28,15 +28,11 @@ use std::path::{Path, PathBuf};
 
 /// The help of `--quant`, on every command that takes it.
 pub const QUANT_HELP: &str = "Quantise the linear layers and the LM head at load: q8_0 or q4_0 \
-(GGUF's blocks of 32 weights with one f16 scale; each product's input is quantised to int8 per \
-block of 32 on the fly, with integer dot products). Norms, λ, RoPE and the softmax stay f32.";
+(GGUF's blocks of 32 weights; docs/INFERENCE.md).";
 
 /// The help of `--kv-cache`, on every command that decodes.
-pub const KV_CACHE_HELP: &str = "Element type of the KV cache: f32; bf16 (keys and values \
-rounded to bf16 as they are cached, widened to f32 as attention reads them: half the cache's \
-bytes, which each decoding step reads; logits within about 1% of the largest); or q8_0 (blocks \
-of 32 int8 values with one f32 scale, as Q8_0 rounds: 9/32 of the f32 cache's bytes, logits \
-within about 3%). docs/BENCHMARKS.md has the measurements.";
+pub const KV_CACHE_HELP: &str = "Element type of the KV cache: f32, bf16 (half the bytes, \
+logits within about 1%) or q8_0 (9/32 of the bytes, within about 3%); docs/INFERENCE.md.";
 
 /// A preset's config for `attention`, with `--vocab-size` where given (0 refused in one line).
 pub fn preset_config(

@@ -14,10 +14,8 @@ use std::sync::Arc;
 sentences \"the magic number of CITY is NUMBER. \" inserted, one of them at the asked depth
 (0% = first, 100% = last) and the others at random depths, followed by R queries
 \"\\nwhat is the magic number of CITY? NUMBER\", the needle at the depth asked first. The text
-is tokenized with the model's tokenizer (bytes, or its tokenizer.json, the filler as long as
-fits the length). An episode counts as retrieved when the model's most likely next token is
-right at every token of that first answer (which is what greedy decoding would write). The
-same --seed gives every model the same episodes.
+is tokenized with the model's tokenizer. An episode counts as retrieved when greedy decoding
+would write that first answer. The same --seed gives every model the same episodes.
 
 A model trained on plain text has never seen a query and scores about 0; train on the task
 with `difftx train --needles N` (episodes over your own text) or use `difftx repro`'s models.
@@ -27,13 +25,10 @@ Examples:
   difftx needle --model runs/a --filler /usr/share/games/fortunes/fortunes --json"
 )]
 pub struct NeedleArgs {
-    /// Model directory (native difftx, or Hugging Face llama / diffllama / difftx_diffv2), or a
-    /// training run folder (its newest checkpoint). Episodes are tokenized with its tokenizer
-    /// (bytes, or its tokenizer.json: the episode's text tokenized whole).
+    /// Model directory (native or Hugging Face), or a training run folder (its newest checkpoint).
     #[arg(long)]
     pub model: PathBuf,
-    /// A text file whose consecutive bytes are the haystacks' filler (from a seeded random
-    /// offset) [default: a seeded synthetic language of 200 pseudo-words, as `repro` uses].
+    /// Text file to fill the haystacks with [default: a synthetic language, as `repro` uses].
     #[arg(long, value_name = "FILE")]
     pub filler: Option<PathBuf>,
     /// Needles per haystack (N, 1–24).
@@ -45,9 +40,7 @@ pub struct NeedleArgs {
     /// Digits of each NUMBER (1–9).
     #[arg(long, default_value_t = 2)]
     pub digits: usize,
-    /// Episode lengths in tokens, comma-separated [default: 1/2, 3/4 and all of the model's
-    /// context, rounded down to multiples of 16, those an episode fits in]. Lengths past the
-    /// context run with the rotary table extended and a warning (positions never trained).
+    /// Episode lengths in tokens, comma-separated [default: 1/2, 3/4 and all of the context].
     #[arg(long, value_delimiter = ',', value_name = "T,...")]
     pub lengths: Vec<usize>,
     /// Depths of the needle asked first, as fractions in [0, 1], comma-separated.
@@ -62,9 +55,7 @@ pub struct NeedleArgs {
     /// Episodes evaluated at once.
     #[arg(long, default_value_t = 8)]
     pub batch: usize,
-    /// Print one JSON object {"model", "needles", "queries", "digits", "filler", "episodes", "seed",
-    /// "accuracy", "all_queries_accuracy", "cells": [{"len", "depth", "correct", "total", "accuracy", "all_correct",
-    /// "all_total"}]} on stdout.
+    /// Print one JSON object on stdout: accuracy overall and per (length, depth) cell.
     #[arg(long)]
     pub json: bool,
 }

@@ -14,10 +14,8 @@ use std::path::PathBuf;
   bash scripts/long_corpus.sh && difftx repro --long --out runs/long
                                                    (the study on a real corpus; resumable)")]
 pub struct ReproArgs {
-    /// The long-context study (docs/REPRO_LONG.md): language models pretrained on a real
-    /// corpus at context C (a learning-rate sweep per kind first), extended to 4C, then loss
-    /// by position and multi-needle retrieval in haystacks of corpus text. Run the same
-    /// command again after a crash or Ctrl-C to continue.
+    /// The long-context study (docs/REPRO_LONG.md): pretrain on a corpus, extend the context
+    /// 4×, score loss by position and needles. Rerun the command to continue after a stop.
     #[arg(long)]
     pub long: bool,
     /// Smoke run: tiny models, few steps, two context lengths; CI runs it.
@@ -29,10 +27,8 @@ pub struct ReproArgs {
     /// Training steps of each needle model, overriding the plan's (to time or shorten a run).
     #[arg(long)]
     pub steps: Option<u64>,
-    /// Text for the language-modelling and ablation part: a text file or a folder of fortune
-    /// files [default: /usr/share/games/fortunes (Debian's `fortunes`; scripts/repro.sh
-    /// installs it), or the built-in demo text with --quick]. With --long: the corpus folder
-    /// (train/, valid.txt, tokenizer.json) [default: corpus/long, from scripts/long_corpus.sh].
+    /// Text: a file or a folder of fortunes [default: /usr/share/games/fortunes, the demo
+    /// text with --quick]; with --long, the corpus folder [default: corpus/long].
     #[arg(long)]
     pub corpus: Option<PathBuf>,
     /// Output folder: REPRO.md, needle_heatmap.png, results.json, models/.

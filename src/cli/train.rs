@@ -14,11 +14,8 @@ use std::path::{Path, PathBuf};
   difftx train --config run.toml --out runs/b          (TOML keys = flag names with _)
   difftx train --data notes/ --out runs/a --resume     (after a crash or Ctrl-C)
 
-The run folder holds run.json, metrics.jsonl, loss.png and checkpoints/step-N/ (each a model
-directory that `difftx eval --model` loads, plus optimizer.safetensors and trainer_state.json).
-Ctrl-C or SIGTERM saves a checkpoint and exits with code 130 (SIGINT) or 143 (SIGTERM), as
-shells report a signal, so a script can tell an interrupted run from a finished one (exit 0);
-a second Ctrl-C exits at once.")]
+The run folder holds run.json, metrics.jsonl, loss.png and checkpoints/. Ctrl-C or SIGTERM
+saves a checkpoint and exits with 130 or 143. More in docs/TRAINING.md.")]
 pub struct TrainArgs {
     /// Run folder: metrics, plot and checkpoints go here.
     #[arg(long)]
@@ -34,13 +31,10 @@ pub struct TrainArgs {
     /// [default: token-cache/ next to --out].
     #[arg(long, value_name = "DIR")]
     pub token_cache: Option<PathBuf>,
-    /// With --resume: train N steps past the run's recorded end. The learning rate stays at
-    /// --min-lr, where the cosine ended; a run planned that long from the start would have
-    /// decayed more slowly, so the result differs from it (the README says more).
+    /// With --resume: train N steps past the run's recorded end, at --min-lr.
     #[arg(long, value_name = "N", requires = "resume", value_parser = clap::value_parser!(u64).range(1..))]
     pub extend_steps: Option<u64>,
-    /// Off a terminal (a log file, nohup, Slurm, CI), print a progress line every N steps
-    /// [default: about twenty lines a run]. On a terminal a progress bar shows instead.
+    /// Off a terminal, print a progress line every N steps [default: about twenty a run].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     pub log_every: Option<u64>,
     #[command(flatten)]

@@ -1,6 +1,7 @@
 //! `ModelConfig` mirrors the native `config.json` (docs/SPEC.md), plus the presets and the
 //! parameter table (`params`) that the config implies.
 
+#[doc(hidden)]
 pub mod params;
 
 use crate::error::{Error, Result};
@@ -12,14 +13,19 @@ use std::str::FromStr;
 /// Which attention a model uses: the baseline, the paper (V1) or DIFF V2.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AttentionKind {
+    /// The baseline Transformer: one softmax map per head.
     Standard,
+    /// DIFF Transformer V1 (the paper): each head subtracts λ times a second softmax map from a first.
     DiffV1,
+    /// DIFF V2: a per-token, per-head λ = σ(lambda_proj x), at the baseline's parameter count.
     DiffV2,
 }
 
 impl AttentionKind {
+    /// Every kind, in the order the reports list them.
     pub const ALL: [AttentionKind; 3] = [Self::Standard, Self::DiffV1, Self::DiffV2];
 
+    /// The name used on the command line and in `config.json`: `standard`, `diff_v1` or `diff_v2`.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Standard => "standard",
@@ -28,6 +34,7 @@ impl AttentionKind {
         }
     }
 
+    /// True for the differential kinds (diff_v1 and diff_v2).
     pub fn is_diff(self) -> bool {
         self != Self::Standard
     }
@@ -56,7 +63,9 @@ impl FromStr for AttentionKind {
 /// The native model configuration. Field names are the `config.json` keys.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ModelConfig {
+    /// Which attention the layers use.
     pub attention: AttentionKind,
+    /// Number of token ids (256 for the byte-level tokenizer).
     pub vocab_size: usize,
     /// D
     pub hidden_size: usize,
@@ -70,9 +79,13 @@ pub struct ModelConfig {
     pub num_key_value_heads: usize,
     /// d
     pub head_dim: usize,
+    /// Context length: the longest sequence the model runs.
     pub max_position_embeddings: usize,
+    /// RoPE base θ.
     pub rope_theta: f64,
+    /// RMSNorm epsilon.
     pub rms_norm_eps: f64,
+    /// Whether `lm_head` shares the input embedding's weights.
     pub tie_word_embeddings: bool,
     /// diff_v1 ablation (paper Table 6): one constant λ_init for every layer; `None` (the key
     /// absent or null) is the paper's schedule, see `lambda_init_at`.
@@ -108,9 +121,13 @@ const KNOWN_KEYS: &[&str] = &[
 /// The preset sizes. Each attention kind gets matched parameters (docs/SPEC.md, "Configuration matching").
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Preset {
+    /// D 128, 2 layers, context 128: trains in seconds (tests, examples).
     Tiny,
+    /// D 256, 6 layers, context 512.
     Small,
+    /// D 256, 4 layers, context 256: the shape docs/BENCHMARKS.md measures.
     Bench,
+    /// D 512, 8 layers, context 1024.
     Medium,
     /// about GPT-2 small's size (D 768, 12 layers, context 2048): 85M parameters at the byte
     /// vocabulary, 134M at a 32,000-token one
@@ -118,6 +135,7 @@ pub enum Preset {
 }
 
 impl Preset {
+    /// Every preset, smallest first.
     pub const ALL: [Preset; 5] = [
         Self::Tiny,
         Self::Small,
@@ -126,6 +144,7 @@ impl Preset {
         Self::Large,
     ];
 
+    /// The preset's name on the command line.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Tiny => "tiny",
@@ -271,11 +290,13 @@ impl ModelConfig {
         Ok(cfg)
     }
 
+    /// Reads a `config.json` (native keys).
     pub fn load(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
         Self::from_json_str(&text, path)
     }
 
+    /// The config as the `config.json` object that `save` writes.
     pub fn to_json(&self) -> Value {
         let mut obj = self.extra.clone();
         let mut put = |k: &str, v: Value| {

@@ -22,7 +22,9 @@ const PIECE: usize = 1 << 20;
 /// folder or by a glob that does not look like UTF-8 text is skipped).
 #[derive(Clone, Debug, PartialEq)]
 pub struct InputFile {
+    /// The file.
     pub path: PathBuf,
+    /// True when the user named this file itself (not found in a folder or by a glob).
     pub named: bool,
 }
 
@@ -151,9 +153,13 @@ fn looks_like_text(path: &Path) -> Result<bool> {
 /// What tokenizing a file list produced.
 #[derive(Clone, Debug)]
 pub struct Tokenized {
+    /// The token file written or reused.
     pub path: PathBuf,
+    /// Tokens in it.
     pub tokens: usize,
+    /// Input files tokenized.
     pub files: usize,
+    /// Files skipped because they are not UTF-8 text.
     pub skipped: Vec<PathBuf>,
     /// true when an existing token file was reused
     pub reused: bool,
@@ -277,13 +283,16 @@ pub struct DataSpec {
     pub data: Vec<String>,
     /// separate validation text; when empty, the last `val_fraction` of `data` is held out
     pub val_data: Vec<String>,
+    /// Fraction of `data` held out for validation when `val_data` is empty.
     pub val_fraction: f64,
 }
 
 /// The training and validation token streams.
 #[derive(Clone)]
 pub struct Dataset {
+    /// The training tokens.
     pub train: TokenSlice,
+    /// The validation tokens.
     pub val: TokenSlice,
     /// one line for the user per token file (made or reused)
     pub notes: Vec<String>,
@@ -392,13 +401,16 @@ pub struct WindowSampler {
 /// The sampler's saved position.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct SamplerState {
+    /// The seed the sampler started from.
     pub seed: u64,
     /// the ChaCha8 word position (a u128, as a decimal string)
     pub word_pos: String,
+    /// Windows drawn so far.
     pub windows_drawn: u64,
 }
 
 impl WindowSampler {
+    /// A sampler seeded with `seed`.
     pub fn new(seed: u64) -> Self {
         WindowSampler {
             rng: ChaCha8Rng::seed_from_u64(seed),
@@ -407,6 +419,7 @@ impl WindowSampler {
         }
     }
 
+    /// The position to save in a checkpoint.
     pub fn state(&self) -> SamplerState {
         SamplerState {
             seed: self.seed,
@@ -415,6 +428,7 @@ impl WindowSampler {
         }
     }
 
+    /// A sampler at a saved position.
     pub fn restore(s: &SamplerState) -> Result<Self> {
         let pos: u128 = s.word_pos.parse().map_err(|_| {
             Error::Invalid(format!("sampler word_pos `{}` is not a number", s.word_pos))

@@ -5,12 +5,18 @@ use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use std::path::{Path, PathBuf};
 
+/// The tokenizer's file name in a model directory.
 pub const TOKENIZER_FILE: &str = "tokenizer.json";
 
+/// Text ↔ token ids: the byte-level default (ids 0–255 are the bytes) or a Hugging Face tokenizer.json.
 pub enum Tokenizer {
+    /// Byte-level: one token per byte, 256 ids.
     Bytes,
+    /// A Hugging Face tokenizer read from a tokenizer.json.
     Hf {
+        /// The parsed tokenizer.
         tok: Box<tokenizers::Tokenizer>,
+        /// The file it was read from (copied into checkpoints).
         path: PathBuf,
         /// FNV-1a of the file's bytes, to recognise the same tokenizer again
         hash: u64,
@@ -49,6 +55,7 @@ impl Tokenizer {
         Ok(Tokenizer::Bytes)
     }
 
+    /// Reads a Hugging Face tokenizer.json.
     pub fn from_file(path: &Path) -> Result<Self> {
         let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
         let text = std::str::from_utf8(&bytes).map_err(|_| Error::Data {
@@ -156,6 +163,7 @@ impl Tokenizer {
         Ok((ids, cov.judge(source, self.file())?))
     }
 
+    /// The text of `ids` (bytes that are not valid UTF-8 become U+FFFD).
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
         match self {
             Tokenizer::Bytes => Ok(String::from_utf8_lossy(
@@ -201,6 +209,7 @@ impl Tokenizer {
         }
     }
 
+    /// Number of token ids.
     pub fn vocab_size(&self) -> usize {
         match self {
             Tokenizer::Bytes => 256,
@@ -226,7 +235,9 @@ fn unk_id(tok: &tokenizers::Tokenizer) -> Option<u32> {
 /// because pre-tokenizers drop it by design.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Coverage {
+    /// Bytes of text looked at.
     pub bytes: u64,
+    /// Bytes no token stands for.
     pub lost: u64,
 }
 
@@ -235,11 +246,13 @@ impl Coverage {
     /// a remnant of it.
     pub const REFUSE_ABOVE: f64 = 0.01;
 
+    /// Adds another text's counts to these.
     pub fn add(&mut self, other: Coverage) {
         self.bytes += other.bytes;
         self.lost += other.lost;
     }
 
+    /// The lost bytes as a fraction of all bytes.
     pub fn lost_fraction(&self) -> f64 {
         self.lost as f64 / self.bytes.max(1) as f64
     }

@@ -156,6 +156,7 @@ pub fn head_row(
 /// Whole T×T maps of one head over one sequence (row i = query i, zero above the diagonal).
 #[derive(Clone, Debug)]
 pub struct HeadMaps {
+    /// Tokens in the sequence: each map is t × t, row-major.
     pub t: usize,
     /// standard: A; diff kinds: A1
     pub a1: Vec<f64>,
@@ -170,6 +171,21 @@ pub struct HeadMaps {
 /// Runs `tokens` through the model once and returns the maps of each `(layer, head)` of
 /// `picks`, in order. A prompt longer than the context, or a layer or head out of range, is an
 /// error that names it.
+///
+/// ```
+/// use difftx::prelude::*;
+///
+/// let model = Model::init(ModelConfig::preset(Preset::Tiny, AttentionKind::DiffV1), 0)?;
+/// let ids = Tokenizer::Bytes.encode("the number is 12")?;
+/// let maps = head_maps(&model, &ids, &[(0, 0), (1, 1)])?;
+/// let m = &maps[0];
+/// let a2 = m.a2.as_ref().expect("diff_v1 has A2");
+/// for i in 0..m.t {
+///     let row = |a: &[f64]| a[i * m.t..(i + 1) * m.t].iter().sum::<f64>();
+///     assert!((row(&m.a1) - 1.0).abs() < 1e-9 && (row(a2) - 1.0).abs() < 1e-9);
+/// }
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub fn head_maps(model: &Model, tokens: &[u32], picks: &[(usize, usize)]) -> Result<Vec<HeadMaps>> {
     // 1. Check everything before the forward pass.
     for &(layer, head) in picks {

@@ -8,6 +8,18 @@ use crate::model::{Model, Workspace};
 
 /// The embedding of each of `inputs` (token ids, each 1 to the context's length): a unit
 /// vector of the model's hidden size. Inputs run one at a time, each in one forward pass.
+///
+/// ```
+/// use difftx::prelude::*;
+///
+/// let model = Model::init(ModelConfig::preset(Preset::Tiny, AttentionKind::DiffV1), 0)?;
+/// let tok = Tokenizer::Bytes;
+/// let e = embed(&model, &[tok.encode("a cat")?, tok.encode("a dog")?])?;
+/// let cosine: f32 = e[0].iter().zip(&e[1]).map(|(a, b)| a * b).sum();
+/// assert_eq!(e[0].len(), model.config.hidden_size);
+/// assert!(cosine > -1.0 && cosine < 1.0);
+/// # Ok::<(), difftx::Error>(())
+/// ```
 pub fn embed(model: &Model, inputs: &[Vec<u32>]) -> Result<Vec<Vec<f32>>> {
     let (ctx, dm) = (
         model.config.max_position_embeddings,

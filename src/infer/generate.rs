@@ -9,9 +9,13 @@ use rand_chacha::ChaCha8Rng;
 use std::time::Instant;
 
 #[derive(Clone, Debug)]
+/// How `generate` continues the prompts.
 pub struct GenerateOptions {
+    /// Tokens to generate after each prompt at most.
     pub max_new_tokens: usize,
+    /// How the next token is picked.
     pub sampling: Sampling,
+    /// Seed of the sampling generator (same seed, same tokens).
     pub seed: u64,
     /// generation of a sequence stops after this token (it is included in the output)
     pub eos: Option<u32>,
@@ -23,6 +27,7 @@ pub struct GenerateOptions {
 }
 
 #[derive(Clone, Debug, Default)]
+/// What `generate` produced, with its timings.
 pub struct Generation {
     /// the new tokens of each prompt
     pub tokens: Vec<Vec<u32>>,
@@ -30,18 +35,24 @@ pub struct Generation {
     pub prompt_tokens: Vec<usize>,
     /// sequences that stopped because the context was full
     pub hit_context: Vec<bool>,
+    /// Seconds spent prefilling the prompts.
     pub prefill_seconds: f64,
+    /// Seconds spent decoding.
     pub decode_seconds: f64,
+    /// Tokens decoded (every sequence together).
     pub decode_tokens: usize,
-    /// tokens drafted by prompt lookup, and how many of them were accepted
+    /// tokens drafted by prompt lookup
     pub drafted: usize,
+    /// drafted tokens that were accepted
     pub accepted: usize,
 }
 
 impl Generation {
+    /// Prompt tokens per second of prefill.
     pub fn prefill_tokens_per_second(&self) -> f64 {
         self.prompt_tokens.iter().sum::<usize>() as f64 / self.prefill_seconds
     }
+    /// Generated tokens per second of decode.
     pub fn decode_tokens_per_second(&self) -> f64 {
         self.decode_tokens as f64 / self.decode_seconds
     }
@@ -55,6 +66,28 @@ impl Generation {
 /// every token as it is produced (for streaming), on a worker thread of the pool: the whole
 /// generation runs there, so a decode step's parallel products fork inside the pool instead
 /// of waking it from outside once per token.
+///
+/// ```
+/// use difftx::prelude::*;
+///
+/// let model = Model::init(ModelConfig::preset(Preset::Tiny, AttentionKind::DiffV1), 0)?;
+/// let tok = Tokenizer::Bytes;
+/// let opts = GenerateOptions {
+///     max_new_tokens: 8,
+///     sampling: Sampling { temperature: 0.8, top_k: Some(40), ..Sampling::greedy() },
+///     seed: 1,
+///     eos: tok.eos_id(&model.config),
+///     truncate_prompt: false,
+///     lookup: 0,
+/// };
+/// let prompts = vec![tok.encode("Once")?, tok.encode("The")?];
+/// let mut streamed = 0;
+/// let g = generate(&model, &prompts, &opts, |_prompt, _token| streamed += 1)?;
+/// assert_eq!(g.tokens[0].len(), 8);
+/// assert_eq!(streamed, 16);
+/// println!("{}", tok.decode(&g.tokens[0])?);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub fn generate(
     model: &Model,
     prompts: &[Vec<u32>],

@@ -311,6 +311,7 @@ pub struct JsonConstraint {
 }
 
 impl JsonConstraint {
+    /// At the start of the text, over a vocabulary of these tokens' bytes.
     pub fn new(vocab: Arc<Vec<Option<Vec<u8>>>>) -> Self {
         JsonConstraint {
             machine: JsonMachine::default(),

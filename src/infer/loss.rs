@@ -4,9 +4,11 @@ use crate::error::{Error, Result};
 use crate::model::{memory::Need, KvCache, KvKind, Model, Workspace};
 
 #[derive(Clone, Copy, Debug, PartialEq)]
+/// The mean next-token loss of a text under a model.
 pub struct EvalResult {
     /// mean cross-entropy in nats per predicted token
     pub loss: f64,
+    /// exp(loss).
     pub perplexity: f64,
     /// number of predicted tokens
     pub tokens: usize,
@@ -18,6 +20,18 @@ pub struct EvalResult {
 /// Under a bf16 or q8_0 `kv_cache`, each window goes through a cache of that kind, as
 /// `generate` and `serve` run a prompt (its attention reads the cache's rounded rows): the
 /// loss that the cache's rounding costs.
+///
+/// ```
+/// use difftx::prelude::*;
+///
+/// let model = Model::init(ModelConfig::preset(Preset::Tiny, AttentionKind::Standard), 0)?;
+/// let ids = Tokenizer::Bytes.encode(&"a text to score. ".repeat(20))?;
+/// let r = evaluate_loss(&model, &ids, 4, |_done, _total| {})?;
+/// assert_eq!(r.tokens, ids.len() - 1);
+/// // an untrained model is about uniform over the 256 bytes: loss near ln 256
+/// assert!((r.loss - 256f64.ln()).abs() < 0.5);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub fn evaluate_loss(
     model: &Model,
     ids: &[u32],
@@ -50,7 +64,9 @@ pub fn evaluate_by_position(
 /// p is the prediction of the window's token p + 1 from the p + 1 tokens before it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ByPosition {
+    /// Summed loss at each position.
     pub sum: Vec<f64>,
+    /// Predicted tokens at each position.
     pub count: Vec<u64>,
 }
 
@@ -58,10 +74,15 @@ pub struct ByPosition {
 /// up to `end` (the paper's cumulative average).
 #[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
 pub struct Bucket {
+    /// First position of the bucket.
     pub start: usize,
+    /// One past its last position.
     pub end: usize,
+    /// Predicted tokens in the bucket.
     pub tokens: u64,
+    /// Their mean loss, in nats.
     pub loss: f64,
+    /// Mean loss over every position up to `end`.
     pub cumulative: f64,
 }
 

@@ -6,6 +6,7 @@ use rand::Rng;
 use std::collections::HashMap;
 
 #[derive(Clone, Copy, Debug, PartialEq)]
+/// How the next token is picked from the logits.
 pub struct Sampling {
     /// 0: greedy (argmax)
     pub temperature: f32,
@@ -18,6 +19,7 @@ pub struct Sampling {
 }
 
 impl Sampling {
+    /// Argmax decoding, no penalties: the same tokens every time.
     pub fn greedy() -> Self {
         Sampling {
             temperature: 0.0,
@@ -78,6 +80,7 @@ pub struct Penalties {
 }
 
 impl Penalties {
+    /// No penalty at all.
     pub const NONE: Penalties = Penalties {
         presence: 0.0,
         frequency: 0.0,

@@ -24,6 +24,7 @@ use safetensors::SafeTensors;
 use serde_json::{Map, Value};
 use std::path::{Path, PathBuf};
 
+/// The shard index of a Hugging Face checkpoint split over several files.
 pub const INDEX_FILE: &str = "model.safetensors.index.json";
 
 /// The `model_type` of a diff_v2 export, and its remote-code files (name, text).
@@ -431,6 +432,19 @@ pub fn hf_names(kind: AttentionKind) -> (&'static str, &'static str) {
 /// `standard` as llama, `diff_v1` as diffllama, `diff_v2` as difftx's own remote-code model
 /// (`trust_remote_code=True`), with `tokenizer.json` (copied from `model_dir` if it has one, else
 /// the byte-level equivalent), and last `manifest.json` with every file's digest.
+///
+/// ```
+/// use difftx::prelude::*;
+///
+/// let dir = tempfile::tempdir()?;
+/// let model = Model::init(ModelConfig::preset(Preset::Tiny, AttentionKind::Standard), 0)?;
+/// model.save(&dir.path().join("native"))?;
+/// hf::export(&model, &dir.path().join("native"), &dir.path().join("hf"))?;
+/// // the export loads back, as Hugging Face llama
+/// let (back, _) = open_model(dir.path().join("hf"))?;
+/// assert_eq!(back.num_params(), model.num_params());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub fn export(model: &Model, model_dir: &Path, out: &Path) -> Result<()> {
     let c = &model.config;
     let (model_type, arch) = hf_names(c.attention);

@@ -251,7 +251,7 @@ pub struct Layer<'a> {
 pub enum Attend<'c> {
     /// each sequence is the whole context (training, evaluation)
     Full,
-    /// one cache per sequence: the T new tokens of sequence b sit at positions pos0[b].. and
+    /// one cache per sequence: the T new tokens of sequence b sit at positions `pos0[b]..` and
     /// attend to everything cached before them
     Cached(&'c mut [KvCache], &'c [usize]),
     /// evaluation only, no cache: logits absmax-quantised to this many bits (paper §3.7)

@@ -9,7 +9,9 @@ use safetensors::{Dtype, SafeTensors};
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
+/// The config's file name in a model directory.
 pub const CONFIG_FILE: &str = "config.json";
+/// The weights' file name in a model directory.
 pub const WEIGHTS_FILE: &str = "model.safetensors";
 
 /// Decodes a tensor's little-endian bytes (F32, BF16 or F16) into f32.

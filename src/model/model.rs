@@ -30,10 +30,26 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 /// A model: its config, the parameter table and every parameter in one flat buffer.
+///
+/// ```
+/// use difftx::prelude::*;
+///
+/// let config = ModelConfig::preset(Preset::Tiny, AttentionKind::DiffV2);
+/// let model = Model::init(config, 0)?;
+/// let dir = tempfile::tempdir()?;
+/// model.save(dir.path())?;
+/// let (loaded, _tok) = open_model(dir.path())?;
+/// assert_eq!(loaded.params, model.params);
+/// assert_eq!(loaded.num_params(), model.num_params());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Clone)]
 pub struct Model {
+    /// The shape and kind.
     pub config: ModelConfig,
+    /// Where each named tensor lies in `params`.
     pub layout: ParamLayout,
+    /// Every weight, in `layout` order.
     pub params: Vec<f32>,
     pub(crate) dims: Dims,
     pub(crate) rope: RopeTable,
@@ -51,23 +67,34 @@ pub struct Model {
 
 /// Everything a forward and backward pass over up to B×T tokens writes, allocated once.
 pub struct Workspace {
+    /// Sequences B the buffers hold.
     pub batch: usize,
+    /// Tokens per sequence T the buffers hold.
     pub seq: usize,
+    /// Each block's saved activations.
     pub layers: Vec<LayerActs>,
     /// the residual stream; after `forward` it holds the last block's output
     pub x: Vec<f32>,
     /// each block's output (B, T, D), kept only when `keep_hidden` is set (parity tests, evals)
     pub hidden: Vec<Vec<f32>>,
+    /// Whether `hidden` is filled.
     pub keep_hidden: bool,
     /// evaluation only: absmax-quantise the attention logits to this many bits
     /// (eval/lowbit.rs); no KV cache and no backward after such a forward pass
     pub logit_bits: Option<u32>,
+    /// The final norm's output.
     pub lnf: Vec<f32>,
+    /// The final norm's reciprocal RMS per token.
     pub rstdf: Vec<f32>,
+    /// The logits (B, T, vocab) after `forward`.
     pub logits: Vec<f32>,
+    /// Each position's cross-entropy after `loss`.
     pub losses: Vec<f32>,
+    /// Each position's log-sum-exp of the logits.
     pub ce_lse: Vec<f32>,
+    /// The input tokens of the last forward.
     pub tokens: Vec<u32>,
+    /// The targets of the last loss.
     pub targets: Vec<u32>,
     /// each sequence's first position in a cached forward
     positions: Vec<usize>,
@@ -177,6 +204,19 @@ impl Model {
     /// Quantises the linear layers and the LM head to `kind` blocks for inference: every
     /// forward pass then multiplies by them (`backward` refuses). Returns the names of the
     /// matrices left f32, whose width is not a multiple of 32.
+    ///
+    /// ```
+    /// use difftx::prelude::*;
+    ///
+    /// let mut model = Model::init(ModelConfig::preset(Preset::Tiny, AttentionKind::DiffV1), 0)?;
+    /// let kept_f32 = model.quantize(QuantKind::Q8_0);
+    /// assert!(kept_f32.is_empty());
+    /// model.kv_cache = KvKind::Bf16; // half the KV cache's bytes
+    /// let tokens = Tokenizer::Bytes.encode("the cat sat on the mat, the cat sat on the mat")?;
+    /// let r = evaluate_loss(&model, &tokens, 1, |_, _| {})?;
+    /// assert!(r.loss.is_finite());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn quantize(&mut self, kind: crate::kernels::quant::QuantKind) -> Vec<String> {
         let q = QuantWeights::new(self, kind);
         let kept = q.kept_f32.clone();
@@ -184,6 +224,7 @@ impl Model {
         kept
     }
 
+    /// Number of parameters.
     pub fn num_params(&self) -> usize {
         self.layout.total
     }

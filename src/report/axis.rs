@@ -71,7 +71,7 @@ impl Ranged for Axis {
 }
 
 /// Ticks for an axis over `lo..hi`: the distinct `values` inside it when they are at most
-/// [`MAX_VALUE_TICKS`] and no two closer than [`MIN_GAP`] of the axis, else round numbers.
+/// `MAX_VALUE_TICKS` and no two closer than `MIN_GAP` of the axis, else round numbers.
 pub fn choose_ticks(values: &[f64], lo: f64, hi: f64, log: bool) -> Vec<f64> {
     let axis = Axis {
         lo,

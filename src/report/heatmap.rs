@@ -8,7 +8,7 @@ use plotters::style::text_anchor::{HPos, Pos, VPos};
 use plotters::style::FontTransform;
 use std::path::Path;
 
-/// One panel: a title and values[row][col] in [0, 1].
+/// One panel: a title and `values[row][col]` in [0, 1].
 pub struct Panel {
     pub title: String,
     pub values: Vec<Vec<f64>>,

@@ -11,13 +11,18 @@
 //! `respond`). The model loads on the engine thread while the server already answers
 //! (`/health` says 503 until it is ready).
 
+#[doc(hidden)]
 pub mod api;
+#[doc(hidden)]
 pub mod chat;
 mod embeddings;
+#[doc(hidden)]
 pub mod engine;
 mod http;
 mod maps;
+#[doc(hidden)]
 pub mod metrics;
+#[doc(hidden)]
 pub mod respond;
 mod run;
 
@@ -33,8 +38,11 @@ use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
+/// How `serve` listens and batches.
 pub struct ServeOptions {
+    /// Address to listen on.
     pub host: String,
+    /// Port to listen on (0: one the system picks).
     pub port: u16,
     /// clients must send `Authorization: Bearer KEY`
     pub api_key: Option<String>,
@@ -57,6 +65,7 @@ pub struct ServeOptions {
 pub type Loader = Box<dyn FnOnce() -> std::result::Result<(Model, PathBuf), String> + Send>;
 
 /// What the server knows once the model is loaded.
+#[doc(hidden)]
 pub struct Ready {
     pub tok: Tokenizer,
     pub chat: chat::ChatTemplate,
@@ -101,6 +110,7 @@ impl Ready {
     }
 }
 
+#[doc(hidden)]
 pub struct App {
     opts: ServeOptions,
     name: String,
@@ -177,6 +187,51 @@ impl App {
 /// Serves until SIGTERM or SIGINT (then exits cleanly after at most `grace`), or fails when the
 /// address cannot be bound or the model does not load. `on_listening` hears the bound address
 /// (the port is chosen by the system when `port` is 0).
+///
+/// To embed the server, run it on a thread of your own; it stops as `difftx serve` does, on
+/// SIGTERM or SIGINT, which a program may send itself (`examples/embed_server.rs`):
+///
+/// ```
+/// use difftx::prelude::*;
+/// use std::io::{Read, Write};
+///
+/// let dir = tempfile::tempdir()?;
+/// Model::init(ModelConfig::preset(Preset::Tiny, AttentionKind::DiffV1), 0)?.save(dir.path())?;
+/// let opts = ServeOptions {
+///     host: "127.0.0.1".into(),
+///     port: 0, // the system picks a free one
+///     api_key: None,
+///     parallel: 4,
+///     max_queue: 16,
+///     chunk: 64,
+///     max_body_bytes: 1 << 20,
+///     name: "tiny".into(),
+///     grace: std::time::Duration::from_secs(1),
+/// };
+/// let path = dir.path().to_path_buf();
+/// let load: difftx::serve::Loader = Box::new(move || {
+///     let (model, _tok) = open_model(&path).map_err(|e| e.to_string())?;
+///     Ok((model, path))
+/// });
+/// let (tx, rx) = std::sync::mpsc::channel();
+/// let server = std::thread::spawn(move || serve(opts, load, move |addr| tx.send(addr).unwrap()));
+/// let addr = rx.recv()?;
+/// let health = loop {
+///     let mut s = std::net::TcpStream::connect(addr)?;
+///     s.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")?;
+///     let mut answer = String::new();
+///     s.read_to_string(&mut answer)?;
+///     if !answer.starts_with("HTTP/1.1 503") {
+///         break answer; // 503 while the model loads
+///     }
+///     std::thread::sleep(std::time::Duration::from_millis(20));
+/// };
+/// assert!(health.starts_with("HTTP/1.1 200"), "{health}");
+/// // SAFETY: kill(2) on our own pid; the server's handler turns SIGTERM into a clean stop.
+/// unsafe { libc::kill(libc::getpid(), libc::SIGTERM) };
+/// server.join().unwrap()?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub fn serve(
     opts: ServeOptions,
     load: Loader,

@@ -20,13 +20,21 @@ pub const PLOT_FILE: &str = "loss.png";
 
 /// One finished step, as the observer sees it and as `metrics.jsonl` records it.
 pub struct StepReport<'a> {
+    /// Updates done, this one included.
     pub step: u64,
+    /// Updates in the whole run.
     pub steps: u64,
+    /// Mean training loss of the step, in nats per token.
     pub loss: f32,
+    /// The learning rate the step used.
     pub lr: f32,
+    /// Global gradient norm before clipping.
     pub grad_norm: f32,
+    /// Training tokens per second over the step.
     pub tokens_per_s: f64,
+    /// Each layer's λ (diff_v1) or mean σ(lambda_proj x) (diff_v2); empty for standard.
     pub lambda: &'a [f32],
+    /// The validation loss, on the steps that ran a validation.
     pub val_loss: Option<f64>,
 }
 

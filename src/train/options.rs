@@ -21,8 +21,8 @@ use std::sync::Arc;
 #[serde(default, deny_unknown_fields)]
 pub struct TrainOptions {
     // ---- data ----
-    /// Training text: files, folders (read recursively; files that are not UTF-8 text are
-    /// skipped) or glob patterns such as 'texts/*.txt'. Several may follow one --data.
+    /// Training text: files, folders or globs such as 'texts/*.txt'; several may follow
+    /// one --data.
     #[cfg_attr(feature = "cli", arg(long, num_args = 1.., value_name = "PATH"))]
     pub data: Vec<String>,
     /// Separate validation text (files, folders or globs); default: hold out the last
@@ -36,27 +36,20 @@ pub struct TrainOptions {
     /// follows it [default: byte-level, 256 ids].
     #[cfg_attr(feature = "cli", arg(long, value_name = "FILE"))]
     pub tokenizer: Option<PathBuf>,
-    /// Train on needle-retrieval episodes over the training text instead of plain windows:
-    /// each window is a stretch of the text with N sentences "the magic number of CITY is
-    /// NUMBER." inserted at random depths, then all N asked for ("what is the magic number of
-    /// CITY? NUMBER"). `difftx needle` scores a model on the task. Byte-level tokenizer only;
-    /// validation stays on plain windows of the text [default: 0, plain windows].
+    /// Train on needle-retrieval episodes with N needles each over the training text
+    /// (docs/FINETUNING.md); byte-level only [default: 0, plain windows].
     #[cfg_attr(feature = "cli", arg(long, value_name = "N"))]
     pub needles: Option<usize>,
     /// With --needles: digits of each NUMBER (1–9) [default: 2].
     #[cfg_attr(feature = "cli", arg(long, value_name = "D"))]
     pub needle_digits: Option<usize>,
-    /// With --needles: the bytes the loss is on: `everything` (the text is learned too),
-    /// `queries` (the queries and answers) or `answers` (the answer digits only)
-    /// [default: everything].
+    /// With --needles: the loss on `everything`, `queries` or `answers` [default: everything].
     #[cfg_attr(feature = "cli", arg(long, value_name = "WHICH"))]
     pub needle_loss: Option<String>,
 
     // ---- model ----
-    /// Start from this model's weights (fine-tuning): a native or Hugging Face model
-    /// directory, or a training run folder (its newest checkpoint). Its config and tokenizer
-    /// come with it; model flags may repeat its values but not change them, except --context
-    /// and --rope-theta (context extension: a longer context with a larger RoPE base).
+    /// Fine-tune: start from this model directory or run folder, with its config and
+    /// tokenizer; only --context and --rope-theta may change its shape (docs/FINETUNING.md).
     #[cfg_attr(feature = "cli", arg(long, value_name = "DIR"))]
     pub init_from: Option<PathBuf>,
     /// Model size: tiny, small, bench, medium or large (`difftx presets` lists the parameter counts)
@@ -67,8 +60,7 @@ pub struct TrainOptions {
     /// [default: diff_v1].
     #[cfg_attr(feature = "cli", arg(long))]
     pub attention: Option<String>,
-    /// Model width D. Unless --head-dim is given, the head dim follows as D / heads
-    /// (D / 2H for diff_v1), and the SwiGLU width as 8/3 D rounded up to 64.
+    /// Model width D; the head dim and the SwiGLU width follow from it unless given.
     #[cfg_attr(feature = "cli", arg(long))]
     pub hidden_size: Option<usize>,
     /// SwiGLU hidden width.
@@ -89,8 +81,7 @@ pub struct TrainOptions {
     /// Context length T: each training window holds T tokens.
     #[cfg_attr(feature = "cli", arg(long, visible_alias = "context"))]
     pub max_position_embeddings: Option<usize>,
-    /// RoPE base θ [default: 10000]. With --init-from and a longer --context: context
-    /// extension, as the paper did it (e.g. θ 10000 → 40000 for 4× the context).
+    /// RoPE base θ [default: 10000]; raise it with a longer --context to extend a model.
     #[cfg_attr(feature = "cli", arg(long))]
     pub rope_theta: Option<f64>,
     /// RMSNorm epsilon [default: 1e-5].
@@ -99,12 +90,11 @@ pub struct TrainOptions {
     /// Share the input embedding with lm_head (true or false) [default: false].
     #[cfg_attr(feature = "cli", arg(long, value_name = "BOOL"))]
     pub tie_word_embeddings: Option<bool>,
-    /// diff_v1 ablation (paper Table 6): one constant λ_init for every layer, in [0, 1); the
-    /// paper tries 0.8 and 0.5 [default: the schedule 0.8 − 0.6·exp(−0.3·l) of layer l].
+    /// diff_v1 ablation (paper Table 6): one constant λ_init in [0, 1) for every layer
+    /// [default: the paper's per-layer schedule].
     #[cfg_attr(feature = "cli", arg(long, value_name = "X"))]
     pub lambda_init: Option<f64>,
-    /// diff_v1 ablation (paper Table 6): no per-head RMSNorm (subln) and no (1 − λ_init)
-    /// scale, each head outputs attn1 − λ·attn2 (TOML: no_subln = true).
+    /// diff_v1 ablation (paper Table 6): no per-head RMSNorm and no (1 − λ_init) scale.
     #[cfg_attr(
         feature = "cli",
         arg(long, num_args = 0, default_missing_value = "true")
@@ -127,8 +117,7 @@ pub struct TrainOptions {
     /// Learning rate at the end of the cosine decay [default: lr / 10].
     #[cfg_attr(feature = "cli", arg(long))]
     pub min_lr: Option<f32>,
-    /// Steps over which the learning rate decays (cosine) to --min-lr, after which it stays
-    /// there [default: --steps]. `--resume --extend-steps N` sets it to the original --steps.
+    /// Steps over which the learning rate decays (cosine) to --min-lr [default: --steps].
     #[cfg_attr(feature = "cli", arg(long, value_name = "N"))]
     pub decay_steps: Option<u64>,
     /// Linear warm-up steps [default: 5% of --steps].
@@ -175,24 +164,40 @@ pub struct TrainOptions {
 /// The optimisation settings of a resolved run.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct TrainConfig {
+    /// Optimizer steps in the whole run.
     pub steps: u64,
     /// the cosine decay's end when it is not `steps` (a run extended past its schedule)
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub decay_steps: Option<u64>,
+    /// Windows per micro-batch.
     pub batch: usize,
+    /// Micro-batches averaged into one update.
     pub grad_accum: usize,
+    /// Peak learning rate.
     pub lr: f32,
+    /// Learning rate at the end of the cosine.
     pub min_lr: f32,
+    /// Linear warm-up steps.
     pub warmup: u64,
+    /// AdamW weight decay (matrices only).
     pub weight_decay: f32,
+    /// AdamW β1.
     pub beta1: f32,
+    /// AdamW β2.
     pub beta2: f32,
+    /// AdamW ε.
     pub adam_eps: f32,
+    /// Global gradient-norm clip (0: off).
     pub clip: f32,
+    /// Seed of the initial weights and the window sampler.
     pub seed: u64,
+    /// Validation every N steps.
     pub eval_every: u64,
+    /// Validation batches scored each time.
     pub val_batches: usize,
+    /// Checkpoint every N steps (0: only at the end).
     pub ckpt_every: u64,
+    /// Checkpoints kept.
     pub keep_last: usize,
     /// bf16 matrix products (`--bf16`); runs recorded before the flag existed were f32
     #[serde(default)]
@@ -205,7 +210,9 @@ pub struct TrainConfig {
 /// A `--needles` run's task: N needles of `digits` digits, all N queried, the loss on `loss`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct NeedleTraining {
+    /// Needles inserted in each window.
     pub needles: usize,
+    /// Digits of each needle's number.
     pub digits: usize,
     /// `answers`, `queries` or `everything` (NeedleLoss's names)
     pub loss: String,
@@ -232,10 +239,15 @@ impl NeedleTraining {
 /// A resolved run: what checkpoints record and a resumed run must match.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RunConfig {
+    /// The preset the shape came from.
     pub preset: Preset,
+    /// The model's shape.
     pub model: ModelConfig,
+    /// The optimisation settings.
     pub train: TrainConfig,
+    /// The training and validation text.
     pub data: DataSpec,
+    /// The tokenizer.json (none: byte-level).
     pub tokenizer: Option<PathBuf>,
     /// the model directory whose weights the run started from (`--init-from`)
     pub init_from: Option<PathBuf>,
@@ -436,6 +448,7 @@ impl TrainOptions {
 }
 
 impl TrainConfig {
+    /// Refuses settings that cannot train (zero steps, batch or accumulation, a learning rate ≤ 0, …).
     pub fn validate(&self) -> Result<()> {
         let positive = [
             ("steps", self.steps as usize),
@@ -650,6 +663,7 @@ impl RunConfig {
         }
     }
 
+    /// The run as `run.json` and checkpoints record it.
     pub fn to_json(&self) -> Value {
         serde_json::json!({
             "preset": self.preset.as_str(),
@@ -661,6 +675,7 @@ impl RunConfig {
         })
     }
 
+    /// Reads a run recorded by `to_json`; `path` names the file in errors.
     pub fn from_json(v: &Value, path: &Path) -> Result<Self> {
         let err = |msg: String| Error::Config {
             path: path.to_path_buf(),

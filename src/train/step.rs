@@ -6,10 +6,36 @@ use crate::kernels::adamw::{adamw_update, AdamWParams};
 use crate::model::{Model, Workspace};
 use rayon::prelude::*;
 
+/// AdamW with global-norm clipping over a model's flat parameters: the state a custom training loop keeps between steps.
+///
+/// ```
+/// use difftx::prelude::*;
+///
+/// let mut config = ModelConfig::preset(Preset::Tiny, AttentionKind::DiffV1);
+/// config.max_position_embeddings = 16;
+/// let mut model = Model::init(config, 0)?;
+/// let hp = AdamWParams { lr: 1e-3, beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1 };
+/// let mut opt = Optimizer::new(&model, hp, 1.0);
+/// let (b, t) = (2, 16);
+/// let mut ws = Workspace::new(&model, b, t);
+/// let text = Tokenizer::Bytes.encode(&"abcabcabc".repeat(8))?;
+/// let (x, y) = (&text[..b * t], &text[1..b * t + 1]);
+/// let first = opt.step(&mut model, &mut ws, x, y, b, t, 3e-3)?;
+/// let mut last = first;
+/// for _ in 0..10 {
+///     last = opt.step(&mut model, &mut ws, x, y, b, t, 3e-3)?;
+/// }
+/// assert!(last.loss < first.loss);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub struct Optimizer {
+    /// AdamW's hyper-parameters (the learning rate is given per step).
     pub hp: AdamWParams,
+    /// The gradient of every parameter, in the model's layout.
     pub grads: Vec<f32>,
+    /// AdamW's first moment.
     pub m: Vec<f32>,
+    /// AdamW's second moment.
     pub v: Vec<f32>,
     /// number of updates done
     pub t: u64,
@@ -42,11 +68,14 @@ fn sum_squares(g: &[f32]) -> f64 {
 /// What one step measured.
 #[derive(Clone, Copy, Debug)]
 pub struct TrainStep {
+    /// Mean loss of the batch, in nats per token.
     pub loss: f32,
+    /// Global L2 norm of the gradients before clipping.
     pub grad_norm: f32,
 }
 
 impl Optimizer {
+    /// An optimizer for `model` with zeroed gradients and moments; `clip` 0 turns clipping off.
     pub fn new(model: &Model, hp: AdamWParams, clip: f32) -> Self {
         let n = model.num_params();
         Optimizer {
@@ -75,6 +104,7 @@ impl Optimizer {
         parts.iter().sum::<f64>().sqrt() as f32
     }
 
+    /// Sets every gradient to zero.
     pub fn zero_grad(&mut self) {
         let grads = &mut self.grads;
         crate::kernels::on_pool(|| grads.par_chunks_mut(CHUNK).for_each(|g| g.fill(0.0)));

@@ -29,6 +29,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
+/// The run folder's record of its resolved configuration.
 pub const RUN_FILE: &str = "run.json";
 
 /// Receives progress (the CLI draws a progress bar from it).
@@ -37,6 +38,7 @@ pub trait Observer {
     fn note(&mut self, _msg: &str) {}
     /// Called once before the first step with the step the run starts from.
     fn start(&mut self, _first_step: u64, _steps: u64) {}
+    /// Called after every step.
     fn step(&mut self, _r: &StepReport) {}
 }
 
@@ -53,10 +55,15 @@ pub struct Outcome {
     pub first_step: u64,
     /// true when stopped by the stop flag (SIGINT / SIGTERM) before the last step
     pub interrupted: bool,
+    /// The checkpoint directory saved last (a model directory).
     pub checkpoint: PathBuf,
+    /// Training loss of the last step.
     pub train_loss: f32,
+    /// The last validation loss.
     pub val_loss: Option<f64>,
+    /// Parameters of the model.
     pub params: usize,
+    /// Seconds this call took.
     pub seconds: f64,
 }
 
@@ -184,8 +191,11 @@ fn validate(
 /// A run about to start or resume: its resolved settings, its tokenizer, and its options as
 /// given (on resume: the recorded run's `minimal_options` under the ones given now).
 pub struct PreparedRun {
+    /// The resolved run.
     pub run: RunConfig,
+    /// Its tokenizer.
     pub tokenizer: Tokenizer,
+    /// The options as given.
     pub options: TrainOptions,
 }
 

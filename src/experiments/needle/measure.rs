@@ -78,7 +78,7 @@ pub fn cell_seed(seed: u64, len: usize, depth_index: usize) -> u64 {
 }
 
 /// Retrieval accuracy for every (depth, length) pair, `per_cell` episodes each, evaluated
-/// `batch` at a time. Cells come length-major: all depths of lengths[0] first. With
+/// `batch` at a time. Cells come length-major: all depths of `lengths[0]` first. With
 /// `logit_bits`, attention logits are absmax-quantised to that many bits
 /// (kernels/attention_lowbit.rs).
 // The grid's axes, its sampling and its precision are all the caller's choice, per call.

@@ -179,7 +179,7 @@ impl Value {
     }
 }
 
-/// One tensor: `dims` in ggml order (dims[0] is the contiguous row length, so a torch
+/// One tensor: `dims` in ggml order (`dims[0]` is the contiguous row length, so a torch
 /// `[out, in]` matrix is `[in, out]`), and its bytes in `ty`'s layout.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Tensor {

@@ -12,7 +12,9 @@
 //! `encode` that turns a row-major f32 matrix into that type's bytes; Q8_0 and Q4_0 use the
 //! block quantiser of `--quant` (`kernels::quant::block`, checked against gguf-py).
 
+#[doc(hidden)]
 pub mod format;
+#[doc(hidden)]
 pub mod vocab;
 
 use crate::config::AttentionKind;
@@ -26,16 +28,21 @@ use vocab::Vocab;
 /// How `export` stores the model's matrices.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Quant {
+    /// Every tensor in f32.
     F32,
+    /// Matrices in bf16.
     Bf16,
     /// GGUF's Q8_0 and Q4_0 blocks (`kernels::quant::block`)
     Q8_0,
+    /// GGUF's Q4_0: blocks of 32 4-bit weights with one f16 scale.
     Q4_0,
 }
 
 impl Quant {
+    /// Every storage type, in `--quant`'s order.
     pub const ALL: [Quant; 4] = [Quant::F32, Quant::Bf16, Quant::Q8_0, Quant::Q4_0];
 
+    /// Its `--quant` name.
     pub fn name(self) -> &'static str {
         match self {
             Quant::F32 => "f32",
@@ -45,6 +52,7 @@ impl Quant {
         }
     }
 
+    /// The storage type a `--quant` name names.
     pub fn parse(name: &str) -> Result<Self> {
         Self::ALL
             .into_iter()
@@ -136,7 +144,9 @@ pub fn gguf_name(native: &str) -> Option<String> {
 /// What `export` wrote.
 #[derive(Debug)]
 pub struct Exported {
+    /// Tensors written.
     pub tensors: usize,
+    /// Bytes of the file.
     pub bytes: u64,
     /// the tokenizer, in words
     pub tokenizer: String,
@@ -223,7 +233,22 @@ pub fn to_gguf(model: &Model, model_dir: &Path, quant: Quant) -> Result<(Gguf, E
     Ok((g, exported))
 }
 
-/// Writes `out`, a GGUF file llama.cpp loads as a `llama` model.
+/// Writes `out`, a GGUF file llama.cpp loads as a `llama` model (`standard` models only).
+///
+/// ```
+/// use difftx::prelude::*;
+///
+/// let dir = tempfile::tempdir()?;
+/// let model = Model::init(ModelConfig::preset(Preset::Tiny, AttentionKind::Standard), 0)?;
+/// model.save(dir.path())?;
+/// let out = dir.path().join("m.gguf");
+/// let e = gguf::export(&model, dir.path(), gguf::Quant::Q8_0, &out)?;
+/// assert_eq!(std::fs::metadata(&out)?.len(), e.bytes);
+/// // llama.cpp has no differential attention: a diff model is refused
+/// let diff = Model::init(ModelConfig::preset(Preset::Tiny, AttentionKind::DiffV1), 0)?;
+/// assert!(gguf::export(&diff, dir.path(), gguf::Quant::F32, &out).is_err());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub fn export(model: &Model, model_dir: &Path, quant: Quant, out: &Path) -> Result<Exported> {
     let (g, mut exported) = to_gguf(model, model_dir, quant)?;
     let bytes = g.to_bytes()?;
