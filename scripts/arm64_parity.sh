@@ -34,7 +34,7 @@ done
 
 # 2. One model trained on x86, then scored and continued greedily everywhere
 model=$out/model
-if [ ! -f "$model/config.json" ]; then
+if [ ! -d "$model/checkpoints" ]; then
   "$x86" train --data data/demo.txt --preset tiny --attention diff_v1 --steps 300 --threads 2 \
     --out "$model" >/dev/null 2>&1
 fi
