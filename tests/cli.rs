@@ -859,6 +859,58 @@ fn bench_decode_batches_sequences_and_refuses_a_batch_of_zero() {
     assert_eq!(r["phases"], serde_json::json!([]), "{r}");
 }
 
+/// `bench decode --prompt-file F --lookup N` decodes after the file's tokens with prompt
+/// lookup: the JSON says how many tokens were drafted and accepted; a --prompt-len past the
+/// file's tokens and a missing file are one-line errors.
+#[test]
+fn bench_decode_runs_prompt_lookup_after_a_text() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = dir.path().join("p.txt");
+    std::fs::write(&text, "abc abc abc abc abc abc ".repeat(3)).unwrap();
+    let f = text.to_str().unwrap();
+    let mut a = vec!["--threads", "1", "bench", "decode", "--preset", "tiny"];
+    a.extend([
+        "--new-tokens",
+        "24",
+        "--reps",
+        "1",
+        "--json",
+        "--prompt-file",
+        f,
+    ]);
+    let out = difftx(&[&a[..], &["--lookup", "4"]].concat());
+    ok(&out);
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    assert_eq!(
+        (r["lookup"].as_u64(), r["prompt_len"].as_u64()),
+        (Some(4), Some(72)),
+        "{r}"
+    );
+    let (drafted, accepted) = (
+        r["drafted"].as_u64().unwrap(),
+        r["accepted"].as_u64().unwrap(),
+    );
+    assert!(drafted > 0 && accepted <= drafted, "{r}");
+    let plain: serde_json::Value = serde_json::from_slice(&difftx(&a).stdout).unwrap();
+    assert_eq!(
+        (plain["lookup"].as_u64(), plain["drafted"].as_u64()),
+        (Some(0), Some(0))
+    );
+    fails_with(
+        &difftx(&[&a[..], &["--prompt-len", "100"]].concat()),
+        &["--prompt-len 100", "72 tokens"],
+    );
+    let missing = [
+        "bench",
+        "decode",
+        "--preset",
+        "tiny",
+        "--prompt-file",
+        "/nonexistent/p.txt",
+    ];
+    fails_with(&difftx(&missing), &["--prompt-file", "/nonexistent/p.txt"]);
+}
+
 /// `bench decode --phases` times each phase of the prefill and of a decoding step: all six
 /// named, none negative, the products and the attention taking time, together no more than
 /// the prefill or the step (the clock laps inside them); the text says where each one's time

@@ -355,6 +355,14 @@ pub struct BenchDecodeArgs {
     /// microseconds a step).
     #[arg(long)]
     pub phases: bool,
+    /// Decode after this text (its first --prompt-len tokens, all of them by default) instead
+    /// of random tokens: with --lookup, a text whose continuation repeats it.
+    #[arg(long, value_name = "FILE")]
+    pub prompt_file: Option<PathBuf>,
+    /// Speculative decoding by prompt lookup with drafts of up to N tokens (as `generate
+    /// --lookup N`); the acceptance is printed.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub lookup: usize,
     /// Print one JSON object on stdout.
     #[arg(long)]
     pub json: bool,
@@ -597,22 +605,41 @@ fn attention(a: BenchAttentionArgs, precision: Precision) -> Result<()> {
 fn decode(a: BenchDecodeArgs, precision: Precision) -> Result<()> {
     let quant = super::quant_kind(a.quant.as_deref())?;
     let kv_cache = super::kv_kind(&a.kv_cache)?;
-    let mut model = match &a.model {
+    let (mut model, tok) = match &a.model {
         Some(_) if a.vocab_size.is_some() => {
             bail!("--vocab-size sizes a fresh model; a --model keeps its own vocabulary")
         }
-        Some(dir) => super::load_model(dir, precision)?.0,
+        Some(dir) => {
+            let (m, dir) = super::load_model(dir, precision)?;
+            let tok = difftx::data::Tokenizer::for_model(&dir, &m.config)?;
+            (m, tok)
+        }
         None => {
             let config = super::preset_config(a.preset, a.attention, a.vocab_size)?;
             let mut m = Model::init(config, 0)?;
             m.precision = precision;
-            m
+            (m, difftx::data::Tokenizer::Bytes)
         }
     };
     super::quantize(&mut model, quant);
     model.kv_cache = kv_cache;
     let ctx = model.config.max_position_embeddings;
-    let prompt_len = a.prompt_len.unwrap_or(128.min(ctx / 2).max(1));
+    let text = match &a.prompt_file {
+        Some(f) => {
+            let t = std::fs::read_to_string(f)
+                .map_err(|e| anyhow::anyhow!("cannot read --prompt-file {}: {e}", f.display()))?;
+            Some(tok.encode(&t)?)
+        }
+        None => None,
+    };
+    let prompt_len = match (&text, a.prompt_len) {
+        (Some(t), Some(n)) if n > t.len() => bail!(
+            "--prompt-len {n} is longer than --prompt-file's {} tokens",
+            t.len()
+        ),
+        (Some(t), None) => t.len().min(ctx.saturating_sub(1)).max(1),
+        (_, n) => n.unwrap_or(128.min(ctx / 2).max(1)),
+    };
     let new_tokens = a
         .new_tokens
         .unwrap_or(128.min(ctx.saturating_sub(prompt_len)).max(1));
@@ -623,6 +650,10 @@ fn decode(a: BenchDecodeArgs, precision: Precision) -> Result<()> {
         a.reps,
         a.batch,
         (a.bandwidth, a.phases),
+        difftx::experiments::bench::DecodeSource {
+            prompt: text,
+            lookup: a.lookup,
+        },
     )?;
     if a.json {
         println!("{}", serde_json::to_string(&r)?);
@@ -648,6 +679,12 @@ fn decode(a: BenchDecodeArgs, precision: Precision) -> Result<()> {
             mib(bw_bytes),
             mib(kv_step)
         );
+        if r.lookup > 0 {
+            println!(
+                "prompt lookup (drafts of up to {}): {} of {} drafted tokens accepted in the last repetition",
+                r.lookup, r.accepted, r.drafted
+            );
+        }
         if a.bandwidth {
             let ms = 1e3 * r.batch as f64 / r.decode_tokens_per_s;
             let bound_ms = |gbs: f64| bw_bytes as f64 / (gbs * 1e9) * 1e3;

@@ -377,6 +377,11 @@ pub struct DecodeBench {
     pub phases: Vec<PhaseTime>,
     /// with `phases`: the same for the prefill (every prompt's, as `prefill_s_median` counts)
     pub prefill_phases: Vec<PhaseTime>,
+    /// prompt lookup's draft length (0: plain decoding), and in the last timed repetition the
+    /// tokens drafted and accepted
+    pub lookup: usize,
+    pub drafted: usize,
+    pub accepted: usize,
 }
 
 /// One phase's share of a decoding step or of a prefill.
@@ -402,6 +407,7 @@ pub fn bench_decode(
     reps: usize,
     batch: usize,
     (probe_memory, phases): (bool, bool),
+    source: DecodeSource,
 ) -> Result<DecodeBench> {
     use crate::infer::{generate, GenerateOptions, Sampling};
     use crate::model::phases::{self as ph, Phase};
@@ -418,10 +424,12 @@ pub fn bench_decode(
     }
     let mut rng = ChaCha8Rng::seed_from_u64(0);
     let prompts: Vec<Vec<u32>> = (0..batch)
-        .map(|_| {
-            (0..prompt_len)
+        .map(|_| match &source.prompt {
+            // a text's tokens, its first prompt_len (the caller checked it has them)
+            Some(p) => p[..prompt_len].to_vec(),
+            None => (0..prompt_len)
                 .map(|_| rng.random_range(0..model.config.vocab_size as u32))
-                .collect()
+                .collect(),
         })
         .collect();
     let opts = GenerateOptions {
@@ -430,9 +438,10 @@ pub fn bench_decode(
         seed: 0,
         eos: None,
         truncate_prompt: false,
-        lookup: 0,
+        lookup: source.lookup,
     };
     let mut memory_gbs = Vec::new();
+    let mut drafts = (0, 0);
     // each repetition's phase times: (prefill, decoding steps)
     let mut phase_s: Vec<[[f64; 6]; 2]> = Vec::new();
     let mut timed = || -> Result<(Vec<f64>, Vec<f64>)> {
@@ -455,6 +464,7 @@ pub fn bench_decode(
                 memory_gbs.push(memory_read_gbs());
             }
             let (g, times) = run()?;
+            drafts = (g.drafted, g.accepted);
             pre.push(g.prefill_seconds);
             dec.push(g.decode_seconds);
             phase_s.push(times);
@@ -530,7 +540,18 @@ pub fn bench_decode(
         kv_bytes_per_token: (kv_per_token as f64 * rows_read) as u64,
         phases,
         prefill_phases,
+        lookup: source.lookup,
+        drafted: drafts.0,
+        accepted: drafts.1,
     })
+}
+
+/// What `bench_decode` decodes after: seeded random prompts (`prompt: None`), or a text's
+/// tokens; and prompt lookup's draft length (0: plain decoding).
+#[derive(Clone, Debug, Default)]
+pub struct DecodeSource {
+    pub prompt: Option<Vec<u32>>,
+    pub lookup: usize,
 }
 
 /// The bytes of an input embedding table that decoding reads one row of a token (none where
