@@ -54,24 +54,12 @@ pub async fn embeddings(app: Arc<App>, ready: Arc<Ready>, req: Value) -> ApiResu
     }
     let tokens: usize = inputs.iter().map(Vec::len).sum();
     // 2. The embeddings, on the model thread
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    app.submit(Task::Embed(EmbedJob {
-        inputs,
-        reply: Box::new(move |r| {
-            let _ = tx.send(r);
-        }),
-    }))?;
-    let vectors = rx
-        .await
-        .map_err(|_| {
-            ApiError::new(
-                503,
-                "service_unavailable",
-                "engine_stopped",
-                "the model loop has stopped",
-            )
-        })?
-        .map_err(|e| ApiError::new(500, "server_error", "embedding_failed", e.to_string()))?;
+    let vectors = app
+        .on_model_thread(
+            |reply| Task::Embed(EmbedJob { inputs, reply }),
+            "embedding_failed",
+        )
+        .await?;
     // 3. The answer
     let data: Vec<Value> = vectors
         .iter()

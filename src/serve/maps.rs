@@ -57,25 +57,14 @@ pub async fn attention(app: Arc<App>, ready: Arc<Ready>, req: Value) -> ApiResul
         .flat_map(|&l| (0..ready.heads).map(move |h| (l, h)))
         .collect();
     // 2. The maps, on the model thread.
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    app.submit(Task::Maps(MapsJob {
-        prompt: ids.clone(),
-        picks: picks.clone(),
-        reply: Box::new(move |r| {
-            let _ = tx.send(r);
-        }),
-    }))?;
-    let maps = rx
-        .await
-        .map_err(|_| {
-            ApiError::new(
-                503,
-                "service_unavailable",
-                "engine_stopped",
-                "the model loop has stopped",
-            )
-        })?
-        .map_err(|e| ApiError::new(500, "server_error", "attention_failed", e.to_string()))?;
+    let job = |reply| {
+        Task::Maps(MapsJob {
+            prompt: ids.clone(),
+            picks: picks.clone(),
+            reply,
+        })
+    };
+    let maps = app.on_model_thread(job, "attention_failed").await?;
     // 3. The answer: the tokens' texts for the axes, and each head's maps.
     let tokens: Vec<String> = ids
         .iter()

@@ -156,6 +156,30 @@ impl App {
         ))
     }
 
+    /// Runs a job on the model thread, between two engine steps, and waits for its answer:
+    /// `task` wraps the reply the engine hands the result to; a stopped engine is a 503, the
+    /// job's own error a 500 with `code` (the attention maps, the embeddings).
+    async fn on_model_thread<T: Send + 'static>(
+        &self,
+        task: impl FnOnce(Box<dyn FnOnce(Result<T>) + Send>) -> Task,
+        code: &'static str,
+    ) -> ApiResult<T> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.submit(task(Box::new(move |r| {
+            let _ = tx.send(r);
+        })))?;
+        rx.await
+            .map_err(|_| {
+                ApiError::new(
+                    503,
+                    "service_unavailable",
+                    "engine_stopped",
+                    "the model loop has stopped",
+                )
+            })?
+            .map_err(|e| ApiError::new(500, "server_error", code, e.to_string()))
+    }
+
     fn submit(&self, job: Task) -> ApiResult<()> {
         self.gauges.queued.fetch_add(1, Ordering::Relaxed);
         match self.queue.try_send(job) {
