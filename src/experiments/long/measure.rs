@@ -55,8 +55,16 @@ pub struct ModelEval {
     pub by_position: Vec<BucketRow>,
     /// retrieval per (length, depth) with the plan's N and R
     pub cells: Vec<CellRow>,
-    /// retrieval at C against the number of needles
+    /// retrieval at C against the number of needles (extended models; empty on the others)
     pub by_needles: Vec<(usize, f64)>,
+    /// what is measured on the models at C only (None on the extended ones)
+    #[serde(default)]
+    pub at_c: Option<AtC>,
+}
+
+/// The measures of a model at its pretraining context C.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AtC {
     /// attention mass on the queried needle and on the rest of the haystack, episodes at C
     /// (paper Table 3)
     pub answer_mass: f64,
@@ -114,10 +122,10 @@ pub fn measure_unit(
     let (dir, _) = model_dir(run)?;
     let mut model = crate::interop::load(&dir)?;
     model.precision = crate::kernels::Precision::new(plan.bf16).unwrap_or_default();
-    // 2. The evaluations, on trained models
+    // 2. The evaluations, on the models the report reads (the ablations: their loss only)
     let eval = match unit.stage {
-        Stage::Sweep(_) => None,
-        _ => Some(evaluate(plan, &mut model, &dir, valid)?),
+        Stage::Sweep(_) | Stage::Ablation => None,
+        s => Some(evaluate(plan, &mut model, &dir, valid, s)?),
     };
     Ok(UnitResult {
         name: unit.name.clone(),
@@ -182,8 +190,15 @@ fn read_metrics(run: &Path) -> Result<(f64, Vec<(u64, f64)>)> {
 
 /// A model's evaluations over the validation text `valid` (which is the needles' filler
 /// too): loss at C, loss by position at the longest length (the rotary table extended past
-/// a model's own context), retrieval per (length, depth) and against N.
-fn evaluate(plan: &LongPlan, model: &mut Model, dir: &Path, valid: &[u8]) -> Result<ModelEval> {
+/// a model's own context), retrieval per (length, depth); against N on the extended
+/// models, the measures at C (`AtC`) on the pretrained ones.
+fn evaluate(
+    plan: &LongPlan,
+    model: &mut Model,
+    dir: &Path,
+    valid: &[u8],
+    stage: Stage,
+) -> Result<ModelEval> {
     // 1. Tokens: as many for every model, whatever its context
     let tok = Tokenizer::for_model(dir, &model.config)?;
     let ids = tok.encode(&String::from_utf8_lossy(valid))?;
@@ -199,7 +214,7 @@ fn evaluate(plan: &LongPlan, model: &mut Model, dir: &Path, valid: &[u8]) -> Res
     }
     // 2. Loss at C, and by position up to the longest length, over windows spread evenly
     //    through the validation text (as many tokens at either length)
-    let windows = plan.val_windows;
+    let windows = plan.eval_windows;
     let (loss_at_c, _) = spread(model, &ids, windows, c)?;
     let (_, at) = spread(model, &ids, (windows * c).div_ceil(longest), longest)?;
     let by_position = at.buckets(plan.buckets).iter().map(row).collect();
@@ -229,31 +244,26 @@ fn evaluate(plan: &LongPlan, model: &mut Model, dir: &Path, valid: &[u8]) -> Res
     };
     let cells: Vec<Cell> = grid(&task(plan.needles), &plan.lengths())?;
     let mut by_needles = Vec::with_capacity(plan.needle_counts.len());
-    for &k in &plan.needle_counts {
-        by_needles.push((k, accuracy(&grid(&task(k), &[c])?)));
+    if stage == Stage::Extend {
+        for &k in &plan.needle_counts {
+            by_needles.push((k, accuracy(&grid(&task(k), &[c])?)));
+        }
     }
-    // 4. Attention on the needle against the rest (Table 3), outliers (Table 5)
-    let episodes = plan.episodes.max(1);
-    let alloc = allocation_at(model, &task(plan.needles), c, &plan.depths, episodes)?;
-    let (logits, hidden) = outliers(model, &ids[..c], c)?;
-    // 5. Quantised weights: the loss at C under q8_0 and q4_0
-    let increase = |kind: QuantKind| -> Result<f64> {
-        let mut q = model.clone();
-        q.quantize(kind);
-        Ok(spread(&q, &ids, windows, c)?.0 - loss_at_c)
+    let at_c = match stage {
+        Stage::Pretrain => {
+            let facts = (&tok_for_facts, valid);
+            Some(at_context(
+                plan,
+                model,
+                &ids,
+                loss_at_c,
+                &task(plan.needles),
+                facts,
+            )?)
+        }
+        _ => None,
     };
-    // 6. Answers from the context against the facts trained on
-    let facts = super::facts::facts(plan.facts, FACTS_SEED);
-    let text = String::from_utf8_lossy(valid);
-    let from_context = super::facts::from_context_rate(model, &tok_for_facts, &facts, &text, c)?;
     Ok(ModelEval {
-        from_context,
-        answer_mass: alloc.answer,
-        noise_mass: alloc.noise,
-        logit_top1_ratio: logits.top1_ratio(),
-        hidden_top1_ratio: hidden.top1_ratio(),
-        q8_0_increase: increase(QuantKind::Q8_0)?,
-        q4_0_increase: increase(QuantKind::Q4_0)?,
         loss_at_c,
         by_position,
         cells: cells
@@ -265,6 +275,44 @@ fn evaluate(plan: &LongPlan, model: &mut Model, dir: &Path, valid: &[u8]) -> Res
             })
             .collect(),
         by_needles,
+        at_c,
+    })
+}
+
+/// The measures at C: attention on the needle against the rest (Table 3), outliers (Table
+/// 5), the loss under q8_0 and q4_0 weights, and answers from the context against the facts
+/// trained on.
+fn at_context(
+    plan: &LongPlan,
+    model: &Model,
+    ids: &[u32],
+    loss_at_c: f64,
+    task: &NeedleTask,
+    (tok, valid): (&Tokenizer, &[u8]),
+) -> Result<AtC> {
+    // 1. Attention allocation and magnitudes
+    let c = plan.context;
+    let alloc = allocation_at(model, task, c, &plan.depths, plan.episodes.max(1))?;
+    let (logits, hidden) = outliers(model, &ids[..c], c)?;
+    // 2. Quantised weights: the loss at C under q8_0 and q4_0
+    let increase = |kind: QuantKind| -> Result<f64> {
+        let mut q = model.clone();
+        q.quantize(kind);
+        Ok(spread(&q, ids, plan.eval_windows, c)?.0 - loss_at_c)
+    };
+    // 3. Answers from a passage that contradicts a fact trained on
+    let facts = super::facts::facts(plan.facts, FACTS_SEED);
+    let text = String::from_utf8_lossy(valid);
+    let len = plan.fact_context.min(c);
+    let from_context = super::facts::from_context_rate(model, tok, &facts, &text, len)?;
+    Ok(AtC {
+        answer_mass: alloc.answer,
+        noise_mass: alloc.noise,
+        logit_top1_ratio: logits.top1_ratio(),
+        hidden_top1_ratio: hidden.top1_ratio(),
+        q8_0_increase: increase(QuantKind::Q8_0)?,
+        q4_0_increase: increase(QuantKind::Q4_0)?,
+        from_context,
     })
 }
 

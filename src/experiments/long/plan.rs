@@ -44,8 +44,13 @@ pub struct LongPlan {
     pub digits: usize,
     /// loss by position: buckets over windows of extend_factor × C
     pub buckets: usize,
-    /// validation windows scored for each model's loss
+    /// validation windows of the sweep's trainer (its rates are picked on them)
     pub val_windows: usize,
+    /// validation windows of C scored for each trained model's loss (and by the trainer of
+    /// every stage but the sweep, four times a run)
+    pub eval_windows: usize,
+    /// the hallucination proxy's passage, in tokens
+    pub fact_context: usize,
     /// the hallucination proxy: made-up facts repeated through this share of the training
     /// bytes (facts.rs)
     pub facts: usize,
@@ -88,22 +93,24 @@ impl LongPlan {
             },
             context: 1024,
             batch: 2,
-            steps: 300,
+            steps: 72,
             seeds: 3,
             lrs: vec![1e-3, 2e-3, 4e-3],
             sweep_steps: 60,
             extend_factor: 4,
-            extend_steps: 30,
+            extend_steps: 8,
             rope_theta: 10_000.0,
             ablations: true,
             needles: 4,
             queries: 2,
             needle_counts: vec![1, 2, 4, 6],
-            depths: vec![0.0, 0.25, 0.5, 0.75, 1.0],
-            episodes: 10,
+            depths: vec![0.0, 0.5, 1.0],
+            episodes: 2,
             digits: 3,
             buckets: 16,
             val_windows: 64,
+            eval_windows: 16,
+            fact_context: 256,
             facts: 50,
             fact_share: 0.02,
             bf16: crate::kernels::Precision::new(true).is_some(),
@@ -138,6 +145,8 @@ impl LongPlan {
             digits: 1,
             buckets: 4,
             val_windows: 4,
+            eval_windows: 4,
+            fact_context: 160,
             facts: 10,
             fact_share: 0.02,
             bf16: false,
@@ -244,8 +253,6 @@ impl LongPlan {
             lr: Some(lr),
             min_lr: Some(lr / 10.0),
             batch: Some(self.batch),
-            eval_every: Some(self.steps.div_ceil(10).max(1)),
-            val_batches: Some(self.val_windows.div_ceil(self.batch).max(1)),
             ckpt_every: Some(self.steps.div_ceil(4).max(1)),
             keep_last: Some(1),
             bf16: Some(self.bf16),
@@ -259,6 +266,14 @@ impl LongPlan {
         };
         o.steps = Some(steps);
         o.warmup = Some((steps / 10).max(1));
+        // the sweep's rates are compared on many windows twice a run; the other stages'
+        // validation is the trainer's log only (the study measures them after)
+        let (every, windows) = match unit.stage {
+            Stage::Sweep(_) => (self.sweep_steps.div_ceil(2), self.val_windows),
+            _ => (steps.div_ceil(4), self.eval_windows),
+        };
+        o.eval_every = Some(every.max(1));
+        o.val_batches = Some(windows.div_ceil(self.batch).max(1));
         if unit.stage == Stage::Extend {
             let from = runs.join(format!("pretrain-{}-s{}", unit.kind, unit.seed));
             o.init_from = Some(from);
@@ -342,17 +357,17 @@ impl LongPlan {
                 self.rope_theta * self.extend_factor as f64
             ),
             format!(
-                "5. measured on every model: validation loss, loss by position up to {} ({} buckets), needle retrieval at lengths {:?} × depths {:?} ({} needles, {} asked, {} episodes per cell, corpus text as filler), accuracy against N ∈ {:?} at C, attention noise, outliers, q8_0/q4_0 loss, and answers from the context against {} made-up facts repeated through {:.0}% of the training text",
-                self.longest(), self.buckets, self.lengths(), self.depths, self.needles,
-                self.queries, self.episodes, self.needle_counts, self.facts,
-                self.fact_share * 100.0
+                "5. measured on the pretrained and the extended models: validation loss at C ({} windows), loss by position up to {} ({} buckets), needle retrieval at lengths {:?} × depths {:?} ({} needles, {} asked, {} episodes per cell, corpus text as filler); on the extended ones accuracy against N ∈ {:?} at C; on the pretrained ones attention noise, outliers, q8_0/q4_0 loss, and answers from a passage of {} tokens against {} made-up facts repeated through {:.0}% of the training text; the ablations: their validation loss",
+                self.eval_windows, self.longest(), self.buckets, self.lengths(), self.depths,
+                self.needles, self.queries, self.episodes, self.needle_counts,
+                self.fact_context.min(self.context), self.facts, self.fact_share * 100.0
             ),
             format!(
-                "{} training runs, {:.1} M tokens in all: about {:.1} PFLOP for {:.1} M parameters at a vocabulary of 8,192, {:.1} h at a sustained 100 GFLOP/s (two Zen 3 cores trained the `bench` shape in f32 at 78–138 GFLOP/s; `difftx bench train` measures yours), plus the evaluations",
+                "{} training runs, {:.1} M tokens in all: about {:.1} PFLOP for {:.1} M parameters at a vocabulary of 8,192, {:.1} h at a sustained 50 GFLOP/s (what two AVX2 cores reached on this shape at C, 6 × parameters × tokens; `difftx bench train` measures yours), plus the evaluations",
                 units.len(), total as f64 / 1e6, flops / 1e15, params as f64 / 1e6,
-                flops / 100e9 / 3600.0
+                flops / 50e9 / 3600.0
             ),
-            "cut to fit about two hours: few tokens per model (the models are far from converged; the report compares kinds trained alike, not their best), one seed for the sweep and the ablations, a short extension; resumable: run the same command again after a crash or Ctrl-C".to_string(),
+            "cut to fit about two hours: few tokens per model (the models are far from converged; the report compares kinds trained alike, not their best), one seed for the sweep and the ablations, a short extension, few episodes per needle cell (their spread over seeds is reported); resumable: run the same command again after a crash or Ctrl-C".to_string(),
         ]
     }
 }

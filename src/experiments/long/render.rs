@@ -1,7 +1,7 @@
 //! The report of `repro --long`: REPRO_LONG.md with every table as mean ± sd over seeds, the
 //! plots beside it, written from the units' results alone.
 
-use super::measure::{ModelEval, UnitResult};
+use super::measure::{AtC, ModelEval, UnitResult};
 use super::plan::{LongCorpus, LongPlan};
 use crate::config::AttentionKind;
 use crate::error::Result;
@@ -25,7 +25,15 @@ fn of<'a>(rs: &'a [UnitResult], stage: &str, kind: AttentionKind) -> Vec<&'a Uni
 
 /// One number of every result's evaluation.
 fn each(rs: &[&UnitResult], f: impl Fn(&ModelEval) -> f64) -> Vec<f64> {
-    rs.iter().filter_map(|r| r.eval.as_ref().map(&f)).collect()
+    rs.iter()
+        .filter_map(|r| r.eval.as_ref().map(&f))
+        .filter(|x| !x.is_nan())
+        .collect()
+}
+
+/// One of the measures at C, NaN where the model has none (an extended one).
+fn at_c(e: &ModelEval, f: impl Fn(&AtC) -> f64) -> f64 {
+    e.at_c.as_ref().map_or(f64::NAN, f)
 }
 
 /// Writes the report and its plots into `out`; returns the report's path.
@@ -160,7 +168,8 @@ fn retrieval(s: &mut String, plan: &LongPlan, rs: &[UnitResult]) {
     let _ = writeln!(s, "\n![retrieval heatmaps]({HEATMAP})\n\nAccuracy against the number of needles N at C (R = min(2, N)), extended models:\n");
     let ns: Vec<usize> = rs
         .iter()
-        .find_map(|r| r.eval.as_ref())
+        .filter_map(|r| r.eval.as_ref())
+        .find(|e| !e.by_needles.is_empty())
         .map_or(Vec::new(), |e| e.by_needles.iter().map(|p| p.0).collect());
     table_head(s, &["kind"], ns.iter().map(|n| format!("N = {n}")));
     for kind in AttentionKind::ALL {
@@ -177,7 +186,7 @@ fn noise_and_outliers(s: &mut String, plan: &LongPlan, rs: &[UnitResult]) {
     let _ = writeln!(
         s,
         "\n## Attention noise, outliers and low-bit weights (models at C)\n\nAttention mass on the queried needle and on the rest of the haystack (Table 3; rows predicting the answer, every head and layer, episodes of {} tokens); the largest attention logit and block output over their medians on a window of validation text (Table 5); the loss at C with q8_0 and q4_0 weights less the f32 loss; \"from context\": the share of {} made-up facts, repeated through the training text, that the model answers from a passage of {} tokens stating otherwise (a contextual-hallucination proxy: higher is less hallucination).\n",
-        plan.context, plan.facts, plan.context
+        plan.context, plan.facts, plan.fact_context.min(plan.context)
     );
     let cols = [
         "answer mass",
@@ -186,18 +195,19 @@ fn noise_and_outliers(s: &mut String, plan: &LongPlan, rs: &[UnitResult]) {
         "hidden max/median",
         "Δloss q8_0",
         "Δloss q4_0",
+        "from context",
     ];
     table_head(s, &["kind"], cols.iter().map(|c| c.to_string()));
     for kind in AttentionKind::ALL {
         let p = of(rs, "pretrain", kind);
         let fs: [&dyn Fn(&ModelEval) -> f64; 7] = [
-            &|e| e.answer_mass,
-            &|e| e.noise_mass,
-            &|e| e.logit_top1_ratio,
-            &|e| e.hidden_top1_ratio,
-            &|e| e.q8_0_increase,
-            &|e| e.q4_0_increase,
-            &|e| e.from_context,
+            &|e| at_c(e, |a| a.answer_mass),
+            &|e| at_c(e, |a| a.noise_mass),
+            &|e| at_c(e, |a| a.logit_top1_ratio),
+            &|e| at_c(e, |a| a.hidden_top1_ratio),
+            &|e| at_c(e, |a| a.q8_0_increase),
+            &|e| at_c(e, |a| a.q4_0_increase),
+            &|e| at_c(e, |a| a.from_context),
         ];
         let cells: Vec<String> = fs.iter().map(|f| fmt_ms(&each(&p, f), 4)).collect();
         let _ = writeln!(s, "| {kind} | {} |", cells.join(" | "));
@@ -257,25 +267,24 @@ fn reading(s: &mut String, plan: &LongPlan, rs: &[UnitResult]) {
         let (d, st) = pair("extend", &|e| e.at_length(longest));
         let what = format!("retrieval at {longest} after extension");
         let _ = writeln!(s, "{}", compare(&what, diff, &d, &st, true));
-        let (d, st) = pair("pretrain", &|e| e.noise_mass);
+        let (d, st) = pair("pretrain", &|e| at_c(e, |a| a.noise_mass));
         let _ = writeln!(s, "{}", compare("attention noise", diff, &d, &st, false));
-        let (d, st) = pair("pretrain", &|e| e.hidden_top1_ratio);
+        let (d, st) = pair("pretrain", &|e| at_c(e, |a| a.hidden_top1_ratio));
         let _ = writeln!(
             s,
             "{}",
             compare("block-output outliers", diff, &d, &st, false)
         );
-        let (d, st) = pair("pretrain", &|e| e.q4_0_increase);
+        let (d, st) = pair("pretrain", &|e| at_c(e, |a| a.q4_0_increase));
         let _ = writeln!(
             s,
             "{}",
             compare("loss increase at q4_0", diff, &d, &st, false)
         );
+        let (d, st) = pair("pretrain", &|e| at_c(e, |a| a.from_context));
+        let what = "answers from the context (hallucination proxy)";
+        let _ = writeln!(s, "{}", compare(what, diff, &d, &st, true));
     }
-    let _ = writeln!(
-        s,
-        "\nNot measured by this run yet: the contextual-hallucination proxy (an answer in the context that contradicts a fact seen often in training)."
-    );
 }
 
 /// Cumulative loss by position, mean over seeds, per kind, not extended and extended.
