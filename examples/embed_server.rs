@@ -69,6 +69,7 @@ fn run() -> std::result::Result<(), Box<dyn std::error::Error>> {
         max_queue: 16,
         chunk: 64,
         max_body_bytes: 1 << 20,
+        prefix_cache: 0,
         name: "tiny".into(),
         grace: Duration::from_secs(1),
     };

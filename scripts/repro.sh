@@ -17,6 +17,14 @@ target/release/difftx --threads 2 repro --corpus /usr/share/games/fortunes --out
 if [ "$#" -eq 0 ]; then
   mkdir -p docs/repro
   cp "$OUT"/*.png docs/repro/
-  sed 's|](\([a-z_]*\.png\))|](repro/\1)|g' "$OUT/REPRO.md" > docs/REPRO.md
+  # the guide above the marker stays; the report below it is replaced, its sections one
+  # level down and its title dropped
+  marker='<!-- Written by'
+  { awk -v m="$marker" '{ print } index($0, m) == 1 { exit }' docs/REPRO.md
+    echo
+    tail -n +3 "$OUT/REPRO.md" | sed -e 's|](\([a-z_]*\.png\))|](repro/\1)|g' -e 's/^## /### /'
+  } > docs/REPRO.md.new
+  grep -q "^$marker" docs/REPRO.md.new || { echo "docs/REPRO.md lost its marker line" >&2; exit 1; }
+  mv docs/REPRO.md.new docs/REPRO.md
   echo "docs/REPRO.md and docs/repro/*.png updated" >&2
 fi

@@ -908,6 +908,7 @@ fn health_and_the_api_say_503_while_the_model_loads() {
         max_queue: 4,
         chunk: 16,
         max_body_bytes: 1 << 20,
+        prefix_cache: 0,
         name: "slow".into(),
         grace: Duration::from_secs(1),
     };
@@ -1432,4 +1433,82 @@ fn json_mode_answers_parse_as_json_objects() {
         (400, &json!("max_tokens")),
         "{v}"
     );
+}
+
+/// The value of a counter or gauge in the server's /metrics text.
+fn metric(s: &Server, name: &str) -> f64 {
+    let (status, text) = s.get("/metrics");
+    assert_eq!(status, 200);
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name} ")))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in /metrics:\n{text}"))
+}
+
+#[test]
+fn the_prefix_cache_answers_as_a_cold_server_does_and_counts_its_hits() {
+    // one context scored with four continuations (as lm-evaluation-harness asks), then
+    // generations after it, greedy and sampled: with the cache and without
+    let chunk = ["--prefill-chunk", "16"];
+    let (cold, warm) = (
+        start(&[&chunk[..], &["--prefix-cache", "0"]].concat()),
+        start(&chunk),
+    );
+    let context = "Question: which attention cancels the noise of two maps? Answer:";
+    let asks: Vec<Value> = [" differential", " standard", " both", " neither"]
+        .iter()
+        .map(|c| json!({"prompt": format!("{context}{c}"), "max_tokens": 0, "echo": true, "logprobs": 1}))
+        .chain((0..4).map(|i| {
+            json!({"prompt": format!("{context} {i}"), "max_tokens": 12, "temperature": i as f64 / 2.0, "seed": i, "logprobs": 2})
+        }))
+        .collect();
+    let (a, b): (Vec<Value>, Vec<Value>) = asks
+        .iter()
+        .map(|q| (cold.complete(q.clone()), warm.complete(q.clone())))
+        .unzip();
+    for (i, (x, y)) in a.iter().zip(&b).enumerate() {
+        let (x, y) = (&x["choices"][0], &y["choices"][0]);
+        assert_eq!(
+            (&x["text"], &x["logprobs"]),
+            (&y["text"], &y["logprobs"]),
+            "request {i}"
+        );
+    }
+    // every request after the first took the context's blocks (64 bytes: four of 16)
+    assert_eq!(metric(&warm, "difftx_prefix_cache_hits_total"), 7.0);
+    assert_eq!(
+        metric(&warm, "difftx_prefix_cache_tokens_saved_total"),
+        7.0 * 64.0
+    );
+    assert_eq!(metric(&cold, "difftx_prefix_cache_lookups_total"), 0.0);
+    assert!(metric(&warm, "difftx_prefix_cache_bytes") > 0.0);
+    // 16 at once, sharing the context, each as the cold server answers it alone
+    let base = warm.base.clone();
+    let together: Vec<Value> = std::thread::scope(|sc| {
+        let hs: Vec<_> = asks
+            .iter()
+            .chain(&asks)
+            .map(|q| {
+                let (base, body) = (base.clone(), q.to_string());
+                sc.spawn(move || {
+                    client()
+                        .post(format!("{base}/v1/completions"))
+                        .header("content-type", "application/json")
+                        .body(body)
+                        .send()
+                        .unwrap()
+                        .json_value()
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (i, y) in together.iter().enumerate() {
+        let (x, y) = (&a[i % asks.len()]["choices"][0], &y["choices"][0]);
+        assert_eq!(
+            (&x["text"], &x["logprobs"]),
+            (&y["text"], &y["logprobs"]),
+            "concurrent {i}"
+        );
+    }
 }

@@ -85,6 +85,34 @@ impl<C: KvElem> Rows<C> {
     fn bytes(&self) -> usize {
         C::BYTES * self.k.iter().chain(&self.v).map(|x| x.len()).sum::<usize>()
     }
+
+    /// The rows of tokens [start, end) of rows that hold `held` tokens, every layer.
+    fn cut(&self, held: usize, (start, end): (usize, usize)) -> Self {
+        let part = |x: &Vec<Vec<C>>| -> Vec<Vec<C>> {
+            x.iter()
+                .map(|l| {
+                    let e = l.len() / held.max(1);
+                    l[start * e..end * e].to_vec()
+                })
+                .collect()
+        };
+        Rows {
+            k: part(&self.k),
+            v: part(&self.v),
+        }
+    }
+
+    /// Writes `b`'s rows (of `tokens` tokens) at token `at` of rows that hold `held`.
+    fn put(&mut self, held: usize, at: usize, b: &Self, tokens: usize) {
+        let put = |x: &mut Vec<Vec<C>>, y: &Vec<Vec<C>>| {
+            for (l, m) in x.iter_mut().zip(y) {
+                let e = l.len() / held.max(1);
+                l[at * e..(at + tokens) * e].copy_from_slice(m);
+            }
+        };
+        put(&mut self.k, &b.k);
+        put(&mut self.v, &b.v);
+    }
 }
 
 /// The rows in the cache's entry type.
@@ -149,10 +177,74 @@ impl KvCache {
 
     /// Bytes the cache holds.
     pub fn bytes(&self) -> usize {
-        match &self.store {
+        self.store.bytes()
+    }
+
+    /// A copy of the rows of cached tokens [start, end), every layer: a block that
+    /// `append` puts into another cache of the same kind (prefix caching).
+    pub fn cut(&self, start: usize, end: usize) -> KvBlock {
+        assert!(
+            start <= end && end <= self.len,
+            "cut {start}..{end} of {}",
+            self.len
+        );
+        let (held, span) = (self.capacity, (start, end));
+        KvBlock {
+            tokens: end - start,
+            store: match &self.store {
+                Store::F32(r) => Store::F32(r.cut(held, span)),
+                Store::Bf16(r) => Store::Bf16(r.cut(held, span)),
+                Store::Q8(r) => Store::Q8(r.cut(held, span)),
+            },
+        }
+    }
+
+    /// Appends a block's rows after the cached tokens, as if they had been computed here.
+    /// Errors on a block of another kind or one that does not fit.
+    pub fn append(&mut self, b: &KvBlock) -> crate::error::Result<()> {
+        if self.len + b.tokens > self.capacity {
+            return Err(crate::error::Error::Invalid(format!(
+                "a block of {} tokens does not fit a cache of {} holding {}",
+                b.tokens, self.capacity, self.len
+            )));
+        }
+        let (held, at, n) = (self.capacity, self.len, b.tokens);
+        match (&mut self.store, &b.store) {
+            (Store::F32(r), Store::F32(x)) => r.put(held, at, x, n),
+            (Store::Bf16(r), Store::Bf16(x)) => r.put(held, at, x, n),
+            (Store::Q8(r), Store::Q8(x)) => r.put(held, at, x, n),
+            _ => {
+                return Err(crate::error::Error::Invalid(
+                    "a block of another KV cache type".into(),
+                ))
+            }
+        }
+        self.len += n;
+        Ok(())
+    }
+}
+
+impl Store {
+    fn bytes(&self) -> usize {
+        match self {
             Store::F32(r) => r.bytes(),
             Store::Bf16(r) => r.bytes(),
             Store::Q8(r) => r.bytes(),
         }
+    }
+}
+
+/// The keys and values of a run of tokens in every layer, cut from one cache (`KvCache::cut`)
+/// to be appended to another (`KvCache::append`).
+pub struct KvBlock {
+    /// tokens it holds
+    pub tokens: usize,
+    store: Store,
+}
+
+impl KvBlock {
+    /// Bytes it holds.
+    pub fn bytes(&self) -> usize {
+        self.store.bytes()
     }
 }

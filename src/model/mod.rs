@@ -25,5 +25,5 @@ pub mod retrofit;
 pub use crate::kernels::quant::QuantKind;
 /// The matrix products' operand type ([`Model::precision`]): f32, or bf16 on AVX512_BF16.
 pub use crate::kernels::Precision;
-pub use kv_cache::{KvCache, KvKind};
+pub use kv_cache::{KvBlock, KvCache, KvKind};
 pub use model::{Model, Workspace};

@@ -21,6 +21,7 @@
 //! long as a prefill of theirs would. Every sequence has its own KV cache and
 //! its own seeded sampler, so a request's tokens do not depend on what else runs beside it.
 
+use super::prefix::{PrefixCache, PrefixGauges, Scored, MAX_TOP};
 use crate::error::{Error, Result};
 use crate::experiments::attention_stats::{head_maps, HeadMaps};
 use crate::infer::json::JsonConstraint;
@@ -125,6 +126,8 @@ pub struct EngineOptions {
     pub parallel: usize,
     /// prompt tokens prefilled per engine step
     pub chunk: usize,
+    /// bytes of prompt blocks kept for later requests (`prefix.rs`); 0 keeps none
+    pub prefix_cache: usize,
 }
 
 /// What the engine is doing, read by the server's metrics.
@@ -132,6 +135,7 @@ pub struct EngineOptions {
 pub struct EngineGauges {
     pub running: AtomicUsize,
     pub queued: AtomicUsize,
+    pub prefix: Arc<PrefixGauges>,
 }
 
 /// A sequence in the batch: its job, cache, sampler and progress.
@@ -145,6 +149,9 @@ struct Seq {
     last: u32,
     /// the tokens its penalties look at
     seen: Seen,
+    /// prefix caching: the key of its last block in the cache (None before the first), the
+    /// parent of its next; None when it keeps no more (no cache, or a block's parent evicted)
+    chain: Option<Option<u64>>,
 }
 
 pub struct Engine<'m> {
@@ -164,6 +171,8 @@ pub struct Engine<'m> {
     adjusted: Vec<f32>,
     /// a row with JSON mode's mask
     masked: Vec<f32>,
+    /// prompt blocks kept across requests (`--prefix-cache`)
+    prefix: Option<PrefixCache>,
     gauges: Arc<EngineGauges>,
 }
 
@@ -180,16 +189,18 @@ impl<'m> Engine<'m> {
         // the weights a second time (bf16 copies with `--bf16`, else f32 panels), one copy
         // that both workspaces read
         let panels = model.quant.is_none();
-        Need::inference(
+        let mut need = Need::inference(
             &model.config,
             &workspaces,
             (opts.parallel, ctx, model.kv_cache),
         )
-        .with_copies(model, panels)
-        .check(&format!(
+        .with_copies(model, panels);
+        need.kv = need.kv.saturating_add(opts.prefix_cache);
+        need.check(&format!(
             "serving --parallel {} sequences of up to {ctx} tokens",
             opts.parallel
         ))?;
+        let prefix = prefix_cache(model, chunk, opts.prefix_cache, &gauges)?;
         let mut decode_ws = Workspace::new(model, opts.parallel, 1);
         decode_ws.keep_weight_copies(model, panels);
         let mut prefill_ws = Workspace::new(model, 1, chunk);
@@ -206,6 +217,7 @@ impl<'m> Engine<'m> {
             scratch: Vec::with_capacity(model.config.vocab_size),
             adjusted: Vec::with_capacity(model.config.vocab_size),
             masked: Vec::with_capacity(model.config.vocab_size),
+            prefix,
             gauges,
         })
     }
@@ -277,14 +289,29 @@ impl<'m> Engine<'m> {
             )));
             return;
         }
-        self.caches.push(KvCache::new(self.model, cap));
+        let mut cache = KvCache::new(self.model, cap);
+        let (fed, chain, scores) = match self.prefix.as_mut() {
+            Some(p) => match take_prefix(p, &job, &mut cache) {
+                Ok(took) => took,
+                Err(e) => {
+                    (job.sink)(Event::Failed(e.to_string()));
+                    return;
+                }
+            },
+            None => (0, None, Vec::new()),
+        };
+        if !scores.is_empty() && !(job.sink)(Event::Prompt(scores)) {
+            return;
+        }
+        self.caches.push(cache);
         self.seqs.push(Seq {
             rng: ChaCha8Rng::seed_from_u64(job.seed),
             seen: Seen::new(&job.prompt, &job.sampling.penalties),
             job,
-            fed: 0,
+            fed,
             generated: 0,
             last: 0,
+            chain,
         });
     }
 
@@ -374,9 +401,40 @@ impl<'m> Engine<'m> {
         )?;
         s.fed = end;
         let logits = std::mem::take(&mut self.prefill_ws.logits);
+        self.keep_block(i, start, &logits, all);
         let r = self.after_prefill(i, start, &logits, all, v);
         self.prefill_ws.logits = logits;
         r
+    }
+
+    /// Keeps the chunk [start, fed) of sequence `i` in the prefix cache when it is a whole
+    /// block (with its scores when `all` computed every position's logits).
+    fn keep_block(&mut self, i: usize, start: usize, logits: &[f32], all: bool) {
+        let (Some(p), s) = (self.prefix.as_mut(), &mut self.seqs[i]) else {
+            return;
+        };
+        let Some(parent) = s.chain else { return };
+        let tokens = &s.job.prompt[start..s.fed];
+        if tokens.len() != p.block {
+            s.chain = None;
+            return;
+        }
+        let v = self.model.config.vocab_size;
+        let scored = (all && !p.has(parent, tokens, true)).then(|| Scored {
+            scores: (0..tokens.len() - 1)
+                .map(|r| score(&logits[r * v..(r + 1) * v], tokens[r + 1], MAX_TOP))
+                .collect(),
+            last_logits: logits[(tokens.len() - 1) * v..tokens.len() * v].to_vec(),
+        });
+        let cache = &self.caches[i];
+        s.chain = p
+            .insert(
+                parent,
+                tokens,
+                || cache.cut(start, start + tokens.len()),
+                scored,
+            )
+            .map(Some);
     }
 
     /// Hands out the prompt scores of the chunk [start, fed) of sequence `i`; at the prompt's
@@ -505,6 +563,54 @@ impl<'m> Engine<'m> {
     }
 }
 
+/// The prefix cache of `budget` bytes in blocks of the prefill chunk, None when `budget`
+/// is 0; an error when it cannot hold one block.
+fn prefix_cache(
+    model: &Model,
+    chunk: usize,
+    budget: usize,
+    gauges: &EngineGauges,
+) -> Result<Option<PrefixCache>> {
+    if budget == 0 {
+        return Ok(None);
+    }
+    let c = &model.config;
+    let block = KvCache::bytes_for(c, model.kv_cache, chunk);
+    if budget < block {
+        return Err(Error::Invalid(format!(
+            "a prefix cache of {:.1} MiB cannot hold one block of {chunk} prompt tokens ({:.1} MiB with this model and KV cache): give more, or 0 to keep none",
+            budget as f64 / (1 << 20) as f64,
+            block as f64 / (1 << 20) as f64
+        )));
+    }
+    Ok(Some(PrefixCache::new(chunk, budget, gauges.prefix.clone())))
+}
+
+/// Takes the blocks `job`'s prompt starts with from the prefix cache into its `cache`: the
+/// tokens now cached, the key of the last block taken (the parent of the next), and the
+/// scores of the positions they cover when the job scores its prompt.
+fn take_prefix(
+    p: &mut PrefixCache,
+    job: &Job,
+    cache: &mut KvCache,
+) -> Result<(usize, Option<Option<u64>>, Vec<TokenScore>)> {
+    let hit = p.lookup(&job.prompt, job.echo);
+    let top = job.logprobs.unwrap_or(0);
+    let mut scores = Vec::new();
+    for (rows, scored) in &hit.blocks {
+        let end = cache.len + rows.tokens;
+        cache.append(rows)?;
+        if let (true, Some(sc)) = (job.echo, scored) {
+            scores.extend(sc.scores.iter().map(|x| TokenScore {
+                logprob: x.logprob,
+                top: x.top[..top.min(x.top.len())].to_vec(),
+            }));
+            scores.push(score(&sc.last_logits, job.prompt[end], top));
+        }
+    }
+    Ok((cache.len, Some(hit.key), scores))
+}
+
 /// `token`'s log-probability under `logits` and the `top` most likely tokens (log-softmax in
 /// f64: the same numbers `difftx eval`'s cross-entropy gives, up to rounding).
 pub fn score(logits: &[f32], token: u32, top: usize) -> TokenScore {
@@ -576,6 +682,7 @@ mod tests {
         let opts = EngineOptions {
             parallel: 8,
             chunk: 64,
+            prefix_cache: 0,
         };
         Engine::new(model, opts, gauges).unwrap()
     }
@@ -631,6 +738,126 @@ mod tests {
         enqueue(&tx, &gauges, job(0, &s));
         e.step(&rx).unwrap();
         assert_eq!(e.seqs.len(), 3);
+    }
+
+    /// Every event a job's sink received, printed (f32s print as their exact bits).
+    type Log = Arc<Mutex<Vec<String>>>;
+
+    fn logged(prompt: Vec<u32>, echo: bool, log: &Log) -> Job {
+        let log = log.clone();
+        Job {
+            prompt,
+            max_tokens: 6,
+            logprobs: Some(3),
+            echo,
+            sink: Box::new(move |e| {
+                // prompt scores one by one: the cache sends those of its blocks at once
+                let mut l = log.lock().unwrap();
+                match e {
+                    Event::Prompt(scores) => l.extend(scores.iter().map(|x| format!("{x:?}"))),
+                    e => l.push(format!("{e:?}")),
+                }
+                true
+            }),
+            ..job(0, &Arc::new(Mutex::new(vec![0])))
+        }
+    }
+
+    /// Runs each (prompt, echo) alone to its end, in order, on `e`: their event logs.
+    fn run_each(e: &mut Engine, jobs: &[(Vec<u32>, bool)]) -> Vec<Vec<String>> {
+        let (_tx, rx) = sync_channel(1);
+        jobs.iter()
+            .map(|(prompt, echo)| {
+                let log = Log::default();
+                e.admit(logged(prompt.clone(), *echo, &log));
+                while !e.seqs.is_empty() {
+                    e.step(&rx).unwrap();
+                }
+                let l = log.lock().unwrap().clone();
+                l
+            })
+            .collect()
+    }
+
+    fn with_prefix(model: &Model, budget: usize, gauges: Arc<EngineGauges>) -> Engine<'_> {
+        let opts = EngineOptions {
+            parallel: 4,
+            chunk: 16,
+            prefix_cache: budget,
+        };
+        Engine::new(model, opts, gauges).unwrap()
+    }
+
+    #[test]
+    fn the_prefix_cache_gives_the_same_bits_for_every_kind_and_kv_cache() {
+        let shared: Vec<u32> = (0..40).map(|t| (t * 11 + 3) % 97).collect();
+        let with = |tail: std::ops::Range<u32>| [&shared[..], &tail.collect::<Vec<_>>()].concat();
+        let (a, b, c) = (with(200..210), with(230..235), with(100..120));
+        // scored after unscored: the unscored blocks are not taken, the scored ones are made
+        let jobs = [
+            (a.clone(), false),
+            (b.clone(), false),
+            (b, true),
+            (c.clone(), true),
+            (c, false),
+            (a, true),
+        ];
+        for kind in AttentionKind::ALL {
+            for kv in crate::model::KvKind::ALL {
+                let mut model = Model::init(ModelConfig::preset(Preset::Tiny, kind), 3).unwrap();
+                model.kv_cache = kv;
+                let cold = run_each(&mut with_prefix(&model, 0, Arc::default()), &jobs);
+                let gauges = Arc::new(EngineGauges::default());
+                let warm = run_each(&mut with_prefix(&model, 64 << 20, gauges.clone()), &jobs);
+                for (i, (w, c)) in warm.iter().zip(&cold).enumerate() {
+                    let at = w.iter().zip(c).position(|(x, y)| x != y);
+                    assert_eq!((w.len(), at), (c.len(), None), "{kind} {kv} job {i}");
+                }
+                let g = &gauges.prefix;
+                let n = |x: &std::sync::atomic::AtomicU64| x.load(Ordering::Relaxed);
+                // b takes the two blocks of the shared 40 tokens; the scored b finds them
+                // unscored and scores them; the scored c takes them, c three (its own third
+                // too), the scored a two (its third is unscored)
+                assert_eq!((n(&g.lookups), n(&g.hits)), (6, 4), "{kind} {kv}");
+                assert_eq!(n(&g.tokens_saved), 32 + 32 + 48 + 32, "{kind} {kv}");
+                assert!(
+                    cold[5].iter().any(|e| e.starts_with("TokenScore")),
+                    "echo scores sent"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_prefix_cache_under_pressure_evicts_and_stays_exact() {
+        let model = tiny();
+        let block = KvCache::bytes_for(&model.config, model.kv_cache, 16);
+        let gauges = Arc::new(EngineGauges::default());
+        // room for three blocks and their extras: five prompts of three blocks each compete
+        let mut warm = with_prefix(&model, 3 * block + 4096, gauges.clone());
+        let prompt = |i: u32| -> Vec<u32> { (0..50).map(|t| (t * 7 + i * 13) % 120).collect() };
+        let jobs: Vec<(Vec<u32>, bool)> = [0, 1, 2, 0, 3, 1, 4, 0]
+            .iter()
+            .map(|&i| (prompt(i), false))
+            .collect();
+        let cold = run_each(&mut engine(&model, Arc::default()), &jobs);
+        assert_eq!(run_each(&mut warm, &jobs), cold);
+        let g = &gauges.prefix;
+        assert!(g.evictions.load(Ordering::Relaxed) > 0);
+        assert!(g.bytes.load(Ordering::Relaxed) as usize <= 3 * block + 4096);
+        assert!(warm.prefix.as_ref().unwrap().bytes() <= 3 * block + 4096);
+    }
+
+    #[test]
+    fn a_prefix_cache_too_small_for_one_block_is_refused() {
+        let model = tiny();
+        let opts = EngineOptions {
+            parallel: 2,
+            chunk: 16,
+            prefix_cache: 1000,
+        };
+        let e = Engine::new(&model, opts, Arc::default()).err().unwrap();
+        assert!(e.to_string().contains("cannot hold one block of 16"), "{e}");
     }
 
     #[test]

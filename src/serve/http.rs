@@ -145,6 +145,7 @@ async fn metrics(State(app): AppState) -> Response {
     let text = app.metrics.render(
         g.queued.load(Ordering::Relaxed),
         g.running.load(Ordering::Relaxed),
+        &g.prefix,
     );
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }

@@ -5,6 +5,8 @@ use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
+use super::prefix::PrefixGauges;
+
 /// A histogram over fixed bucket bounds (seconds).
 pub struct Histogram {
     bounds: &'static [f64],
@@ -80,7 +82,7 @@ impl Metrics {
     }
 
     /// The text exposition, with the engine's queue depth and running batch size.
-    pub fn render(&self, queued: usize, running: usize) -> String {
+    pub fn render(&self, queued: usize, running: usize, prefix: &PrefixGauges) -> String {
         let mut out = String::new();
         let _ = writeln!(
             out,
@@ -113,7 +115,45 @@ impl Metrics {
                 v.load(Ordering::Relaxed)
             );
         }
+        let p = |x: &AtomicU64| x.load(Ordering::Relaxed);
         for (name, help, v) in [
+            (
+                "difftx_prefix_cache_lookups_total",
+                "Requests looked up in the prefix cache.",
+                p(&prefix.lookups),
+            ),
+            (
+                "difftx_prefix_cache_hits_total",
+                "Requests that took at least one block from the prefix cache.",
+                p(&prefix.hits),
+            ),
+            (
+                "difftx_prefix_cache_tokens_saved_total",
+                "Prompt tokens taken from the prefix cache instead of prefilled.",
+                p(&prefix.tokens_saved),
+            ),
+            (
+                "difftx_prefix_cache_evictions_total",
+                "Blocks evicted from the prefix cache.",
+                p(&prefix.evictions),
+            ),
+        ] {
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}"
+            );
+        }
+        for (name, help, v) in [
+            (
+                "difftx_prefix_cache_blocks",
+                "Blocks held by the prefix cache.",
+                p(&prefix.blocks) as usize,
+            ),
+            (
+                "difftx_prefix_cache_bytes",
+                "Bytes held by the prefix cache.",
+                p(&prefix.bytes) as usize,
+            ),
             (
                 "difftx_queue_depth",
                 "Requests waiting for a batch slot.",

@@ -22,6 +22,7 @@ mod http;
 mod maps;
 #[doc(hidden)]
 pub mod metrics;
+pub mod prefix;
 #[doc(hidden)]
 pub mod respond;
 mod run;
@@ -54,6 +55,8 @@ pub struct ServeOptions {
     pub chunk: usize,
     /// request bodies larger than this get 413
     pub max_body_bytes: usize,
+    /// bytes of prompt blocks kept for later requests that start alike (0 keeps none)
+    pub prefix_cache: usize,
     /// the name `/v1/models` lists and requests may give as `model`
     pub name: String,
     /// how long in-flight requests may run on after SIGTERM/SIGINT
@@ -229,6 +232,7 @@ impl App {
 ///     max_queue: 16,
 ///     chunk: 64,
 ///     max_body_bytes: 1 << 20,
+///     prefix_cache: 64 << 20,
 ///     name: "tiny".into(),
 ///     grace: std::time::Duration::from_secs(1),
 /// };
@@ -279,6 +283,7 @@ pub fn serve(
     let eopts = EngineOptions {
         parallel: opts.parallel,
         chunk: opts.chunk,
+        prefix_cache: opts.prefix_cache,
     };
     let app = Arc::new(App {
         name: opts.name.clone(),
