@@ -5,6 +5,7 @@
 //! leave the grammar is masked (`JsonConstraint::mask`). Near the end of the token budget only
 //! tokens that bring the object closer to its end are kept, so that it always closes in time.
 
+use super::json_schema::{Schema, SchemaMachine};
 use std::sync::Arc;
 
 /// Containers open at most: deeper nesting is masked.
@@ -12,7 +13,7 @@ pub const MAX_DEPTH: usize = 32;
 
 /// Where the automaton is inside the text.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum At {
+pub(crate) enum At {
     /// the start: whitespace, then `{`
     Start,
     /// a value is due (after `:`, or `,` in an array); `close`: `]` may come instead (after `[`)
@@ -40,7 +41,7 @@ enum At {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Number {
+pub(crate) enum Number {
     /// after `-`: a digit is due
     Minus,
     /// after a leading `0`
@@ -61,7 +62,7 @@ enum Number {
 
 impl Number {
     /// Whether the number may end here.
-    fn complete(self) -> bool {
+    pub(crate) fn complete(self) -> bool {
         matches!(
             self,
             Number::Zero | Number::Int | Number::Frac | Number::ExpDigits
@@ -73,9 +74,9 @@ impl Number {
 /// state.
 #[derive(Clone, Copy, Debug)]
 pub struct JsonMachine {
-    at: At,
+    pub(crate) at: At,
     stack: [u8; MAX_DEPTH],
-    depth: usize,
+    pub(crate) depth: usize,
 }
 
 impl Default for JsonMachine {
@@ -98,7 +99,7 @@ fn str(key: bool) -> At {
     }
 }
 
-fn ws(b: u8) -> bool {
+pub(crate) fn ws(b: u8) -> bool {
     matches!(b, b' ' | b'\t' | b'\n' | b'\r')
 }
 
@@ -283,10 +284,19 @@ impl JsonMachine {
     /// The fewest bytes that close the object from here (a string's quote, a key's `:0`, a
     /// due digit, a literal's rest, then one close per open container).
     pub fn to_close(&self) -> usize {
+        match self.at {
+            At::Start => 2,
+            At::Done => 0,
+            _ => self.here() + self.depth,
+        }
+    }
+
+    /// The fewest bytes that end the token in progress (a string's quote, a key's `:0`, a due
+    /// digit, a literal's rest), with no container closed.
+    pub(crate) fn here(&self) -> usize {
         use At::*;
-        let here = match self.at {
-            Start => 2,
-            Done => return 0,
+        match self.at {
+            Start | Done => 0,
             Value { close: true } | Key { close: true } | After => 0,
             Value { close: false } => 1,
             Key { close: false } => 4,
@@ -297,31 +307,48 @@ impl JsonMachine {
             Num(n) if n.complete() => 0,
             Num(_) => 1,
             Literal(rest) => rest.len(),
-        };
-        here + self.depth
+        }
     }
 }
 
-/// JSON mode for one sequence: the automaton after the tokens so far, and the vocabulary's
-/// bytes (`None`: a special token, never allowed).
+/// JSON mode or a schema's for one sequence: the automaton after the tokens so far, and the
+/// vocabulary's bytes (`None`: a special token, never allowed).
 #[derive(Clone)]
 pub struct JsonConstraint {
-    machine: JsonMachine,
+    grammar: Grammar,
     vocab: Arc<Vec<Option<Vec<u8>>>>,
 }
 
+/// Any JSON object (JSON mode), or JSON that validates against a schema.
+#[derive(Clone)]
+enum Grammar {
+    Object(JsonMachine),
+    Schema(SchemaMachine, Arc<Schema>),
+}
+
 impl JsonConstraint {
-    /// At the start of the text, over a vocabulary of these tokens' bytes.
+    /// At the start of the text, over a vocabulary of these tokens' bytes: any JSON object.
     pub fn new(vocab: Arc<Vec<Option<Vec<u8>>>>) -> Self {
         JsonConstraint {
-            machine: JsonMachine::default(),
+            grammar: Grammar::Object(JsonMachine::default()),
+            vocab,
+        }
+    }
+
+    /// At the start of the text: JSON that validates against `schema`.
+    pub fn with_schema(vocab: Arc<Vec<Option<Vec<u8>>>>, schema: Arc<Schema>) -> Self {
+        JsonConstraint {
+            grammar: Grammar::Schema(SchemaMachine::default(), schema),
             vocab,
         }
     }
 
     /// Whether the object has closed (the sequence is over).
     pub fn done(&self) -> bool {
-        self.machine.done()
+        match &self.grammar {
+            Grammar::Object(m) => m.done(),
+            Grammar::Schema(m, _) => m.done(),
+        }
     }
 
     /// `row` with every token that would leave JSON set to −∞, in `out`; with `left` tokens of
@@ -330,16 +357,39 @@ impl JsonConstraint {
     /// closes in time where the vocabulary has the closing bytes as single tokens (byte-level
     /// and byte-level BPE vocabularies do); where it has not, the budget is not enforced.
     pub fn mask<'a>(&self, row: &[f32], left: usize, out: &'a mut Vec<f32>) -> &'a [f32] {
+        match &self.grammar {
+            Grammar::Object(m0) => self.mask_by(row, left, out, |bytes| {
+                let mut m = *m0;
+                m.feed(bytes).then(|| m.to_close())
+            }),
+            Grammar::Schema(m0, s) => self.mask_by(row, left, out, |bytes| {
+                let mut m = *m0;
+                m.feed(s, bytes).then(|| m.to_close(s))
+            }),
+        }
+    }
+
+    /// `mask` over `after`: the bytes that close the text after a token's, None where the
+    /// token leaves the grammar.
+    fn mask_by<'a>(
+        &self,
+        row: &[f32],
+        left: usize,
+        out: &'a mut Vec<f32>,
+        after: impl Fn(&[u8]) -> Option<usize>,
+    ) -> &'a [f32] {
         out.clear();
         out.resize(row.len(), f32::NEG_INFINITY);
+        let to_close: Vec<Option<usize>> = self
+            .vocab
+            .iter()
+            .take(row.len())
+            .map(|b| b.as_deref().filter(|b| !b.is_empty()).and_then(&after))
+            .collect();
         for budget in [true, false] {
             let mut any = false;
-            for (t, bytes) in self.vocab.iter().enumerate().take(row.len()) {
-                let Some(bytes) = bytes.as_deref().filter(|b| !b.is_empty()) else {
-                    continue;
-                };
-                let mut m = self.machine;
-                if m.feed(bytes) && (!budget || m.to_close() < left) {
+            for (t, c) in to_close.iter().enumerate() {
+                if c.is_some_and(|c| !budget || c < left) {
                     out[t] = row[t];
                     any = true;
                 }
@@ -354,7 +404,10 @@ impl JsonConstraint {
     /// Takes the token drawn.
     pub fn advance(&mut self, token: u32) {
         if let Some(Some(bytes)) = self.vocab.get(token as usize) {
-            self.machine.feed(bytes);
+            match &mut self.grammar {
+                Grammar::Object(m) => m.feed(bytes),
+                Grammar::Schema(m, s) => m.feed(s, bytes),
+            };
         }
     }
 }

@@ -4,6 +4,7 @@
 pub mod embed;
 pub mod generate;
 pub mod json;
+pub mod json_schema;
 pub mod loss;
 pub mod sample;
 

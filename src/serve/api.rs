@@ -1,6 +1,7 @@
 //! The OpenAI request fields the server reads, checked one by one, and its error objects
 //! `{"error": {"message", "type", "param", "code"}}`.
 
+use crate::infer::json_schema::Schema;
 use crate::infer::{Penalties, Sampling};
 use serde_json::{json, Value};
 
@@ -68,8 +69,27 @@ pub struct Settings {
     pub n: usize,
     /// (token id, bias) added to the logits before each token is drawn and scored
     pub logit_bias: Vec<(u32, f32)>,
-    /// `response_format: {"type": "json_object"}`: every choice is one JSON object
-    pub json: bool,
+    /// `response_format` `json_object` or `json_schema`: every choice is one JSON object
+    pub json: Option<JsonFormat>,
+}
+
+/// What `response_format` asks for beyond text.
+#[derive(Clone, Debug)]
+pub enum JsonFormat {
+    /// `{"type": "json_object"}`: any JSON object
+    Object,
+    /// `{"type": "json_schema", "json_schema": {"schema": ...}}`: JSON valid under it
+    Schema(std::sync::Arc<Schema>),
+}
+
+impl JsonFormat {
+    /// The fewest bytes a text of this format takes.
+    fn shortest(&self) -> usize {
+        match self {
+            JsonFormat::Object => 2,
+            JsonFormat::Schema(s) => s.shortest(),
+        }
+    }
 }
 
 /// The most choices a request may ask for per prompt (`n`), as OpenAI's API allows.
@@ -247,22 +267,28 @@ fn whole(req: &Value, key: &'static str) -> ApiResult<Option<i64>> {
 
 /// The sampling and output fields shared by completions and chat. `max_key` names the field
 /// holding the token limit (chat also reads `max_completion_tokens`).
-/// `response_format`: false for none or `{"type": "text"}`, true for `{"type": "json_object"}`;
-/// `json_schema` is refused with a 400 that says so, as is anything else.
-fn response_format(req: &Value) -> ApiResult<bool> {
+/// `response_format`: None for none or `{"type": "text"}`; `{"type": "json_object"}`; or
+/// `{"type": "json_schema", "json_schema": {"name": ..., "schema": {...}}}` with a schema in
+/// the subset `Schema::compile` takes (a 400 names what it does not).
+fn response_format(req: &Value) -> ApiResult<Option<JsonFormat>> {
     let Some(f) = req.get("response_format").filter(|f| !f.is_null()) else {
-        return Ok(false);
+        return Ok(None);
     };
     match f.get("type").and_then(Value::as_str) {
-        Some("text") => Ok(false),
-        Some("json_object") => Ok(true),
-        Some("json_schema") => Err(ApiError::bad(
-            "response_format",
-            "response_format json_schema is not supported yet; {\"type\": \"json_object\"} constrains the output to any JSON object",
-        )),
+        Some("text") => Ok(None),
+        Some("json_object") => Ok(Some(JsonFormat::Object)),
+        Some("json_schema") => {
+            let schema = f
+                .get("json_schema")
+                .and_then(|j| j.get("schema"))
+                .ok_or_else(|| ApiError::bad("response_format", "response_format json_schema needs {\"json_schema\": {\"name\": ..., \"schema\": {...}}}"))?;
+            Schema::compile(schema)
+                .map(|s| Some(JsonFormat::Schema(std::sync::Arc::new(s))))
+                .map_err(|e| ApiError::bad("response_format", format!("response_format json_schema: {e}")))
+        }
         _ => Err(ApiError::bad(
             "response_format",
-            format!("response_format must be {{\"type\": \"text\"}} or {{\"type\": \"json_object\"}}, got {f}"),
+            format!("response_format must be {{\"type\": \"text\"}}, {{\"type\": \"json_object\"}} or {{\"type\": \"json_schema\", ...}}, got {f}"),
         )),
     }
 }
@@ -319,10 +345,14 @@ pub fn settings(req: &Value, max_keys: &[&'static str], default_max: usize) -> A
         }
     };
     let json = response_format(req)?;
-    if json && max_tokens < 2 {
+    if let Some(need) = json
+        .as_ref()
+        .map(JsonFormat::shortest)
+        .filter(|&n| max_tokens < n)
+    {
         return Err(ApiError::bad(
             "max_tokens",
-            format!("a JSON object takes at least 2 tokens; max_tokens is {max_tokens}"),
+            format!("the shortest JSON of this response_format takes {need} tokens at one byte each; max_tokens is {max_tokens}"),
         ));
     }
     let include_usage = match req.get("stream_options") {

@@ -1,7 +1,7 @@
 //! One request in flight: its jobs in the engine, the events coming back, and the answer built
 //! from them, whole (`finish`) or as server-sent events (`SseStream`).
 
-use super::api::{ApiError, ApiResult, Settings};
+use super::api::{ApiError, ApiResult, JsonFormat, Settings};
 use super::engine::{Event, Job, Task};
 use super::respond::Choice;
 use super::App;
@@ -123,10 +123,12 @@ impl Run {
                 logprobs: run.set.logprobs,
                 logit_bias: run.set.logit_bias.clone(),
                 echo: scored,
-                json: run
-                    .set
-                    .json
-                    .then(|| JsonConstraint::new(ready.token_bytes.clone())),
+                json: run.set.json.as_ref().map(|f| match f {
+                    JsonFormat::Object => JsonConstraint::new(ready.token_bytes.clone()),
+                    JsonFormat::Schema(s) => {
+                        JsonConstraint::with_schema(ready.token_bytes.clone(), s.clone())
+                    }
+                }),
                 sink: Box::new(move |ev| !flag.load(Ordering::Relaxed) && tx.send((i, ev)).is_ok()),
             };
             app.submit(Task::Complete(job))?;
