@@ -5,8 +5,8 @@
 //! cargo run --release --example embed_server -- [MODEL_DIR]
 //! ```
 //!
-//! Without a model it serves an untrained tiny diff_v1 one. The server stops as `difftx
-//! serve` does, on SIGTERM or SIGINT: here the program sends itself SIGTERM when done.
+//! Without a model it serves an untrained tiny diff_v1 one. The server stops on a
+//! `Shutdown` handle's `stop` (as `difftx serve` does on SIGTERM or SIGINT).
 
 use difftx::prelude::*;
 use std::io::{Read, Write};
@@ -78,7 +78,11 @@ fn run() -> std::result::Result<(), Box<dyn std::error::Error>> {
         Ok((model, dir))
     });
     let (tx, rx) = std::sync::mpsc::channel();
-    let server = std::thread::spawn(move || serve(opts, load, move |addr| tx.send(addr).unwrap()));
+    let shutdown = Shutdown::new();
+    let handle = shutdown.clone();
+    let server = std::thread::spawn(move || {
+        serve_until(opts, load, move |addr| tx.send(addr).unwrap(), handle)
+    });
     let addr = rx.recv().map_err(|_| "the server did not start")?;
     println!("listening on http://{addr}");
 
@@ -91,8 +95,7 @@ fn run() -> std::result::Result<(), Box<dyn std::error::Error>> {
     println!("POST /v1/completions: {status}");
     println!("{answer}");
 
-    // SAFETY: kill(2) on this process; the server's handler turns SIGTERM into a clean stop.
-    unsafe { libc::kill(libc::getpid(), libc::SIGTERM) };
+    shutdown.stop();
     server.join().map_err(|_| "the server thread panicked")??;
     println!("server stopped");
     Ok(())

@@ -12,7 +12,7 @@
 //! | quantise for inference | [`Model::quantize`] with [`QuantKind`]; a cheaper KV cache with [`KvKind`] | [`Model::quantize`] |
 //! | export | [`hf::export`] (transformers), [`gguf::export`] (llama.cpp) | each function |
 //! | read attention maps | [`head_maps`] → [`HeadMaps`] (A1, A2 and A1 − λA2) | [`head_maps`] |
-//! | serve over HTTP | [`serve`] with [`ServeOptions`] (feature `serve`) | [`serve`] |
+//! | serve over HTTP | [`serve`] with [`ServeOptions`] (feature `serve`); [`serve_until`] a [`Shutdown`] | [`serve`] |
 //!
 //! Every fallible call returns [`Result`], whose [`Error`] names the file or argument at fault.
 //! docs/LIBRARY.md walks through these, and `examples/` holds whole programs.
@@ -28,7 +28,7 @@ pub use crate::interop::{gguf, hf};
 pub use crate::model::{KvKind, Model, QuantKind, Workspace};
 pub use crate::open_model;
 #[cfg(feature = "serve")]
-pub use crate::serve::{serve, ServeOptions};
+pub use crate::serve::{serve, serve_until, ServeOptions, Shutdown};
 pub use crate::train::{
     fit, prepare_run, train, AdamWParams, Observer, Optimizer, Outcome, Silent, StepReport,
     TrainOptions, TrainStep,

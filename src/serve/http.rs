@@ -33,9 +33,13 @@ fn json_ok(v: Value) -> Response {
     axum::Json(v).into_response()
 }
 
-/// Serves on `listener` until SIGTERM/SIGINT or a failed load; in-flight requests get the
-/// grace period to end.
-pub async fn run(app: Arc<App>, listener: std::net::TcpListener) -> Result<()> {
+/// Serves on `listener` until SIGTERM/SIGINT, `shutdown` or a failed load; in-flight
+/// requests get the grace period to end.
+pub async fn run(
+    app: Arc<App>,
+    listener: std::net::TcpListener,
+    shutdown: super::Shutdown,
+) -> Result<()> {
     let listener = tokio::net::TcpListener::from_std(listener)
         .map_err(|e| Error::Invalid(format!("cannot listen: {e}")))?;
     let router = Router::new()
@@ -57,9 +61,16 @@ pub async fn run(app: Arc<App>, listener: std::net::TcpListener) -> Result<()> {
     let stop = stopping.clone();
     let app2 = app.clone();
     let shutdown = async move {
-        tokio::select! {
-            _ = signal() => eprintln!("difftx serve: stopping (no new requests; in-flight ones get {:?})", app2.opts.grace),
-            _ = app2.failed_notify.notified() => {}
+        let said = tokio::select! {
+            _ = signal() => true,
+            _ = shutdown.0.notified() => true,
+            _ = app2.failed_notify.notified() => false,
+        };
+        if said {
+            eprintln!(
+                "difftx serve: stopping (no new requests; in-flight ones get {:?})",
+                app2.opts.grace
+            );
         }
         stop.notify_one();
     };

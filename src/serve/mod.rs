@@ -215,8 +215,8 @@ impl App {
 /// address cannot be bound or the model does not load. `on_listening` hears the bound address
 /// (the port is chosen by the system when `port` is 0).
 ///
-/// To embed the server, run it on a thread of your own; it stops as `difftx serve` does, on
-/// SIGTERM or SIGINT, which a program may send itself (`examples/embed_server.rs`):
+/// To embed the server, run it on a thread of your own with `serve_until`, which also stops
+/// when its `Shutdown` handle says so (`examples/embed_server.rs`):
 ///
 /// ```
 /// use difftx::prelude::*;
@@ -242,7 +242,10 @@ impl App {
 ///     Ok((model, path))
 /// });
 /// let (tx, rx) = std::sync::mpsc::channel();
-/// let server = std::thread::spawn(move || serve(opts, load, move |addr| tx.send(addr).unwrap()));
+/// let shutdown = Shutdown::new();
+/// let handle = shutdown.clone();
+/// let server =
+///     std::thread::spawn(move || serve_until(opts, load, move |a| tx.send(a).unwrap(), handle));
 /// let addr = rx.recv()?;
 /// let health = loop {
 ///     let mut s = std::net::TcpStream::connect(addr)?;
@@ -255,8 +258,7 @@ impl App {
 ///     std::thread::sleep(std::time::Duration::from_millis(20));
 /// };
 /// assert!(health.starts_with("HTTP/1.1 200"), "{health}");
-/// // SAFETY: kill(2) on our own pid; the server's handler turns SIGTERM into a clean stop.
-/// unsafe { libc::kill(libc::getpid(), libc::SIGTERM) };
+/// shutdown.stop();
 /// server.join().unwrap()?;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
@@ -264,6 +266,35 @@ pub fn serve(
     opts: ServeOptions,
     load: Loader,
     on_listening: impl FnOnce(SocketAddr),
+) -> Result<()> {
+    serve_until(opts, load, on_listening, Shutdown::default())
+}
+
+/// Stops a server that `serve_until` runs, as SIGTERM does: it takes no new connections and
+/// its in-flight requests get the grace period. Clone it to keep one where the server is not;
+/// a stop asked before the server listens stops it as soon as it does.
+#[derive(Clone, Default)]
+pub struct Shutdown(Arc<tokio::sync::Notify>);
+
+impl Shutdown {
+    /// A handle that stops nothing until `stop` is called.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Asks the server to stop.
+    pub fn stop(&self) {
+        self.0.notify_one();
+    }
+}
+
+/// `serve`, which also stops when `shutdown.stop()` is called: for a program that embeds the
+/// server and stops it itself (`examples/embed_server.rs`).
+pub fn serve_until(
+    opts: ServeOptions,
+    load: Loader,
+    on_listening: impl FnOnce(SocketAddr),
+    shutdown: Shutdown,
 ) -> Result<()> {
     if opts.parallel == 0 || opts.max_queue == 0 || opts.chunk == 0 {
         return Err(Error::Invalid(
@@ -313,7 +344,7 @@ pub fn serve(
         .build()
         .map_err(|e| Error::Invalid(format!("cannot start the HTTP runtime: {e}")))?;
     on_listening(bound);
-    rt.block_on(http::run(app.clone(), listener))?;
+    rt.block_on(http::run(app.clone(), listener, shutdown))?;
     let failed = app.failed.lock().unwrap_or_else(|p| p.into_inner()).take();
     match failed {
         Some(e) => Err(Error::Invalid(e)),
