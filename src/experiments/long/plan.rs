@@ -267,9 +267,11 @@ impl LongPlan {
         o.steps = Some(steps);
         o.warmup = Some((steps / 10).max(1));
         // the sweep's rates are compared on many windows twice a run; the other stages'
-        // validation is the trainer's log only (the study measures them after)
+        // validation is the trainer's log only (the study measures them after): the
+        // extension's once at its end, on as many tokens at 4C as the others' at C
         let (every, windows) = match unit.stage {
             Stage::Sweep(_) => (self.sweep_steps.div_ceil(2), self.val_windows),
+            Stage::Extend => (steps, self.eval_windows / self.extend_factor),
             _ => (steps.div_ceil(4), self.eval_windows),
         };
         o.eval_every = Some(every.max(1));
