@@ -232,7 +232,7 @@ impl ModelConfig {
         let model_type = get_str(obj, "model_type").map_err(err)?;
         if model_type != "difftx" {
             return Err(err(format!(
-                "model_type `{model_type}` is not supported (expected difftx, llama or diffllama)"
+                "model_type `{model_type}` is not supported (expected difftx, llama, diffllama or difftx_diffv2)"
             )));
         }
         let attention = get_str(obj, "attention")
