@@ -323,7 +323,7 @@ pub struct JsonConstraint {
 #[derive(Clone)]
 enum Grammar {
     Object(JsonMachine),
-    Schema(SchemaMachine, Arc<Schema>),
+    Schema(Box<SchemaMachine>, Arc<Schema>),
 }
 
 impl JsonConstraint {
@@ -338,7 +338,7 @@ impl JsonConstraint {
     /// At the start of the text: JSON that validates against `schema`.
     pub fn with_schema(vocab: Arc<Vec<Option<Vec<u8>>>>, schema: Arc<Schema>) -> Self {
         JsonConstraint {
-            grammar: Grammar::Schema(SchemaMachine::default(), schema),
+            grammar: Grammar::Schema(Box::default(), schema),
             vocab,
         }
     }
@@ -363,7 +363,7 @@ impl JsonConstraint {
                 m.feed(bytes).then(|| m.to_close())
             }),
             Grammar::Schema(m0, s) => self.mask_by(row, left, out, |bytes| {
-                let mut m = *m0;
+                let mut m = **m0;
                 m.feed(s, bytes).then(|| m.to_close(s))
             }),
         }

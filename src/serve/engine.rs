@@ -36,7 +36,7 @@ use std::time::Duration;
 
 /// What the queue carries: a prompt to continue, or the attention maps of a prompt.
 pub enum Task {
-    Complete(Job),
+    Complete(Box<Job>),
     Maps(MapsJob),
     Embed(EmbedJob),
 }
@@ -270,7 +270,7 @@ impl<'m> Engine<'m> {
             };
             self.gauges.queued.fetch_sub(1, Ordering::Relaxed);
             match task {
-                Task::Complete(job) => self.admit(job),
+                Task::Complete(job) => self.admit(*job),
                 Task::Maps(m) => (m.reply)(head_maps(self.model, &m.prompt, &m.picks)),
                 Task::Embed(e) => (e.reply)(crate::infer::embed(self.model, &e.inputs)),
             }
@@ -690,7 +690,7 @@ mod tests {
     /// Queues `job` as the HTTP side does, counted in the gauges.
     fn enqueue(tx: &SyncSender<Task>, gauges: &EngineGauges, job: Job) {
         gauges.queued.fetch_add(1, Ordering::Relaxed);
-        tx.send(Task::Complete(job)).unwrap();
+        tx.send(Task::Complete(Box::new(job))).unwrap();
     }
 
     fn seen(s: &Seen) -> Vec<usize> {

@@ -131,7 +131,7 @@ impl Run {
                 }),
                 sink: Box::new(move |ev| !flag.load(Ordering::Relaxed) && tx.send((i, ev)).is_ok()),
             };
-            app.submit(Task::Complete(job))?;
+            app.submit(Task::Complete(Box::new(job)))?;
             app.metrics
                 .prompt_tokens
                 .fetch_add(p.len() as u64, Ordering::Relaxed);
