@@ -1,6 +1,7 @@
 //! Inference: sampling and generation with a KV cache, the mean loss of a text, and text
 //! embeddings.
 
+pub mod constrain;
 pub mod embed;
 pub mod generate;
 pub mod json;

@@ -24,7 +24,7 @@
 use super::prefix::{PrefixCache, PrefixGauges, Scored, MAX_TOP};
 use crate::error::{Error, Result};
 use crate::experiments::attention_stats::{head_maps, HeadMaps};
-use crate::infer::json::JsonConstraint;
+use crate::infer::constrain::JsonConstraint;
 use crate::infer::sample::{adjusted, sample, Sampling, Seen};
 use crate::model::{memory::Need, KvCache, Model, Workspace};
 use rand::SeedableRng;

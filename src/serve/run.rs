@@ -5,7 +5,7 @@ use super::api::{ApiError, ApiResult, JsonFormat, Settings};
 use super::engine::{Event, Job, Task};
 use super::respond::Choice;
 use super::App;
-use crate::infer::json::JsonConstraint;
+use crate::infer::constrain::JsonConstraint;
 use axum::body::Bytes;
 use serde_json::{json, Value};
 use std::collections::VecDeque;
