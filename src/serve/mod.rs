@@ -26,6 +26,7 @@ pub mod prefix;
 #[doc(hidden)]
 pub mod respond;
 mod run;
+pub mod score;
 
 use crate::data::Tokenizer;
 use crate::error::{Error, Result};

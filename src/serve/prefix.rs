@@ -19,7 +19,7 @@
 //! its last position's logits (to score the token after it), taken from a prefill that
 //! computed every position's logits as such a request does.
 
-use super::engine::TokenScore;
+use super::score::TokenScore;
 use crate::model::KvBlock;
 use std::collections::hash_map::DefaultHasher;
 use std::collections::HashMap;
