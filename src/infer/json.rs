@@ -2,10 +2,8 @@
 //! (OpenAI's `response_format: {"type": "json_object"}`). A byte automaton (`JsonMachine`)
 //! follows JSON's grammar (RFC 8259: objects, arrays, strings with escapes and UTF-8, numbers,
 //! literals, whitespace); before each token every token of the vocabulary whose bytes would
-//! leave the grammar is masked (`JsonConstraint::mask`). Near the end of the token budget only
+//! leave the grammar is masked (`constrain::JsonConstraint::mask`). Near the end of the token budget only
 //! tokens that bring the object closer to its end are kept, so that it always closes in time.
-
-use std::sync::Arc;
 
 /// Containers open at most: deeper nesting is masked.
 pub const MAX_DEPTH: usize = 32;

@@ -3,6 +3,7 @@
 /// A token's log-probability under the model and the most likely tokens at its position.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TokenScore {
+    /// its log-probability
     pub logprob: f32,
     /// (token, log-probability), most likely first
     pub top: Vec<(u32, f32)>,
