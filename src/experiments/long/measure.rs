@@ -216,7 +216,7 @@ fn evaluate(
     //    through the validation text (as many tokens at either length)
     let windows = plan.eval_windows;
     let (loss_at_c, _) = spread(model, &ids, windows, c)?;
-    let (_, at) = spread(model, &ids, (windows * c).div_ceil(longest), longest)?;
+    let (_, at) = spread(model, &ids, plan.longest_windows(), longest)?;
     let by_position = at.buckets(plan.buckets).iter().map(row).collect();
     let batch = plan.batch;
     // 3. Retrieval in haystacks of the validation text

@@ -167,6 +167,16 @@ impl LongPlan {
         self.context * self.extend_factor
     }
 
+    /// Windows of the longest length holding as many tokens as `eval_windows` windows of C.
+    pub fn longest_windows(&self) -> usize {
+        (self.eval_windows * self.context).div_ceil(self.longest())
+    }
+
+    /// The extension's batch: as many tokens a step as at C, at least one window.
+    pub fn extend_batch(&self) -> usize {
+        self.batch.div_ceil(self.extend_factor).max(1)
+    }
+
     /// Every setting in range, named on the first that is not.
     pub fn validate(&self) -> Result<()> {
         let bad = |m: String| Err(Error::Invalid(format!("repro --long plan: {m}")));
@@ -269,19 +279,19 @@ impl LongPlan {
         // the sweep's rates are compared on many windows twice a run; the other stages'
         // validation is the trainer's log only (the study measures them after): the
         // extension's once at its end, on as many tokens at 4C as the others' at C
-        let (every, windows) = match unit.stage {
-            Stage::Sweep(_) => (self.sweep_steps.div_ceil(2), self.val_windows),
-            Stage::Extend => (steps, self.eval_windows / self.extend_factor),
-            _ => (steps.div_ceil(4), self.eval_windows),
+        let (every, windows, batch) = match unit.stage {
+            Stage::Sweep(_) => (self.sweep_steps.div_ceil(2), self.val_windows, self.batch),
+            Stage::Extend => (steps, self.longest_windows(), self.extend_batch()),
+            _ => (steps.div_ceil(4), self.eval_windows, self.batch),
         };
         o.eval_every = Some(every.max(1));
-        o.val_batches = Some(windows.div_ceil(self.batch).max(1));
+        o.val_batches = Some(windows.div_ceil(batch).max(1));
         if unit.stage == Stage::Extend {
             let from = runs.join(format!("pretrain-{}-s{}", unit.kind, unit.seed));
             o.init_from = Some(from);
             o.max_position_embeddings = Some(self.longest());
             o.rope_theta = Some(self.rope_theta * self.extend_factor as f64);
-            o.batch = Some(self.batch.div_ceil(self.extend_factor).max(1));
+            o.batch = Some(self.extend_batch());
             o.tokenizer = None; // the model brings it
             return o;
         }
@@ -313,11 +323,7 @@ impl LongPlan {
             let (steps, t, b) = match stage {
                 Stage::Sweep(_) => (self.sweep_steps, self.context, self.batch),
                 Stage::Pretrain | Stage::Ablation => (self.steps, self.context, self.batch),
-                Stage::Extend => (
-                    self.extend_steps,
-                    self.longest(),
-                    self.batch.div_ceil(self.extend_factor).max(1),
-                ),
+                Stage::Extend => (self.extend_steps, self.longest(), self.extend_batch()),
             };
             steps * (t * b) as u64
         };
