@@ -96,76 +96,74 @@ impl Metrics {
         {
             let _ = writeln!(out, "difftx_requests_total{{status=\"{s}\"}} {n}");
         }
-        let counters = [
+        let p = |x: &AtomicU64| x.load(Ordering::Relaxed);
+        let (counter, gauge) = ("counter", "gauge");
+        for (name, kind, help, v) in [
             (
                 "difftx_prompt_tokens_total",
+                counter,
                 "Prompt tokens admitted.",
-                &self.prompt_tokens,
+                p(&self.prompt_tokens),
             ),
             (
                 "difftx_generated_tokens_total",
+                counter,
                 "Tokens generated.",
-                &self.generated_tokens,
+                p(&self.generated_tokens),
             ),
-        ];
-        for (name, help, v) in counters {
-            let _ = writeln!(
-                out,
-                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}",
-                v.load(Ordering::Relaxed)
-            );
-        }
-        let p = |x: &AtomicU64| x.load(Ordering::Relaxed);
-        for (name, help, v) in [
             (
                 "difftx_prefix_cache_lookups_total",
+                counter,
                 "Requests looked up in the prefix cache.",
                 p(&prefix.lookups),
             ),
             (
                 "difftx_prefix_cache_hits_total",
+                counter,
                 "Requests that took at least one block from the prefix cache.",
                 p(&prefix.hits),
             ),
             (
                 "difftx_prefix_cache_tokens_saved_total",
+                counter,
                 "Prompt tokens taken from the prefix cache instead of prefilled.",
                 p(&prefix.tokens_saved),
             ),
             (
                 "difftx_prefix_cache_evictions_total",
+                counter,
                 "Blocks evicted from the prefix cache.",
                 p(&prefix.evictions),
+            ),
+            (
+                "difftx_prefix_cache_blocks",
+                gauge,
+                "Blocks held by the prefix cache.",
+                p(&prefix.blocks),
+            ),
+            (
+                "difftx_prefix_cache_bytes",
+                gauge,
+                "Bytes held by the prefix cache.",
+                p(&prefix.bytes),
+            ),
+            (
+                "difftx_queue_depth",
+                gauge,
+                "Requests waiting for a batch slot.",
+                queued as u64,
+            ),
+            (
+                "difftx_running_sequences",
+                gauge,
+                "Sequences in the running batch.",
+                running as u64,
             ),
         ] {
             let _ = writeln!(
                 out,
-                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}"
+                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}"
             );
-        }
-        for (name, help, v) in [
-            (
-                "difftx_prefix_cache_blocks",
-                "Blocks held by the prefix cache.",
-                p(&prefix.blocks) as usize,
-            ),
-            (
-                "difftx_prefix_cache_bytes",
-                "Bytes held by the prefix cache.",
-                p(&prefix.bytes) as usize,
-            ),
-            (
-                "difftx_queue_depth",
-                "Requests waiting for a batch slot.",
-                queued,
-            ),
-            (
-                "difftx_running_sequences",
-                "Sequences in the running batch.",
-                running,
-            ),
-        ] {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
         }
         self.request_seconds.write(
             &mut out,
