@@ -108,6 +108,19 @@ impl Server {
         let r = client().get(format!("{}{path}", self.base)).send().unwrap();
         (r.status().as_u16(), r.text().unwrap())
     }
+    /// Each body posted to /v1/completions at once, one client thread each: the answers in
+    /// order.
+    fn complete_at_once(&self, bodies: Vec<Value>) -> Vec<Value> {
+        std::thread::scope(|sc| {
+            let hs: Vec<_> = bodies
+                .into_iter()
+                .map(|b| {
+                    sc.spawn(move || self.post("/v1/completions", &b.to_string()).json_value())
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        })
+    }
     fn complete(&self, body: Value) -> Value {
         let (s, v) = self.call("/v1/completions", body);
         assert_eq!(s, 200, "{v}");
@@ -579,24 +592,7 @@ fn sixteen_concurrent_equal_alone(extra: &[&str]) {
     let s = start(&[&["--parallel", "16", "--prefill-chunk", "16"], extra].concat());
     let body = |i: usize| json!({"prompt": prompt_of(i), "max_tokens": 40, "temperature": 0, "logprobs": 0});
     let alone: Vec<Value> = (0..16).map(|i| s.complete(body(i))).collect();
-    let base = s.base.clone();
-    let together: Vec<Value> = std::thread::scope(|sc| {
-        let hs: Vec<_> = (0..16)
-            .map(|i| {
-                let (base, b) = (base.clone(), body(i).to_string());
-                sc.spawn(move || {
-                    client()
-                        .post(format!("{base}/v1/completions"))
-                        .header("content-type", "application/json")
-                        .body(b)
-                        .send()
-                        .unwrap()
-                        .json_value()
-                })
-            })
-            .collect();
-        hs.into_iter().map(|h| h.join().unwrap()).collect()
-    });
+    let together = s.complete_at_once((0..16).map(body).collect());
     for i in 0..16 {
         let (a, b) = (&alone[i]["choices"][0], &together[i]["choices"][0]);
         assert_eq!(a["text"], b["text"], "prompt {i} {extra:?}");
@@ -1488,26 +1484,7 @@ fn the_prefix_cache_answers_as_a_cold_server_does_and_counts_its_hits() {
     assert_eq!(metric(&cold, "difftx_prefix_cache_lookups_total"), 0.0);
     assert!(metric(&warm, "difftx_prefix_cache_bytes") > 0.0);
     // 16 at once, sharing the context, each as the cold server answers it alone
-    let base = warm.base.clone();
-    let together: Vec<Value> = std::thread::scope(|sc| {
-        let hs: Vec<_> = asks
-            .iter()
-            .chain(&asks)
-            .map(|q| {
-                let (base, body) = (base.clone(), q.to_string());
-                sc.spawn(move || {
-                    client()
-                        .post(format!("{base}/v1/completions"))
-                        .header("content-type", "application/json")
-                        .body(body)
-                        .send()
-                        .unwrap()
-                        .json_value()
-                })
-            })
-            .collect();
-        hs.into_iter().map(|h| h.join().unwrap()).collect()
-    });
+    let together = warm.complete_at_once(asks.iter().chain(&asks).cloned().collect());
     for (i, y) in together.iter().enumerate() {
         let (x, y) = (&a[i % asks.len()]["choices"][0], &y["choices"][0]);
         assert_eq!(
