@@ -60,6 +60,29 @@ def eval_nll(difftx, model_dir, text, work):
     return v["loss"] * v["tokens"], v["tokens"]
 
 
+def evaluate_local(url, model, task_dir, task):
+    """lm-eval's `local-completions` model at `url` (the server's tokenizer, one request at a
+    time) on the task `task` defined in `task_dir`: its logged samples in document order."""
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    res = lm_eval.simple_evaluate(
+        model="local-completions",
+        model_args=(
+            f"model={model},base_url={url}/v1/completions,tokenizer_backend=remote,"
+            "tokenized_requests=True,num_concurrent=1,max_retries=1"
+        ),
+        tasks=[task],
+        task_manager=TaskManager(include_path=str(task_dir)),
+        log_samples=True,
+        # no standard errors: the per-document likelihoods they are taken over overflow a float
+        # on an untrained model (OverflowError in lm-eval's sample_stddev), and only the
+        # loglikelihoods are compared here
+        bootstrap_iters=0,
+    )
+    return sorted(res["samples"][task], key=lambda s: s["doc_id"])
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--url", default="http://127.0.0.1:8080")
@@ -69,29 +92,11 @@ def main():
     ap.add_argument("--tol", type=float, default=1e-4)
     a = ap.parse_args()
 
-    import lm_eval
-    from lm_eval.tasks import TaskManager
-
     work = Path(tempfile.mkdtemp(prefix="difftx-lm-eval-"))
     data = work / "docs.jsonl"
     data.write_text("".join(json.dumps({"text": d}) + "\n" for d in DOCS))
     (work / "difftx_local.yaml").write_text(TASK.format(data=data))
-
-    res = lm_eval.simple_evaluate(
-        model="local-completions",
-        model_args=(
-            f"model={a.model},base_url={a.url}/v1/completions,tokenizer_backend=remote,"
-            "tokenized_requests=True,num_concurrent=1,max_retries=1"
-        ),
-        tasks=["difftx_local"],
-        task_manager=TaskManager(include_path=str(work)),
-        log_samples=True,
-        # no standard errors: the per-document likelihoods they are taken over overflow a float
-        # on an untrained model (OverflowError in lm-eval's sample_stddev), and only the
-        # loglikelihoods are compared here
-        bootstrap_iters=0,
-    )
-    samples = sorted(res["samples"]["difftx_local"], key=lambda s: s["doc_id"])
+    samples = evaluate_local(a.url, a.model, work, "difftx_local")
     worst = 0.0
     print(f"{'doc':>3} {'tokens':>6} {'lm-eval loglik':>15} {'-eval loss*tokens':>18} {'diff':>9}")
     for s in samples:

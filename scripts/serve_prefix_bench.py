@@ -28,6 +28,9 @@ import time
 import urllib.request
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from serve_lm_eval import evaluate_local  # noqa: E402 (the sibling script)
+
 TASK = """task: difftx_prefix
 dataset_path: json
 dataset_kwargs:
@@ -84,23 +87,10 @@ def metric(port, name):
 
 
 def run(a, work, extra, port):
-    import lm_eval
-    from lm_eval.tasks import TaskManager
-
     p = start(a.difftx, a.model_dir, port, a.threads, extra)
     try:
         t0 = time.time()
-        res = lm_eval.simple_evaluate(
-            model="local-completions",
-            model_args=(
-                f"model=m,base_url=http://127.0.0.1:{port}/v1/completions,tokenizer_backend=remote,"
-                "tokenized_requests=True,num_concurrent=1,max_retries=1"
-            ),
-            tasks=["difftx_prefix"],
-            task_manager=TaskManager(include_path=str(work)),
-            log_samples=True,
-            bootstrap_iters=0,
-        )
+        samples = evaluate_local(f"http://127.0.0.1:{port}", "m", work, "difftx_prefix")
         seconds = time.time() - t0
         saved = metric(port, "difftx_prefix_cache_tokens_saved_total")
         prompt = metric(port, "difftx_prompt_tokens_total")
@@ -108,7 +98,6 @@ def run(a, work, extra, port):
     finally:
         p.terminate()
         p.wait()
-    samples = sorted(res["samples"]["difftx_prefix"], key=lambda s: s["doc_id"])
     lls = [[float(r[0][0]) for r in s["resps"]] for s in samples]
     return seconds, lls, saved, prompt, served
 
