@@ -74,16 +74,14 @@ impl JsonConstraint {
     ) -> &'a [f32] {
         out.clear();
         out.resize(row.len(), f32::NEG_INFINITY);
-        let to_close: Vec<Option<usize>> = self
-            .vocab
-            .iter()
-            .take(row.len())
-            .map(|b| b.as_deref().filter(|b| !b.is_empty()).and_then(&after))
-            .collect();
+        // the second pass, without the budget, runs only where the first kept nothing
         for budget in [true, false] {
             let mut any = false;
-            for (t, c) in to_close.iter().enumerate() {
-                if c.is_some_and(|c| !budget || c < left) {
+            for (t, bytes) in self.vocab.iter().enumerate().take(row.len()) {
+                let Some(bytes) = bytes.as_deref().filter(|b| !b.is_empty()) else {
+                    continue;
+                };
+                if after(bytes).is_some_and(|c| !budget || c < left) {
                     out[t] = row[t];
                     any = true;
                 }

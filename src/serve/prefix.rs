@@ -163,9 +163,9 @@ impl PrefixCache {
 
     /// Whether the block after `parent` with `tokens` is cached (with scores, if `scored`).
     pub fn has(&self, parent: Option<u64>, tokens: &[u32], scored: bool) -> bool {
-        self.blocks
-            .get(&key(parent, tokens))
-            .is_some_and(|b| b.tokens == tokens && (!scored || b.scored.is_some()))
+        self.blocks.get(&key(parent, tokens)).is_some_and(|b| {
+            b.parent == parent && b.tokens == tokens && (!scored || b.scored.is_some())
+        })
     }
 
     /// Keeps the block after `parent` (None: the prompt's first) of `tokens`, or adds scores
