@@ -483,21 +483,32 @@ CASES = [
     ("diff_v1_no_subln", "diff_v1", 2, 1, True, {"subln": False}),
 ]
 B, T = 2, 12
+# The same model family at one long length: a single sequence of 2,048 tokens (32 of the
+# attention kernels' 64-key tiles, rotary angles far past the short cases' 16 positions), a
+# model small enough that the fixture stays small. Seeds continue after CASES.
+LONG_CASES = [
+    ("diff_v1_long_2048", "diff_v1", 2, 1, True),
+    ("diff_v2_long_2048", "diff_v2", 2, 1, True),
+]
+LONG_B, LONG_T = 1, 2048
+SHORT_DIMS = dict(vocab_size=48, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                  head_dim=8, max_position_embeddings=16)
+LONG_DIMS = dict(vocab_size=16, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                 head_dim=8, max_position_embeddings=LONG_T)
 
 
-def write_case(out_dir, case_index, name, kind, H, Hkv, tied, ablation=None):
+def write_case(out_dir, case_index, name, kind, H, Hkv, tied, ablation=None,
+               b=B, t=T, dims=SHORT_DIMS):
     from safetensors.torch import save_file
 
-    cfg = make_config(kind, vocab_size=48, hidden_size=32, intermediate_size=64,
-                      num_hidden_layers=2, num_attention_heads=H, num_key_value_heads=Hkv,
-                      head_dim=8, max_position_embeddings=16, rope_theta=10000.0,
-                      rms_norm_eps=1e-5, tie_word_embeddings=tied, **(ablation or {}))
+    cfg = make_config(kind, num_attention_heads=H, num_key_value_heads=Hkv, rope_theta=10000.0,
+                      rms_norm_eps=1e-5, tie_word_embeddings=tied, **dims, **(ablation or {}))
     seed = 1000 + case_index
     # Round the weights to float32 first: the file holds f32, and the reference is computed from
     # exactly those values (in float64).
     P = {k: v.float().double() for k, v in init_params(cfg, seed).items()}
     g = torch.Generator().manual_seed(seed + 500)
-    tokens = torch.randint(0, cfg["vocab_size"], (B, T + 1), generator=g)
+    tokens = torch.randint(0, cfg["vocab_size"], (b, t + 1), generator=g)
 
     leaves = {k: v.clone().requires_grad_(True) for k, v in P.items()}
     logits, hidden = forward(leaves, cfg, tokens[:, :-1], "naive", return_hidden=True)
@@ -529,7 +540,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=str(root / "tests" / "fixtures"))
     ap.add_argument("--skip-checks", action="store_true", help="skip the self-checks")
-    ap.add_argument("--cases", nargs="+", metavar="NAME", choices=[c[0] for c in CASES],
+    ap.add_argument("--cases", nargs="+", metavar="NAME",
+                    choices=[c[0] for c in CASES + LONG_CASES],
                     help="write only these fixtures [default: all]")
     args = ap.parse_args()
     torch.set_num_threads(min(2, os.cpu_count() or 1))
@@ -538,6 +550,9 @@ def main():
     for i, case in enumerate(CASES):
         if args.cases is None or case[0] in args.cases:
             write_case(args.out, i, *case)
+    for i, case in enumerate(LONG_CASES):
+        if args.cases is None or case[0] in args.cases:
+            write_case(args.out, len(CASES) + i, *case, b=LONG_B, t=LONG_T, dims=LONG_DIMS)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@
 //! culprit (`cargo test --test parity -- --nocapture`).
 
 use difftx::model::checkpoint::{decode_f32, read_safetensors};
-use difftx::{Model, Workspace};
+use difftx::model::{KvCache, Model, Workspace};
 use safetensors::{Dtype, SafeTensors};
 use std::path::Path;
 
@@ -19,7 +19,14 @@ const CASES: &[&str] = &[
     // paper Table 6: lambda_init 0.8 for every layer; no subln and no (1 − λ_init) scale
     "diff_v1_lambda_init_const",
     "diff_v1_no_subln",
+    // one sequence of 2,048 tokens: the attention over 32 key tiles, rotary angles far out
+    "diff_v1_long_2048",
+    "diff_v2_long_2048",
 ];
+
+/// The long fixtures' logits once more through the KV cache, as a server would compute them:
+/// the first half prefilled in one pass, then one token at a time at depths 1,024–2,047.
+const LONG: &[&str] = &["diff_v1_long_2048", "diff_v2_long_2048"];
 
 fn tensor(st: &SafeTensors, name: &str) -> (Vec<f32>, Vec<usize>) {
     let v = st
@@ -42,22 +49,35 @@ fn rel(a: &[f32], b: &[f32]) -> f64 {
     (num / den).sqrt()
 }
 
-fn run(case: &str) {
+/// A fixture's model and the bytes of its reference tensors.
+fn fixture(case: &str) -> (Model, Vec<u8>) {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures")
         .join(case);
     let model = Model::load(&dir).unwrap();
-    let bytes = read_safetensors(&dir.join("reference.safetensors")).unwrap();
-    let st = SafeTensors::deserialize(&bytes).unwrap();
+    (
+        model,
+        read_safetensors(&dir.join("reference.safetensors")).unwrap(),
+    )
+}
+
+/// The reference's token sequences, flattened, and their batch and length (inputs + 1).
+fn tokens(st: &SafeTensors) -> (Vec<u32>, usize, usize) {
     let tv = st.tensor("tokens").unwrap();
     assert_eq!(tv.dtype(), Dtype::I32);
-    let (b, t1) = (tv.shape()[0], tv.shape()[1]);
-    let t = t1 - 1;
-    let tokens: Vec<u32> = tv
+    let tokens = tv
         .data()
         .chunks_exact(4)
         .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as u32)
         .collect();
+    (tokens, tv.shape()[0], tv.shape()[1])
+}
+
+fn run(case: &str) {
+    let (model, bytes) = fixture(case);
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let (tokens, b, t1) = tokens(&st);
+    let t = t1 - 1;
     let (x, y): (Vec<u32>, Vec<u32>) = tokens
         .chunks(t1)
         .flat_map(|s| s[..t].iter().copied().zip(s[1..].iter().copied()))
@@ -116,5 +136,41 @@ fn run(case: &str) {
 fn every_fixture_matches_pytorch() {
     for case in CASES {
         run(case);
+    }
+}
+
+#[test]
+fn long_fixtures_match_pytorch_through_the_kv_cache() {
+    for case in LONG {
+        let (model, bytes) = fixture(case);
+        let st = SafeTensors::deserialize(&bytes).unwrap();
+        let (tokens, b, t1) = tokens(&st);
+        assert_eq!(b, 1);
+        let (t, half, v) = (t1 - 1, (t1 - 1) / 2, model.config.vocab_size);
+        let mut got = Vec::with_capacity(t * v);
+        let mut ws = Workspace::new(&model, 1, half);
+        let mut cache = [KvCache::new(&model, t)];
+        model
+            .forward_cached(&mut ws, &mut cache, &tokens[..half], half, true)
+            .unwrap();
+        got.extend_from_slice(&ws.logits[..half * v]);
+        for &token in &tokens[half..t] {
+            model
+                .forward_cached(&mut ws, &mut cache, &[token], 1, false)
+                .unwrap();
+            got.extend_from_slice(&ws.logits[..v]);
+        }
+        let (want, _) = tensor(&st, "logits");
+        let (first, rest) = (
+            rel(&got[..half * v], &want[..half * v]),
+            rel(&got[half * v..], &want[half * v..]),
+        );
+        println!(
+            "{case}: logits through the cache, prefill rel err {first:.2e}, decode {rest:.2e}"
+        );
+        assert!(
+            first < 1e-5 && rest < 1e-5,
+            "{case}: prefill {first:.2e}, decode {rest:.2e}"
+        );
     }
 }
