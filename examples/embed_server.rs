@@ -72,6 +72,7 @@ fn run() -> std::result::Result<(), Box<dyn std::error::Error>> {
         prefix_cache: 0,
         name: "tiny".into(),
         grace: Duration::from_secs(1),
+        speculate: Default::default(),
     };
     let load: difftx::serve::Loader = Box::new(move || {
         let (model, _tok) = open_model(&dir).map_err(|e| e.to_string())?;

@@ -70,3 +70,33 @@ pub fn open_model(path: impl AsRef<Path>) -> Result<(Model, data::Tokenizer)> {
     let tok = data::Tokenizer::for_model(&dir, &model.config)?;
     Ok((model, tok))
 }
+
+/// Opens a draft model for speculative decoding of `target` ([`infer::DraftModel`]): what
+/// [`open_model`] opens, refused in one line unless its tokenizer is `tok`, set to multiply,
+/// quantise and cache as `target` does.
+pub fn open_draft_model(
+    path: impl AsRef<Path>,
+    target: &Model,
+    tok: &data::Tokenizer,
+) -> Result<Model> {
+    let path = path.as_ref();
+    let (mut draft, own) = open_model(path)?;
+    if own.fingerprint() != tok.fingerprint() {
+        let name = |t: &data::Tokenizer| match t.file() {
+            Some(p) => p.display().to_string(),
+            None => "byte-level".into(),
+        };
+        return Err(Error::Invalid(format!(
+            "draft model {}: its tokenizer ({}) is not the model's ({}); a draft model needs the same tokenizer",
+            path.display(),
+            name(&own),
+            name(tok)
+        )));
+    }
+    draft.precision = target.precision;
+    if let Some(q) = &target.quant {
+        draft.quantize(q.kind);
+    }
+    draft.kv_cache = target.kv_cache;
+    Ok(draft)
+}

@@ -349,3 +349,85 @@ fn lookup_drafts_what_followed_the_latest_repeat_of_the_last_tokens() {
     // a draft never runs past the text's end
     assert_eq!(lookup_draft(&[5, 5], 4), vec![5]);
 }
+
+/// Speculative decoding with a draft model gives plain greedy decoding's tokens for every
+/// kind, KV cache type and quantisation: with the model itself as its draft (nearly every
+/// draft accepted), with another model (drafts accepted and rejected), and with a draft whose
+/// context ends before the text does (the steps past it decode plainly). A draft with another
+/// vocabulary is refused.
+#[test]
+fn a_draft_model_decodes_the_plain_greedy_tokens() {
+    use difftx::infer::{generate_with_draft, DraftModel};
+    let prompts: Vec<Vec<u32>> = ["the cat sat on the mat and the cat", "Z"]
+        .iter()
+        .map(|t| t.bytes().map(u32::from).collect())
+        .collect();
+    // the model with its weights nudged: a draft that mostly agrees with it
+    let nudged = |m: &Model| {
+        let mut d = m.clone();
+        let mut rng = ChaCha8Rng::seed_from_u64(3);
+        for p in &mut d.params {
+            *p += (rng.random::<f32>() * 2.0 - 1.0) * 0.03;
+        }
+        d
+    };
+    for kind in AttentionKind::ALL {
+        for (kv, quant) in [
+            (KvKind::F32, None),
+            (KvKind::Bf16, None),
+            (KvKind::Q8_0, Some(difftx::kernels::quant::QuantKind::Q8_0)),
+        ] {
+            let mut m = model(kind, 1);
+            m.kv_cache = kv;
+            let itself = m.clone();
+            let other = nudged(&m);
+            let mut short = other.clone();
+            short.config.max_position_embeddings = 40;
+            if let Some(q) = quant {
+                m.quantize(q);
+            }
+            let label = format!("{kind:?} {kv:?} {quant:?}");
+            let plain = generate(&m, &prompts, &opts(30), |_, _| {}).unwrap();
+            for (name, d, n) in [
+                ("itself", &itself, 4),
+                ("other", &other, 3),
+                ("short", &short, 5),
+            ] {
+                let mut draft = DraftModel::new(d, &m, n).unwrap();
+                let mut streamed = vec![Vec::new(); prompts.len()];
+                let got = generate_with_draft(&m, Some(&mut draft), &prompts, &opts(30), |i, t| {
+                    streamed[i].push(t)
+                })
+                .unwrap();
+                let label = format!("{label}, draft {name}");
+                assert_eq!(got.tokens, plain.tokens, "{label}");
+                assert_eq!(streamed, plain.tokens, "{label}: streamed");
+                let share = got.acceptance();
+                match name {
+                    // (its f32 self, for a quantised model: three in four agree)
+                    "itself" => {
+                        let least = if quant.is_some() { 0.6 } else { 0.9 };
+                        assert!(share > least, "{label}: {share}")
+                    }
+                    _ => assert!(
+                        got.accepted > 0 && got.accepted < got.drafted,
+                        "{label}: {share}"
+                    ),
+                }
+            }
+        }
+    }
+    let mut wide = ModelConfig::preset(Preset::Tiny, AttentionKind::Standard);
+    wide.vocab_size += 1;
+    let wide = Model::init(wide, 0).unwrap();
+    let m = model(AttentionKind::DiffV1, 1);
+    let err = DraftModel::new(&wide, &m, 4).err().unwrap().to_string();
+    assert!(err.contains("same tokenizer"), "{err}");
+    let both = GenerateOptions {
+        lookup: 2,
+        ..opts(4)
+    };
+    let mut draft = DraftModel::new(&m, &m, 4).unwrap();
+    let err = generate_with_draft(&m, Some(&mut draft), &prompts, &both, |_, _| {});
+    assert!(err.is_err());
+}

@@ -4,7 +4,7 @@
 #![cfg(feature = "serve")]
 
 mod common;
-use common::{bin, difftx, fails_with, ok};
+use common::{bin, difftx, fails_at_the_end_with, fails_with, ok};
 use reqwest::blocking::{Client, Response};
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader};
@@ -907,6 +907,7 @@ fn health_and_the_api_say_503_while_the_model_loads() {
         prefix_cache: 0,
         name: "slow".into(),
         grace: Duration::from_secs(1),
+        speculate: Default::default(),
     };
     let load = Box::new(move || {
         wait.recv().map_err(|e| e.to_string())?;
@@ -1571,4 +1572,99 @@ fn json_schema_answers_validate_against_the_schema() {
         (400, &json!("max_tokens")),
         "{v}"
     );
+}
+
+/// Speculative decoding over HTTP, by prompt lookup and by a draft model (here a model with
+/// the same weights, so most drafts are taken): greedy answers, alone and 8 at once, are a
+/// plain server's; JSON mode still answers JSON; /metrics counts drafts and acceptances.
+#[test]
+fn speculative_servers_answer_as_a_plain_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let draft = tiny_model(dir.path());
+    let chunk = ["--prefill-chunk", "16"];
+    let plain = start(&chunk);
+    let servers = [
+        ("lookup", start(&[&chunk[..], &["--lookup", "4"]].concat())),
+        (
+            "draft",
+            start(&[&chunk[..], &["--draft-model", draft.to_str().unwrap()]].concat()),
+        ),
+    ];
+    let body = |i: usize| {
+        let p = prompt_of(i);
+        json!({"prompt": format!("{p} {p}"), "max_tokens": 32, "temperature": 0})
+    };
+    let want: Vec<Value> = (0..8).map(|i| plain.complete(body(i))).collect();
+    for (by, s) in &servers {
+        let alone: Vec<Value> = (0..8).map(|i| s.complete(body(i))).collect();
+        let together = s.complete_at_once((0..8).map(body).collect());
+        for i in 0..8 {
+            let w = &want[i]["choices"][0]["text"];
+            assert_eq!(&alone[i]["choices"][0]["text"], w, "{by} prompt {i}");
+            assert_eq!(
+                &together[i]["choices"][0]["text"], w,
+                "{by} prompt {i}, 8 at once"
+            );
+        }
+        for seed in 0..6 {
+            let json_mode = json!({"prompt": "Data: ", "max_tokens": 16, "temperature": 1,
+                "seed": seed, "response_format": {"type": "json_object"}});
+            let t = text(&s.complete(json_mode));
+            let v = serde_json::from_str::<Value>(&t);
+            assert!(v.is_ok_and(|v| v.is_object()), "{by}: {t}");
+        }
+        let drafted = metric(s, "difftx_speculative_drafted_tokens_total");
+        let accepted = metric(s, "difftx_speculative_accepted_tokens_total");
+        assert!(
+            accepted > 0.0 && accepted <= drafted,
+            "{by}: {accepted} of {drafted}"
+        );
+    }
+    assert_eq!(
+        metric(&plain, "difftx_speculative_drafted_tokens_total"),
+        0.0
+    );
+}
+
+/// A draft model must share the model's tokenizer: `generate` and `serve` refuse another in
+/// one line, exit 1; a missing one too.
+#[test]
+fn a_draft_model_with_another_tokenizer_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let other = dir.path().join("other");
+    std::fs::create_dir(&other).unwrap();
+    std::fs::copy(model.join("config.json"), other.join("config.json")).unwrap();
+    std::fs::copy(
+        model.join("model.safetensors"),
+        other.join("model.safetensors"),
+    )
+    .unwrap();
+    let hf = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf/llama_gqa");
+    std::fs::copy(hf.join("tokenizer.json"), other.join("tokenizer.json")).unwrap();
+    let m = model.to_str().unwrap();
+    let o = other.to_str().unwrap();
+    let run = |args: &[&str]| bin().args(args).output().unwrap();
+    let gen = run(&[
+        "generate",
+        "--model",
+        m,
+        "--prompt",
+        "x",
+        "--draft-model",
+        o,
+    ]);
+    fails_with(&gen, &["draft model", "tokenizer", "byte-level"]);
+    let srv = run(&["serve", "--port", "0", "--model", m, "--draft-model", o]);
+    fails_at_the_end_with(&srv, &["draft model", "same tokenizer"]);
+    let gone = run(&[
+        "serve",
+        "--port",
+        "0",
+        "--model",
+        m,
+        "--draft-model",
+        "/nowhere",
+    ]);
+    fails_with(&gone, &["--draft-model /nowhere"]);
 }

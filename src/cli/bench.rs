@@ -363,6 +363,8 @@ pub struct BenchDecodeArgs {
     /// --lookup N`); the acceptance is printed.
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub lookup: usize,
+    #[command(flatten)]
+    pub draft: super::draft::DraftArgs,
     /// Print one JSON object on stdout.
     #[arg(long)]
     pub json: bool,
@@ -623,6 +625,7 @@ fn decode(a: BenchDecodeArgs, precision: Precision) -> Result<()> {
     };
     super::quantize(&mut model, quant);
     model.kv_cache = kv_cache;
+    let draft = a.draft.load(&model, &tok)?;
     let ctx = model.config.max_position_embeddings;
     let text = match &a.prompt_file {
         Some(f) => {
@@ -653,6 +656,7 @@ fn decode(a: BenchDecodeArgs, precision: Precision) -> Result<()> {
         difftx::experiments::bench::DecodeSource {
             prompt: text,
             lookup: a.lookup,
+            draft: draft.as_ref().map(|d| (d, a.draft.draft_tokens)),
         },
     )?;
     if a.json {
@@ -683,6 +687,12 @@ fn decode(a: BenchDecodeArgs, precision: Precision) -> Result<()> {
             println!(
                 "prompt lookup (drafts of up to {}): {} of {} drafted tokens accepted in the last repetition",
                 r.lookup, r.accepted, r.drafted
+            );
+        }
+        if r.draft > 0 {
+            println!(
+                "draft model ({} params, drafts of up to {}): {} of {} drafted tokens accepted in the last repetition",
+                r.draft_params, r.draft, r.accepted, r.drafted
             );
         }
         if a.bandwidth {

@@ -61,6 +61,8 @@ pub struct GenerateArgs {
     /// output repeats the prompt (code, quotes, edits). `--stats` reports the acceptance.
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub lookup: usize,
+    #[command(flatten)]
+    pub draft: super::draft::DraftArgs,
     /// Print prefill and decode tokens/s to stderr.
     #[arg(long)]
     pub stats: bool,
@@ -89,6 +91,11 @@ pub fn run(a: GenerateArgs, precision: difftx::kernels::Precision) -> Result<()>
     super::quantize(&mut model, quant);
     model.kv_cache = kv_cache;
     let tok = Tokenizer::for_model(&dir, &model.config)?;
+    let draft_model = a.draft.load(&model, &tok)?;
+    let mut draft = draft_model
+        .as_ref()
+        .map(|d| difftx::infer::DraftModel::new(d, &model, a.draft.draft_tokens))
+        .transpose()?;
     let mut texts = a.prompt.clone();
     for f in &a.prompt_file {
         texts.push(std::fs::read_to_string(f).with_context(|| format!("{}", f.display()))?);
@@ -110,16 +117,17 @@ pub fn run(a: GenerateArgs, precision: difftx::kernels::Precision) -> Result<()>
     };
     let single = prompts.len() == 1 && !a.json;
     let mut stream = difftx::data::tokenizer::TextStream::default();
-    let g = difftx::infer::generate(&model, &prompts, &opts, |_, id| {
-        // One prompt streams as it goes; a batch prints each continuation at the end.
-        if single {
-            if let Ok(piece) = stream.push(&tok, id) {
-                let mut stdout = std::io::stdout().lock();
-                let _ = stdout.write_all(piece.as_bytes());
-                let _ = stdout.flush();
+    let g =
+        difftx::infer::generate_with_draft(&model, draft.as_mut(), &prompts, &opts, |_, id| {
+            // One prompt streams as it goes; a batch prints each continuation at the end.
+            if single {
+                if let Ok(piece) = stream.push(&tok, id) {
+                    let mut stdout = std::io::stdout().lock();
+                    let _ = stdout.write_all(piece.as_bytes());
+                    let _ = stdout.flush();
+                }
             }
-        }
-    })?;
+        })?;
     let mut stdout = std::io::stdout().lock();
     if single {
         let _ = stdout.write_all(stream.finish(&tok)?.as_bytes());
@@ -167,9 +175,14 @@ pub fn run(a: GenerateArgs, precision: difftx::kernels::Precision) -> Result<()>
             g.decode_tokens_per_second(),
             prompts.len()
         );
-        if a.lookup > 0 {
+        if a.lookup > 0 || draft.is_some() {
+            let by = if a.lookup > 0 {
+                "lookup"
+            } else {
+                "draft model"
+            };
             eprintln!(
-                "lookup: {} of {} drafted tokens accepted ({:.0}%)",
+                "{by}: {} of {} drafted tokens accepted ({:.0}%)",
                 g.accepted,
                 g.drafted,
                 100.0 * g.acceptance()

@@ -5,6 +5,7 @@ pub mod args;
 pub mod attention_map;
 pub mod bench;
 pub mod demo;
+pub mod draft;
 pub mod eval;
 pub mod export;
 pub mod generate;

@@ -377,9 +377,11 @@ pub struct DecodeBench {
     pub phases: Vec<PhaseTime>,
     /// with `phases`: the same for the prefill (every prompt's, as `prefill_s_median` counts)
     pub prefill_phases: Vec<PhaseTime>,
-    /// prompt lookup's draft length (0: plain decoding), and in the last timed repetition the
-    /// tokens drafted and accepted
+    /// prompt lookup's draft length (0: none); a draft model's tokens a step (0: none) and
+    /// its parameters; in the last timed repetition the tokens drafted and accepted
     pub lookup: usize,
+    pub draft: usize,
+    pub draft_params: usize,
     pub drafted: usize,
     pub accepted: usize,
 }
@@ -409,7 +411,7 @@ pub fn bench_decode(
     (probe_memory, phases): (bool, bool),
     source: DecodeSource,
 ) -> Result<DecodeBench> {
-    use crate::infer::{generate, GenerateOptions, Sampling};
+    use crate::infer::{generate_with_draft, DraftModel, GenerateOptions, Sampling};
     use crate::model::phases::{self as ph, Phase};
     let ctx = model.config.max_position_embeddings;
     if prompt_len == 0 || new_tokens == 0 || batch == 0 {
@@ -440,16 +442,20 @@ pub fn bench_decode(
         truncate_prompt: false,
         lookup: source.lookup,
     };
+    let mut draft = match source.draft {
+        Some((d, n)) => Some(DraftModel::new(d, model, n)?),
+        None => None,
+    };
     let mut memory_gbs = Vec::new();
     let mut drafts = (0, 0);
     // each repetition's phase times: (prefill, decoding steps)
     let mut phase_s: Vec<[[f64; 6]; 2]> = Vec::new();
     let mut timed = || -> Result<(Vec<f64>, Vec<f64>)> {
         // the phases until the first new token are the prefill's, the rest the steps'
-        let run = || -> Result<_> {
+        let mut run = || -> Result<_> {
             let mut prefill = None;
             ph::reset();
-            let g = generate(model, &prompts, &opts, |_, _| {
+            let g = generate_with_draft(model, draft.as_mut(), &prompts, &opts, |_, _| {
                 if prefill.is_none() {
                     prefill = Some(ph::seconds());
                     ph::reset();
@@ -541,17 +547,21 @@ pub fn bench_decode(
         phases,
         prefill_phases,
         lookup: source.lookup,
+        draft: source.draft.map_or(0, |d| d.1),
+        draft_params: source.draft.map_or(0, |d| d.0.num_params()),
         drafted: drafts.0,
         accepted: drafts.1,
     })
 }
 
 /// What `bench_decode` decodes after: seeded random prompts (`prompt: None`), or a text's
-/// tokens; and prompt lookup's draft length (0: plain decoding).
-#[derive(Clone, Debug, Default)]
-pub struct DecodeSource {
+/// tokens; and speculative decoding's drafts: prompt lookup's draft length (0: none), or a
+/// draft model and its tokens a step.
+#[derive(Clone, Default)]
+pub struct DecodeSource<'d> {
     pub prompt: Option<Vec<u32>>,
     pub lookup: usize,
+    pub draft: Option<(&'d Model, usize)>,
 }
 
 /// The bytes of an input embedding table that decoding reads one row of a token (none where

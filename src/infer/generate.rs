@@ -3,6 +3,8 @@
 
 use crate::error::{Error, Result};
 use crate::infer::sample::{adjusted, sample, verify, Sampling, Seen};
+pub use crate::infer::speculative::lookup_draft;
+use crate::infer::speculative::{DraftModel, DraftState};
 use crate::model::{memory::Need, KvCache, Model, Workspace};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -94,11 +96,31 @@ pub fn generate(
     opts: &GenerateOptions,
     on_token: impl FnMut(usize, u32) + Send,
 ) -> Result<Generation> {
-    crate::kernels::on_pool(|| generate_in_pool(model, prompts, opts, on_token))
+    generate_with_draft(model, None, prompts, opts, on_token)
+}
+
+/// `generate`, with speculative decoding by a draft model when `draft` is given: each step
+/// the draft model proposes up to `draft.tokens` tokens (its greedy continuation) and the
+/// model verifies them in one forward pass. The prompts decode one after another, each as a
+/// batch of one. Greedy, the tokens are `generate`'s; sampled, their distribution is.
+pub fn generate_with_draft(
+    model: &Model,
+    draft: Option<&mut DraftModel>,
+    prompts: &[Vec<u32>],
+    opts: &GenerateOptions,
+    on_token: impl FnMut(usize, u32) + Send,
+) -> Result<Generation> {
+    if draft.is_some() && opts.lookup > 0 {
+        return Err(Error::Invalid(
+            "speculative decoding takes its drafts from prompt lookup or from a draft model, not both".into(),
+        ));
+    }
+    crate::kernels::on_pool(|| generate_in_pool(model, draft, prompts, opts, on_token))
 }
 
 fn generate_in_pool(
     model: &Model,
+    mut draft: Option<&mut DraftModel>,
     prompts: &[Vec<u32>],
     opts: &GenerateOptions,
     mut on_token: impl FnMut(usize, u32),
@@ -148,8 +170,9 @@ fn generate_in_pool(
         .check(&format!(
             "generating for {b} prompts of up to {longest} tokens with a context of {ctx}"
         ))?;
-    // (a lookup step verifies up to `lookup` drafted tokens after the last one)
-    let mut ws = Workspace::new(model, b, longest.max(opts.lookup + 1));
+    // (a speculative step verifies up to `drafted` tokens after the last one)
+    let drafted = draft.as_ref().map_or(opts.lookup, |d| d.tokens);
+    let mut ws = Workspace::new(model, b, longest.max(drafted + 1));
     ws.keep_weight_copies(model, panels);
     let mut caches: Vec<KvCache> = (0..b).map(|_| KvCache::new(model, ctx)).collect();
     let mut rng = ChaCha8Rng::seed_from_u64(opts.seed);
@@ -188,7 +211,7 @@ fn generate_in_pool(
         opts,
         &mut on_token,
     );
-    if opts.lookup > 0 {
+    if drafted > 0 {
         for slot in 0..active {
             let i = order[slot];
             let mut check = |row: &[f32], draft: u32, rng: &mut ChaCha8Rng| {
@@ -206,11 +229,19 @@ fn generate_in_pool(
                 prompt: used[i],
                 index: i,
             };
-            decode_by_lookup(
+            let mut source = match draft.as_deref_mut() {
+                Some(d) => {
+                    let state = d.state(ctx);
+                    Source::Model(d, state)
+                }
+                None => Source::Lookup(opts.lookup),
+            };
+            decode_speculative(
                 model,
                 &mut ws,
                 &mut caches[slot],
                 seq,
+                &mut source,
                 &mut out,
                 opts,
                 &mut rng,
@@ -295,19 +326,28 @@ struct Seq<'a> {
     index: usize,
 }
 
-/// Decodes one sequence to its end by prompt lookup: each step drafts up to `opts.lookup`
-/// tokens (`lookup_draft`), feeds the last token and the draft in one forward pass, and
-/// `verify(row, drafted token)` takes the drafted tokens in order while they are accepted,
-/// then the corrected token (or, all accepted, one more from the last row); the cache keeps
-/// the accepted positions only. Without a draft a step is plain decoding. Greedy, the text is
-/// plain decoding's; sampled, its distribution (`sample::verify`).
+/// Where a sequence's drafts come from.
+enum Source<'a, 'd> {
+    /// prompt lookup, drafts of up to this many tokens
+    Lookup(usize),
+    /// a draft model, with the sequence's cache of it
+    Model(&'a mut DraftModel<'d>, DraftState),
+}
+
+/// Decodes one sequence to its end speculatively: each step drafts up to `room` tokens from
+/// `source`, feeds the last token and the draft in one forward pass, and `verify(row, drafted
+/// token)` takes the drafted tokens in order while they are accepted, then the corrected
+/// token (or, all accepted, one more from the last row); the caches keep the accepted
+/// positions only. Without a draft a step is plain decoding. Greedy, the text is plain
+/// decoding's; sampled, its distribution (`sample::verify`).
 // the decode loop's state for one sequence, as `generate_in_pool` holds it
 #[allow(clippy::too_many_arguments)]
-fn decode_by_lookup(
+fn decode_speculative(
     model: &Model,
     ws: &mut Workspace,
     cache: &mut KvCache,
     seq: Seq,
+    source: &mut Source,
     out: &mut Generation,
     opts: &GenerateOptions,
     rng: &mut ChaCha8Rng,
@@ -322,7 +362,10 @@ fn decode_by_lookup(
         let room = (opts.max_new_tokens - out.tokens[i].len())
             .min(cache.capacity - cache.len)
             .saturating_sub(1);
-        let draft = lookup_draft(&text, opts.lookup.min(room));
+        let draft = match source {
+            Source::Lookup(n) => lookup_draft(&text, (*n).min(room)),
+            Source::Model(d, state) => d.draft(state, &text, room)?,
+        };
         let inputs: Vec<u32> = std::iter::once(*text.last().unwrap())
             .chain(draft.iter().copied())
             .collect();
@@ -340,8 +383,11 @@ fn decode_by_lookup(
         }
         out.drafted += draft.len();
         out.accepted += new.len() - 1;
-        // the cache keeps the inputs up to the last accepted draft
+        // the caches keep the inputs up to the last accepted draft
         cache.len = at + new.len();
+        if let Source::Model(_, state) = source {
+            state.keep(text.len() + new.len() - 1);
+        }
         for t in new {
             out.tokens[i].push(t);
             out.decode_tokens += 1;
@@ -354,25 +400,4 @@ fn decode_by_lookup(
         }
     }
     Ok(())
-}
-
-/// Prompt lookup's draft: the tokens that followed the latest earlier occurrence of the text's
-/// last 3 tokens (else 2, else 1), up to `n` of them; none where the text has no such
-/// repeat.
-pub fn lookup_draft(text: &[u32], n: usize) -> Vec<u32> {
-    if n == 0 {
-        return Vec::new();
-    }
-    for g in (1..=3).rev() {
-        if text.len() <= g {
-            continue;
-        }
-        let tail = &text[text.len() - g..];
-        // occurrences that end before the text's last token, the latest first
-        if let Some(start) = (0..text.len() - g).rev().find(|&j| &text[j..j + g] == tail) {
-            let from = start + g;
-            return text[from..(from + n).min(text.len())].to_vec();
-        }
-    }
-    Vec::new()
 }

@@ -8,8 +8,10 @@ pub mod json;
 pub mod json_schema;
 pub mod loss;
 pub mod sample;
+pub mod speculative;
 
 pub use embed::embed;
-pub use generate::{generate, GenerateOptions, Generation};
+pub use generate::{generate, generate_with_draft, GenerateOptions, Generation};
 pub use loss::{evaluate_by_position, evaluate_loss, Bucket, ByPosition, EvalResult};
 pub use sample::{Penalties, Sampling};
+pub use speculative::DraftModel;

@@ -8,7 +8,8 @@
 //!    every position's logits when it is scored), admitting those queued meanwhile; a
 //!    prompt's end sends its first token, and one sequence a step joins the decoding batch
 //!    while others decode (`Engine::step` says why)
-//! 3. decode one token for every sequence in the decoding batch (B running, t = 1)
+//! 3. decode one token for every sequence in the decoding batch (B running, t = 1), or,
+//!    speculating, verify each sequence's draft in one pass (B running, t = 1 + draft)
 //! 4. hand each new token to its job's sink; retire finished and cancelled sequences
 //! ```
 //!
@@ -26,7 +27,8 @@ pub use super::score::{score, TokenScore};
 use crate::error::{Error, Result};
 use crate::experiments::attention_stats::{head_maps, HeadMaps};
 use crate::infer::constrain::JsonConstraint;
-use crate::infer::sample::{adjusted, sample, Sampling, Seen};
+use crate::infer::sample::{adjusted, sample, verify, Sampling, Seen};
+use crate::infer::speculative::{lookup_draft, DraftModel, DraftState, DRAFT_CHUNK};
 use crate::model::{memory::Need, KvCache, Model, Workspace};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -121,7 +123,15 @@ pub struct EngineOptions {
     pub chunk: usize,
     /// bytes of prompt blocks kept for later requests (`prefix.rs`); 0 keeps none
     pub prefix_cache: usize,
+    /// speculative decoding by prompt lookup, drafts of up to this many tokens (0: off; a
+    /// draft model instead: `Engine::with_draft`)
+    pub lookup: usize,
 }
+
+/// The rows a speculative step verifies at most, all sequences' together: drafts shorten as
+/// the batch grows (a sequence's draft of n tokens costs n + 1 rows), and at 16 sequences
+/// and more the engine decodes plainly, where the batch itself fills the products.
+const SPEC_ROWS: usize = 16;
 
 /// What the engine is doing, read by the server's metrics.
 #[derive(Default)]
@@ -129,6 +139,9 @@ pub struct EngineGauges {
     pub running: AtomicUsize,
     pub queued: AtomicUsize,
     pub prefix: Arc<PrefixGauges>,
+    /// speculative decoding: tokens drafted, and those of them accepted
+    pub drafted: AtomicUsize,
+    pub accepted: AtomicUsize,
 }
 
 /// A sequence in the batch: its job, cache, sampler and progress.
@@ -145,6 +158,10 @@ struct Seq {
     /// prefix caching: the key of its last block in the cache (None before the first), the
     /// parent of its next; None when it keeps no more (no cache, or a block's parent evicted)
     chain: Option<Option<u64>>,
+    /// speculating: the prompt and the tokens generated so far (empty otherwise)
+    text: Vec<u32>,
+    /// with a draft model, its cache of `text`
+    draft: Option<DraftState>,
 }
 
 pub struct Engine<'m> {
@@ -166,6 +183,11 @@ pub struct Engine<'m> {
     masked: Vec<f32>,
     /// prompt blocks kept across requests (`--prefix-cache`)
     prefix: Option<PrefixCache>,
+    /// speculative decoding: tokens drafted a step at most (0: off), the draft model if
+    /// drafts come from one (else from prompt lookup), and the workspace that verifies them
+    spec: usize,
+    draft: Option<DraftModel<'m>>,
+    spec_ws: Option<Workspace>,
     gauges: Arc<EngineGauges>,
 }
 
@@ -178,7 +200,8 @@ impl<'m> Engine<'m> {
         }
         let ctx = model.config.max_position_embeddings;
         let chunk = opts.chunk.min(ctx);
-        let workspaces = [(opts.parallel, 1), (1, chunk)];
+        let spec = (opts.parallel, opts.lookup + 1);
+        let workspaces = [(opts.parallel, 1), (1, chunk), spec];
         // the weights a second time (bf16 copies with `--bf16`, else f32 panels), one copy
         // that both workspaces read
         let panels = model.quant.is_none();
@@ -198,6 +221,11 @@ impl<'m> Engine<'m> {
         decode_ws.keep_weight_copies(model, panels);
         let mut prefill_ws = Workspace::new(model, 1, chunk);
         prefill_ws.share_weight_copies(&decode_ws);
+        let spec_ws = (opts.lookup > 0).then(|| {
+            let mut ws = Workspace::new(model, spec.0, spec.1);
+            ws.share_weight_copies(&decode_ws);
+            ws
+        });
         Ok(Engine {
             model,
             opts: EngineOptions { chunk, ..opts },
@@ -211,8 +239,31 @@ impl<'m> Engine<'m> {
             adjusted: Vec::with_capacity(model.config.vocab_size),
             masked: Vec::with_capacity(model.config.vocab_size),
             prefix,
+            spec: opts.lookup,
+            draft: None,
+            spec_ws,
             gauges,
         })
+    }
+
+    /// Speculative decoding with `draft`'s drafts (its greedy continuation, `draft.tokens` a
+    /// step at most) instead of prompt lookup's.
+    pub fn with_draft(mut self, draft: DraftModel<'m>) -> Result<Self> {
+        let rows = (self.opts.parallel, draft.tokens + 1);
+        let c = &draft.model().config;
+        let chunk = (1, DRAFT_CHUNK.min(c.max_position_embeddings));
+        let caches = (
+            self.opts.parallel,
+            c.max_position_embeddings,
+            self.model.kv_cache,
+        );
+        Need::inference(c, &[chunk], caches).check("a draft model beside every sequence")?;
+        let mut ws = Workspace::new(self.model, rows.0, rows.1);
+        ws.share_weight_copies(&self.decode_ws);
+        self.spec = draft.tokens;
+        self.spec_ws = Some(ws);
+        self.draft = Some(draft);
+        Ok(self)
     }
 
     /// Serves jobs from `queue` until every sender is gone and the batch is empty, on a worker
@@ -297,9 +348,16 @@ impl<'m> Engine<'m> {
             return;
         }
         self.caches.push(cache);
+        let speculating = self.spec > 0;
         self.seqs.push(Seq {
             rng: ChaCha8Rng::seed_from_u64(job.seed),
             seen: Seen::new(&job.prompt, &job.sampling.penalties),
+            text: if speculating {
+                job.prompt.clone()
+            } else {
+                Vec::new()
+            },
+            draft: self.draft.as_ref().map(|d| d.state(cap)),
             job,
             fed,
             generated: 0,
@@ -471,12 +529,20 @@ impl<'m> Engine<'m> {
         } else {
             i
         };
-        self.emit(slot, &logits[last..last + v]);
+        self.emit(slot, &logits[last..last + v], None);
         Ok(())
     }
 
-    /// Phase 3: feeds every decoding sequence its last token (B = decoding, t = 1) and emits the next.
+    /// Phase 3: one token for every decoding sequence, speculatively where it may be.
     fn decode(&mut self) -> Result<()> {
+        match self.draft_len() {
+            0 => self.decode_plainly(),
+            n => self.decode_speculatively(n),
+        }
+    }
+
+    /// Feeds every decoding sequence its last token (B = decoding, t = 1) and emits the next.
+    fn decode_plainly(&mut self) -> Result<()> {
         let b = self.decoding;
         let v = self.model.config.vocab_size;
         let inputs: Vec<u32> = self.seqs[..b].iter().map(|s| s.last).collect();
@@ -490,15 +556,94 @@ impl<'m> Engine<'m> {
         let logits = std::mem::take(&mut self.decode_ws.logits);
         // from the last slot down, so retiring one moves only slots already handled
         for slot in (0..b).rev() {
-            self.emit(slot, &logits[slot * v..(slot + 1) * v]);
+            self.emit(slot, &logits[slot * v..(slot + 1) * v], None);
         }
         self.decode_ws.logits = logits;
         Ok(())
     }
 
-    /// Phase 4: draws decoding sequence `slot`'s next token from `row`, hands it to the job, and
-    /// retires the sequence when it is finished or nobody listens.
-    fn emit(&mut self, slot: usize, row: &[f32]) {
+    /// Tokens a speculative step drafts a sequence at most (0: decode plainly): up to `spec`,
+    /// `SPEC_ROWS` rows verified in all, and within every sequence's tokens still wanted and
+    /// its cache, so that each one's draft (padded to the longest) fits.
+    fn draft_len(&self) -> usize {
+        let b = self.decoding;
+        let mut n = self.spec.min((SPEC_ROWS / b).saturating_sub(1));
+        for (s, c) in self.seqs[..b].iter().zip(&self.caches) {
+            let room = (s.job.max_tokens - s.generated).min(c.capacity - c.len);
+            n = n.min(room.saturating_sub(1));
+        }
+        n
+    }
+
+    /// Speculative decoding: each decoding sequence's draft of up to `n` tokens (prompt
+    /// lookup's or the draft model's), verified with its last token in one pass
+    /// (B = decoding, t = 1 + the longest draft, shorter drafts padded); each takes its
+    /// drafted tokens while accepted, then the corrected one or one more (`emit`), and its
+    /// cache keeps the positions accepted.
+    fn decode_speculatively(&mut self, n: usize) -> Result<()> {
+        let (b, v) = (self.decoding, self.model.config.vocab_size);
+        // 1. The drafts, each padded with its sequence's last token to the longest
+        let mut drafts = Vec::with_capacity(b);
+        for s in &mut self.seqs[..b] {
+            drafts.push(match (self.draft.as_mut(), s.draft.as_mut()) {
+                (Some(d), Some(state)) => d.draft(state, &s.text, n)?,
+                _ => lookup_draft(&s.text, n),
+            });
+        }
+        let t = 1 + drafts.iter().map(Vec::len).max().unwrap_or(0);
+        if t == 1 {
+            return self.decode_plainly();
+        }
+        let mut inputs = Vec::with_capacity(b * t);
+        for (s, d) in self.seqs[..b].iter().zip(&drafts) {
+            inputs.push(s.last);
+            inputs.extend(d);
+            inputs.extend(std::iter::repeat_n(s.last, t - 1 - d.len()));
+        }
+        // 2. One pass, every position's logits
+        let ws = self
+            .spec_ws
+            .as_mut()
+            .expect("speculating without its workspace");
+        self.model
+            .forward_cached(ws, &mut self.caches[..b], &inputs, t, true)?;
+        let logits = std::mem::take(&mut ws.logits);
+        // 3. From the last slot down (retiring one moves only slots already handled): the
+        // drafted tokens while accepted, the cache grown by each, then the corrected one
+        for slot in (0..b).rev() {
+            let d = &drafts[slot];
+            self.caches[slot].len -= t - 1;
+            let (mut accepted, mut running) = (0, true);
+            for j in 0..=d.len() {
+                let row = &logits[(slot * t + j) * v..(slot * t + j + 1) * v];
+                let took;
+                (took, running) = self.emit(slot, row, d.get(j).copied());
+                if !running || !took {
+                    break;
+                }
+                accepted += 1;
+                self.caches[slot].len += 1;
+            }
+            self.gauges.drafted.fetch_add(d.len(), Ordering::Relaxed);
+            self.gauges.accepted.fetch_add(accepted, Ordering::Relaxed);
+            // the draft model's cache keeps the text before the last token (a retired
+            // sequence's slot holds one handled already, or none)
+            if running {
+                let s = &mut self.seqs[slot];
+                if let Some(state) = s.draft.as_mut() {
+                    state.keep(s.text.len() - 1);
+                }
+            }
+        }
+        self.spec_ws.as_mut().expect("speculating").logits = logits;
+        Ok(())
+    }
+
+    /// Phase 4: draws decoding sequence `slot`'s next token from `row` (speculating, verifies
+    /// `draft` with it: `sample::verify`), hands it to the job, and retires the sequence when
+    /// it is finished or nobody listens. Returns whether the token is the draft, and whether
+    /// the sequence still runs.
+    fn emit(&mut self, slot: usize, row: &[f32], draft: Option<u32>) -> (bool, bool) {
         let s = &mut self.seqs[slot];
         let (j, adj) = (&s.job, &mut self.adjusted);
         let row = adjusted(row, &j.sampling, &s.seen, &j.logit_bias, adj);
@@ -509,8 +654,17 @@ impl<'m> Engine<'m> {
             Some(c) => c.mask(row, left, &mut self.masked),
             None => row,
         };
-        let tok = sample(row, &j.sampling, &mut s.rng, &mut self.scratch);
+        let (tok, took) = match draft {
+            Some(d) => verify(row, &j.sampling, &mut s.rng, &mut self.scratch, d),
+            None => (
+                sample(row, &j.sampling, &mut s.rng, &mut self.scratch),
+                false,
+            ),
+        };
         s.seen.push(tok);
+        if self.spec > 0 {
+            s.text.push(tok);
+        }
         if let Some(c) = s.job.json.as_mut() {
             c.advance(tok);
         }
@@ -530,9 +684,11 @@ impl<'m> Engine<'m> {
         if let Some(f) = finish.filter(|_| listening) {
             (s.job.sink)(Event::Done(f));
         }
-        if !listening || finish.is_some() {
+        let running = listening && finish.is_none();
+        if !running {
             self.retire(slot);
         }
+        (took, running)
     }
 
     /// Removes sequence `i`, keeping the decoding ones first.
@@ -649,6 +805,7 @@ mod tests {
             parallel: 8,
             chunk: 64,
             prefix_cache: 0,
+            lookup: 0,
         };
         Engine::new(model, opts, gauges).unwrap()
     }
@@ -750,6 +907,7 @@ mod tests {
             parallel: 4,
             chunk: 16,
             prefix_cache: budget,
+            lookup: 0,
         };
         Engine::new(model, opts, gauges).unwrap()
     }
@@ -821,6 +979,7 @@ mod tests {
             parallel: 2,
             chunk: 16,
             prefix_cache: 1000,
+            lookup: 0,
         };
         let e = Engine::new(&model, opts, Arc::default()).err().unwrap();
         assert!(e.to_string().contains("cannot hold one block of 16"), "{e}");
@@ -842,5 +1001,83 @@ mod tests {
         e.step(&rx).unwrap();
         assert!(e.seqs.is_empty());
         assert_eq!(gauges.queued.load(Ordering::Relaxed), 1);
+    }
+
+    /// Runs `prompts` together (greedy, 24 tokens each) on `e`: each one's tokens.
+    fn together(e: &mut Engine, prompts: &[Vec<u32>]) -> Vec<Vec<u32>> {
+        let (_tx, rx) = sync_channel(1);
+        let out: Vec<Arc<Mutex<Vec<u32>>>> = prompts.iter().map(|_| Arc::default()).collect();
+        for (p, o) in prompts.iter().zip(&out) {
+            let o = o.clone();
+            e.admit(Job {
+                prompt: p.clone(),
+                max_tokens: 24,
+                sink: Box::new(move |ev| {
+                    if let Event::Token(t, _) = ev {
+                        o.lock().unwrap().push(t);
+                    }
+                    true
+                }),
+                ..job(0, &Arc::new(Mutex::new(vec![0])))
+            });
+        }
+        while !e.seqs.is_empty() {
+            e.step(&rx).unwrap();
+        }
+        out.iter().map(|o| o.lock().unwrap().clone()).collect()
+    }
+
+    /// Speculative decoding in the engine, by prompt lookup and by a draft model, gives
+    /// plain decoding's greedy tokens for every kind, sequences decoding together (drafts
+    /// padded to the longest, some accepted, some not) and apart; the gauges count them.
+    #[test]
+    fn speculating_decodes_the_plain_greedy_tokens_together() {
+        let prompts: Vec<Vec<u32>> = ["the cat sat on the mat, the cat", "abcabcabc", "xyz", "no"]
+            .iter()
+            .map(|t| t.bytes().map(u32::from).collect())
+            .collect();
+        for kind in AttentionKind::ALL {
+            let model = Model::init(ModelConfig::preset(Preset::Tiny, kind), 1).unwrap();
+            // a draft that mostly agrees: the model with its weights nudged
+            let mut nudged = model.clone();
+            for (i, p) in nudged.params.iter_mut().enumerate() {
+                *p += 2e-4 * ((i * 7919 % 13) as f32 - 6.0);
+            }
+            let opts = |lookup| EngineOptions {
+                parallel: 4,
+                chunk: 16,
+                prefix_cache: 0,
+                lookup,
+            };
+            let plain = together(
+                &mut Engine::new(&model, opts(0), Arc::default()).unwrap(),
+                &prompts,
+            );
+            for by in ["lookup", "draft"] {
+                let gauges = Arc::new(EngineGauges::default());
+                let mut e = Engine::new(
+                    &model,
+                    opts(if by == "lookup" { 4 } else { 0 }),
+                    gauges.clone(),
+                )
+                .unwrap();
+                if by == "draft" {
+                    e = e
+                        .with_draft(DraftModel::new(&nudged, &model, 3).unwrap())
+                        .unwrap();
+                }
+                assert_eq!(together(&mut e, &prompts), plain, "{kind} {by}");
+                assert_eq!(
+                    together(&mut e, &prompts[..1]),
+                    plain[..1],
+                    "{kind} {by} alone"
+                );
+                let (d, a) = (
+                    gauges.drafted.load(Ordering::Relaxed),
+                    gauges.accepted.load(Ordering::Relaxed),
+                );
+                assert!(a > 0 && a < d, "{kind} {by}: {a} of {d} accepted");
+            }
+        }
     }
 }

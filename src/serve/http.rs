@@ -13,7 +13,6 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use serde_json::{json, Value};
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 impl IntoResponse for ApiError {
@@ -152,12 +151,7 @@ async fn health(State(app): AppState) -> Response {
 }
 
 async fn metrics(State(app): AppState) -> Response {
-    let g = &app.gauges;
-    let text = app.metrics.render(
-        g.queued.load(Ordering::Relaxed),
-        g.running.load(Ordering::Relaxed),
-        &g.prefix,
-    );
+    let text = app.metrics.render(&app.gauges);
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }
 

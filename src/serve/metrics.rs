@@ -2,10 +2,10 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
-use super::prefix::PrefixGauges;
+use super::engine::EngineGauges;
 
 /// A histogram over fixed bucket bounds (seconds).
 pub struct Histogram {
@@ -81,8 +81,12 @@ impl Metrics {
             .or_default() += 1;
     }
 
-    /// The text exposition, with the engine's queue depth and running batch size.
-    pub fn render(&self, queued: usize, running: usize, prefix: &PrefixGauges) -> String {
+    /// The text exposition, with the engine's gauges (queue depth, running batch size, prefix
+    /// cache, speculative decoding).
+    pub fn render(&self, engine: &EngineGauges) -> String {
+        let (prefix, u) = (&engine.prefix, |x: &AtomicUsize| {
+            x.load(Ordering::Relaxed) as u64
+        });
         let mut out = String::new();
         let _ = writeln!(
             out,
@@ -148,16 +152,28 @@ impl Metrics {
                 p(&prefix.bytes),
             ),
             (
+                "difftx_speculative_drafted_tokens_total",
+                counter,
+                "Tokens drafted by speculative decoding (prompt lookup or a draft model).",
+                u(&engine.drafted),
+            ),
+            (
+                "difftx_speculative_accepted_tokens_total",
+                counter,
+                "Drafted tokens the model accepted.",
+                u(&engine.accepted),
+            ),
+            (
                 "difftx_queue_depth",
                 gauge,
                 "Requests waiting for a batch slot.",
-                queued as u64,
+                u(&engine.queued),
             ),
             (
                 "difftx_running_sequences",
                 gauge,
                 "Sequences in the running batch.",
-                running as u64,
+                u(&engine.running),
             ),
         ] {
             let _ = writeln!(

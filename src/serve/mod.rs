@@ -62,6 +62,25 @@ pub struct ServeOptions {
     pub name: String,
     /// how long in-flight requests may run on after SIGTERM/SIGINT
     pub grace: Duration,
+    /// speculative decoding's drafts: none, prompt lookup's, or a draft model's
+    pub speculate: Speculate,
+}
+
+/// Where the server's speculative decoding takes its drafts from (`infer::speculative`).
+#[derive(Clone, Debug, Default)]
+pub enum Speculate {
+    /// plain decoding
+    #[default]
+    Off,
+    /// prompt lookup, drafts of up to this many tokens
+    Lookup(usize),
+    /// a draft model loaded beside the model
+    Draft {
+        /// what `open_model` opens, with the model's tokenizer
+        dir: PathBuf,
+        /// tokens drafted a step at most
+        tokens: usize,
+    },
 }
 
 /// Loads the model (on the engine thread, while the server answers 503): the model and the
@@ -236,6 +255,7 @@ impl App {
 ///     prefix_cache: 64 << 20,
 ///     name: "tiny".into(),
 ///     grace: std::time::Duration::from_secs(1),
+///     speculate: Speculate::Off,
 /// };
 /// let path = dir.path().to_path_buf();
 /// let load: difftx::serve::Loader = Box::new(move || {
@@ -316,6 +336,14 @@ pub fn serve_until(
         parallel: opts.parallel,
         chunk: opts.chunk,
         prefix_cache: opts.prefix_cache,
+        lookup: match opts.speculate {
+            Speculate::Lookup(n) => n,
+            _ => 0,
+        },
+    };
+    let draft = match &opts.speculate {
+        Speculate::Draft { dir, tokens } => Some((dir.clone(), *tokens)),
+        _ => None,
     };
     let app = Arc::new(App {
         name: opts.name.clone(),
@@ -333,7 +361,7 @@ pub fn serve_until(
     std::thread::Builder::new()
         .name("difftx-engine".into())
         .spawn(move || {
-            if let Err(e) = load_and_run(&engine_app, load, eopts, rx) {
+            if let Err(e) = load_and_run(&engine_app, load, (eopts, draft), rx) {
                 *engine_app.failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
                 engine_app.failed_notify.notify_one();
             }
@@ -356,7 +384,7 @@ pub fn serve_until(
 fn load_and_run(
     app: &Arc<App>,
     load: Loader,
-    eopts: EngineOptions,
+    (eopts, draft): (EngineOptions, Option<(PathBuf, usize)>),
     rx: std::sync::mpsc::Receiver<Task>,
 ) -> std::result::Result<(), String> {
     // a request's numbers must not depend on the batch beside it (see `set_batch_invariant`)
@@ -365,7 +393,17 @@ fn load_and_run(
     let tok = Tokenizer::for_model(&dir, &model.config).map_err(|e| e.to_string())?;
     let chat = chat::ChatTemplate::for_model(&dir).map_err(|e| e.to_string())?;
     let eos = tok.eos_id(&model.config);
+    let draft_model = match &draft {
+        Some((dir, _)) => {
+            Some(crate::open_draft_model(dir, &model, &tok).map_err(|e| e.to_string())?)
+        }
+        None => None,
+    };
     let mut engine = Engine::new(&model, eopts, app.gauges.clone()).map_err(|e| e.to_string())?;
+    if let (Some(d), Some((_, tokens))) = (&draft_model, &draft) {
+        let d = crate::infer::DraftModel::new(d, &model, *tokens).map_err(|e| e.to_string())?;
+        engine = engine.with_draft(d).map_err(|e| e.to_string())?;
+    }
     let token_bytes = (0..model.config.vocab_size as u32)
         .map(|t| tok.token_bytes(t))
         .collect();
