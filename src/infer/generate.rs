@@ -43,7 +43,7 @@ pub struct Generation {
     pub decode_seconds: f64,
     /// Tokens decoded (every sequence together).
     pub decode_tokens: usize,
-    /// tokens drafted by prompt lookup
+    /// tokens drafted by speculative decoding (prompt lookup or a draft model)
     pub drafted: usize,
     /// drafted tokens that were accepted
     pub accepted: usize,
@@ -103,6 +103,30 @@ pub fn generate(
 /// the draft model proposes up to `draft.tokens` tokens (its greedy continuation) and the
 /// model verifies them in one forward pass. The prompts decode one after another, each as a
 /// batch of one. Greedy, the tokens are `generate`'s; sampled, their distribution is.
+///
+/// ```
+/// use difftx::prelude::*;
+///
+/// let model = Model::init(ModelConfig::preset(Preset::Small, AttentionKind::DiffV1), 0)?;
+/// let small = Model::init(ModelConfig::preset(Preset::Tiny, AttentionKind::Standard), 1)?;
+/// // (in practice, a small model trained on the same text with the same tokenizer:
+/// // `open_draft_model` opens one and checks)
+/// let mut draft = DraftModel::new(&small, &model, 4)?;
+/// let opts = GenerateOptions {
+///     max_new_tokens: 16,
+///     sampling: Sampling::greedy(),
+///     seed: 0,
+///     eos: None,
+///     truncate_prompt: false,
+///     lookup: 0,
+/// };
+/// let prompts = vec![Tokenizer::Bytes.encode("Once upon a time")?];
+/// let fast = generate_with_draft(&model, Some(&mut draft), &prompts, &opts, |_, _| {})?;
+/// let plain = generate(&model, &prompts, &opts, |_, _| {})?;
+/// assert_eq!(fast.tokens, plain.tokens);
+/// println!("{} of {} drafted tokens accepted", fast.accepted, fast.drafted);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub fn generate_with_draft(
     model: &Model,
     draft: Option<&mut DraftModel>,
