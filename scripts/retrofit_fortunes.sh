@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The retrofit demonstration of docs/FINETUNING.md. A tiny `standard` model is trained on
+# The retrofit demonstration of docs/FINETUNING.md (its figures: docs/benchmarks-log.md, "FINETUNING.md:
+# a retrofit on real text"). A tiny `standard` model is trained on
 # Debian's fortunes with needle episodes mixed in (`train --needles`: each window a stretch of
 # the fortunes with 2 "the magic number of CITY is NUMBER." sentences inserted and both asked
 # for at the end; the loss on every byte), then retrofitted to diff_v2. The original and the

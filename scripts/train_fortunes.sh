@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The runs behind docs/TRAINING.md: standard, diff_v1 and diff_v2 at the `small` preset (context
+# The runs behind docs/benchmarks-log.md's "TRAINING.md: standard, diff_v1 and diff_v2 on
+# fortunes" (docs/TRAINING.md says how to run such a comparison): standard, diff_v1 and diff_v2 at the `small` preset (context
 # shortened to 256) on Debian's `fortunes` corpus, with the same seed and token budget, then one
 # plot of all three. Needs `apt-get install fortunes` and a release build.
 set -euo pipefail

@@ -4,8 +4,8 @@
 //! the seed, `DIFFTX_FUZZ_ONLY=TEXT` runs only the loaders whose file name (`bodies/chat.json`,
 //! `token-cache/….tokens`, `hf/config.json`, …) contains TEXT,
 //! `DIFFTX_FUZZ_KEEP=DIR` keeps each input that panicked there,
-//! `DIFFTX_FUZZ_LOUD=1` prints the panics as they happen; docs/RELIABILITY.md has the figures
-//! of a longer run.
+//! `DIFFTX_FUZZ_LOUD=1` prints the panics as they happen; docs/RELIABILITY.md says how to run
+//! longer, docs/benchmarks-log.md ("Fuzzing: runs and the crashes found") the longer runs.
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
