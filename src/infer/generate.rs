@@ -185,17 +185,18 @@ fn generate_in_pool(
         return Ok(out);
     }
     let longest = used.iter().map(|p| p.len()).max().unwrap_or(1);
+    // (a speculative step verifies up to `drafted` tokens after the last one)
+    let drafted = draft.as_ref().map_or(opts.lookup, |d| d.tokens);
     // `--bf16`: weights packed once, for prefill and decode (`Workspace::keep_bf16_weights`);
-    // in f32 a batch's products of few rows read the weights in panels, as a server's decoding
-    // does (`Workspace::keep_f32_panels`), and a lone prompt streams the weights' rows
-    let panels = b > 1 && model.quant.is_none();
+    // in f32 the products of few rows (a batch's, a speculative step's) read the weights in
+    // panels, as a server's decoding does (`Workspace::keep_f32_panels`), and a lone prompt
+    // decoding plainly streams the weights' rows
+    let panels = (b > 1 || drafted > 0) && model.quant.is_none();
     Need::inference(&model.config, &[(b, longest)], (b, ctx, model.kv_cache))
         .with_copies(model, panels)
         .check(&format!(
             "generating for {b} prompts of up to {longest} tokens with a context of {ctx}"
         ))?;
-    // (a speculative step verifies up to `drafted` tokens after the last one)
-    let drafted = draft.as_ref().map_or(opts.lookup, |d| d.tokens);
     let mut ws = Workspace::new(model, b, longest.max(drafted + 1));
     ws.keep_weight_copies(model, panels);
     let mut caches: Vec<KvCache> = (0..b).map(|_| KvCache::new(model, ctx)).collect();
