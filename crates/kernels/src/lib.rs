@@ -8,7 +8,8 @@
 //! - attention*.rs: the flash-style causal attention (training, prefill, decoding, low-bit);
 //!   kv_rows.rs: what a KV cache keeps its rows in (f32, bf16, q8_0 blocks);
 //! - rmsnorm, rope, swiglu, embedding, cross_entropy, adamw: one op each;
-//! - simd.rs: vector helpers, fast exp; scratch.rs: thread buffers, sizing, huge pages;
+//! - simd.rs: vector helpers, fast exp; simd_neon.rs: ARM64's for decoding; scratch.rs:
+//!   thread buffers, sizing, huge pages;
 //!   shared.rs: `Grad`, `SharedMut`; pool.rs: running on the rayon pool.
 
 pub mod adamw;
@@ -30,6 +31,8 @@ pub mod rope;
 mod scratch;
 mod shared;
 mod simd;
+#[cfg(target_arch = "aarch64")]
+mod simd_neon;
 pub mod swiglu;
 #[doc(hidden)]
 pub mod testutil;

@@ -34,8 +34,9 @@ pub fn dotprod() -> bool {
 }
 
 /// The vector unit a kernel with a loop for each runs: the f32 products' micro-kernels
-/// (`f32_avx512`, `f32_avx2`, `f32_neon`; the `gemm` crate's where there is none) and, on
-/// x86-64, the decoding attention's loops (the portable ones elsewhere).
+/// (`f32_avx512`, `f32_avx2`, `f32_neon`; the `gemm` crate's where there is none), the
+/// decoding attention's loops and the q8_0 KV rows' widening (the portable ones where there is
+/// none).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Isa {
     Avx512,
@@ -44,7 +45,8 @@ pub enum Isa {
 }
 
 impl Isa {
-    /// The best unit this CPU has: AVX-512F, else AVX2 with FMA, else none.
+    /// The best unit this CPU has: AVX-512F, else AVX2 with FMA (x86-64); NEON (ARM64); else
+    /// none.
     pub fn detect() -> Option<Isa> {
         Isa::available_all().next()
     }
