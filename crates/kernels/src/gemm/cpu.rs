@@ -33,6 +33,21 @@ pub fn dotprod() -> bool {
     false
 }
 
+/// ARM64's `bf16` extension (ARMv8.6's BFMMLA, BFDOT: Apple M2 on, Neoverse V1/N2/V2):
+/// bf16 products there (bf16_neon.rs).
+pub fn arm_bf16() -> bool {
+    #[cfg(target_arch = "aarch64")]
+    return std::arch::is_aarch64_feature_detected!("bf16");
+    #[cfg(not(target_arch = "aarch64"))]
+    false
+}
+
+/// Whether this CPU runs bf16 products at all (`Precision::Bf16`): AVX512_BF16 on x86-64,
+/// `bf16` on ARM64.
+pub fn bf16_products() -> bool {
+    avx512_bf16() || arm_bf16()
+}
+
 /// The vector unit a kernel with a loop for each runs: the f32 products' micro-kernels
 /// (`f32_avx512`, `f32_avx2`, `f32_neon`; the `gemm` crate's where there is none), the
 /// decoding attention's loops and the q8_0 KV rows' widening (the portable ones where there is
