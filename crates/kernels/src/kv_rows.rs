@@ -312,11 +312,18 @@ fn store_neon(dst: &mut [Q8Block], x: &[f32], width: usize) {
         .zip(x.chunks_exact(width));
     for (blocks, x) in rows {
         for (b, x) in blocks.iter_mut().zip(x.chunks(BLOCK)) {
+            // a whole block read in place (a copy of variable length was a call per block)
             let mut padded = [0f32; BLOCK];
-            padded[..x.len()].copy_from_slice(x);
-            // SAFETY: eight loads of four inside the 32 values of `padded`.
+            let src = match <&[f32; BLOCK]>::try_from(x) {
+                Ok(whole) => whole,
+                Err(_) => {
+                    padded[..x.len()].copy_from_slice(x);
+                    &padded
+                }
+            };
+            // SAFETY: eight loads of four inside the 32 values of `src`.
             let v: [float32x4_t; 8] =
-                std::array::from_fn(|i| unsafe { vld1q_f32(padded.as_ptr().add(4 * i)) });
+                std::array::from_fn(|i| unsafe { vld1q_f32(src.as_ptr().add(4 * i)) });
             let amax = v
                 .iter()
                 .fold(vdupq_n_f32(0.0), |m, &v| vmaxnmq_f32(m, vabsq_f32(v)));

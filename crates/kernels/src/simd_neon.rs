@@ -30,25 +30,36 @@ pub(crate) unsafe fn load4<T: Elem>(p: *const T) -> float32x4_t {
 /// xs[i] · w for the Q rows of xs (each w.len() long): w loaded (and widened, for bf16) once
 /// for all of them; FMAs over blocks of sixteen columns into four accumulators per row, then
 /// a block of four at a time into the first, their sum's lanes added (`faddp`, `faddv`), and a
-/// ragged tail of fewer than four values one at a time. With N > 0 the caller has checked
-/// w.len() = 16·N, and the loop unrolls. Panics unless xs holds Q · len values. (NEON: every
-/// ARM64 CPU has it, so any caller may assert it.)
+/// ragged tail of fewer than four values one at a time. Panics unless xs holds Q · w.len()
+/// values. The loop is kept rolled whatever N (the x86 loops' unrolled widths): unrolled
+/// whole, the loop for four queries of 64 kept all of k's row in registers beside the 16 sums
+/// and spilled (237 instructions a row, 36 of them to and from the stack); rolled, a step is
+/// its 4 + 16 loads and 16 FMAs. (NEON: every ARM64 CPU has it, so any caller may assert it.)
 #[target_feature(enable = "neon")]
 #[inline]
 pub(crate) fn dot_rows<const Q: usize, const N: usize, T: Elem>(xs: &[f32], w: &[T]) -> [f32; Q] {
-    let len = if N > 0 { 16 * N } else { w.len() };
-    assert!(w.len() >= len && xs.len() >= Q * len);
+    debug_assert!(N == 0 || w.len() == 16 * N);
+    // (hidden from the optimiser, which knows it from the caller's asserts and would unroll)
+    let len = std::hint::black_box(w.len());
+    assert!(xs.len() >= Q * len);
     let (wp, xp) = (w.as_ptr(), xs.as_ptr());
     let mut acc = [[vdupq_n_f32(0.0); 4]; Q];
     let mut p = 0;
     // SAFETY (each load): p + 16, then p + 4, ≤ len values of w and of each row of xs
     // (asserted).
     while p + 16 <= len {
-        let wv: [float32x4_t; 4] = std::array::from_fn(|j| unsafe { load4(wp.add(p + 4 * j)) });
+        // (four named loads, not an array: an array of them was kept on the stack)
+        let (w0, w1, w2, w3) = unsafe {
+            let w = wp.add(p);
+            (load4(w), load4(w.add(4)), load4(w.add(8)), load4(w.add(12)))
+        };
         for (i, a) in acc.iter_mut().enumerate() {
             let x = xp.wrapping_add(i * len + p);
-            for (j, a) in a.iter_mut().enumerate() {
-                *a = vfmaq_f32(*a, wv[j], unsafe { vld1q_f32(x.add(4 * j)) });
+            unsafe {
+                a[0] = vfmaq_f32(a[0], w0, vld1q_f32(x));
+                a[1] = vfmaq_f32(a[1], w1, vld1q_f32(x.add(4)));
+                a[2] = vfmaq_f32(a[2], w2, vld1q_f32(x.add(8)));
+                a[3] = vfmaq_f32(a[3], w3, vld1q_f32(x.add(12)));
             }
         }
         p += 16;
