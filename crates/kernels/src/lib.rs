@@ -95,7 +95,8 @@ mod tests {
     }
 
     /// Each kernel is picked where the CPU has its feature and the fallback where not: on
-    /// ARM64 the NEON f32 kernel always, SDOT exactly where `dotprod` is, BFMMLA (and
+    /// ARM64 the NEON f32 kernel always, SDOT exactly where `dotprod` is (SMMLA where `i8mm`
+    /// is too), BFMMLA (and
     /// `Precision::new(true)`) exactly where `bf16` is, else the one-line refusal naming it.
     /// Where the runner names what the (emulated) CPU calls for (`DIFFTX_EXPECT_KERNELS`, set
     /// by scripts/test_arm64.sh for each `qemu -cpu`), exactly that.
@@ -106,7 +107,11 @@ mod tests {
             assert_eq!(got, want, "kernels picked on this CPU");
         }
         if cfg!(target_arch = "aarch64") {
-            let quant = if cpu::dotprod() { "sdot" } else { "portable" };
+            let quant = match (cpu::dotprod(), cpu::i8mm()) {
+                (true, true) => "smmla",
+                (true, false) => "sdot",
+                _ => "portable",
+            };
             let bf16 = if cpu::arm_bf16() { "bfmmla" } else { "none" };
             assert_eq!(got, format!("f32=neon quant={quant} bf16={bf16}"));
             let refusal = crate::Precision::bf16_requirement();

@@ -48,6 +48,15 @@ pub fn bf16_products() -> bool {
     avx512_bf16() || arm_bf16()
 }
 
+/// ARM64's `i8mm` (ARMv8.6's SMMLA: a 2 × 8 by 8 × 2 int8 product into int32): the Q8_0
+/// products' GEMM blocks (`quant::Engine::Smmla`).
+pub fn i8mm() -> bool {
+    #[cfg(target_arch = "aarch64")]
+    return std::arch::is_aarch64_feature_detected!("i8mm");
+    #[cfg(not(target_arch = "aarch64"))]
+    false
+}
+
 /// The vector unit a kernel with a loop for each runs: the f32 products' micro-kernels
 /// (`f32_avx512`, `f32_avx2`, `f32_neon`; the `gemm` crate's where there is none), the
 /// decoding attention's loops and the q8_0 KV rows' widening (the portable ones where there is
