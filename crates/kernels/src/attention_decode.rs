@@ -10,7 +10,7 @@
 //!
 //! The cache holds f32 or bf16 keys and values (`Elem`, `--kv-cache bf16`): bf16 rows are
 //! widened to f32 as they are loaded (a zero-extension and a shift, `load16` on AVX-512,
-//! `load8` on AVX2), and everything after the load runs in f32 either way. A q8_0 cache's
+//! `load8` on AVX2, `load4` on NEON), and everything after the load runs in f32 either way. A q8_0 cache's
 //! blocks (`KvElem`, `--kv-cache q8_0`) are widened likewise on AVX-512 where each head is
 //! whole blocks (a sign extension, a conversion and the block's scale: `Lanes16` for
 //! `&[Q8Block]`, which `dot_tree` and `weighted_row_avx512` read like values); elsewhere each
@@ -47,7 +47,7 @@ thread_local! {
 /// first `visible` of the sequence's `tkv` cached rows in k (B, Tkv, NK, DK) and
 /// v (B, Tkv, NV, DV); `attention_forward`, its caller, checked these lengths. Same results as
 /// the tile kernel, up to rounding. The loops of the best vector unit the CPU has (AVX-512F,
-/// else AVX2 with FMA), else the portable ones.
+/// else AVX2 with FMA; NEON on ARM64: simd_neon.rs), else the portable ones.
 // attention_forward's decoding branch: the same operands, passed on as they came
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn attention_decode<C: KvElem>(
@@ -410,6 +410,11 @@ fn scores_rows<const Q: usize, const N: usize, C: KvElem>(
                 Some(Isa::Avx2) => unsafe {
                     super::dot_tree8::<Q, N, C::Elem>(qs, values(row, at, dk))
                 },
+                #[cfg(target_arch = "aarch64")]
+                // SAFETY: NEON, which every ARM64 CPU has; lengths asserted inside.
+                Some(Isa::Neon) => unsafe {
+                    super::simd_neon::dot_rows::<Q, N, C::Elem>(qs, values(row, at, dk))
+                },
                 _ => {
                     let k = values(row, at, dk);
                     std::array::from_fn::<f32, Q, _>(|i| {
@@ -515,6 +520,16 @@ fn values_rows<const Q: usize, const N: usize, C: KvElem>(
                 // SAFETY: the CPU has AVX2 and FMA (checked likewise); lengths above.
                 Some(Isa::Avx2) => unsafe {
                     weighted_row_avx2::<Q, N, C::Elem>(heads, part, dv + 2 + t, values(row, at, dv))
+                },
+                #[cfg(target_arch = "aarch64")]
+                // SAFETY: as above.
+                Some(Isa::Neon) => unsafe {
+                    super::simd_neon::weighted_row::<Q, N, C::Elem>(
+                        heads,
+                        part,
+                        dv + 2 + t,
+                        values(row, at, dv),
+                    )
                 },
                 _ => {
                     let v = values(row, at, dv);

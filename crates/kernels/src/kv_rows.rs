@@ -4,8 +4,9 @@
 //! Q8_0's rule (`d = max|x|/127`, `q = round(x/d)`, the weights' and the inputs' rule too).
 //! On AVX-512 a decoding step reads a head of whole blocks as blocks, widening each 16 quants
 //! as it loads them (`attention_decode`'s `dot_tree_q8`, `weighted_row_q8`); elsewhere it
-//! widens each row into a buffer that stays in L1 and runs the f32 loops over that. Memory
-//! sees only the blocks either way. A prefill widens the rows it attends to once.
+//! widens each row into a buffer that stays in L1 and runs the f32 loops over that (on ARM64
+//! with NEON, `widen_neon`; rows are stored by `store_neon` there). Memory sees only the
+//! blocks either way. A prefill widens the rows it attends to once.
 
 use super::gemm::cpu::Isa;
 use super::quant::block::q8_quants;
@@ -156,6 +157,10 @@ impl KvElem for Q8Block {
             // SAFETY: the CPU has AVX-512F.
             return unsafe { store_avx512(dst, x, width) };
         }
+        // SAFETY: NEON, which every ARM64 CPU has.
+        #[cfg(target_arch = "aarch64")]
+        return unsafe { store_neon(dst, x, width) };
+        #[cfg(not(target_arch = "aarch64"))]
         store_blocks(dst, x, width)
     }
     fn widen(isa: Option<Isa>, src: &[Self], rows: usize, width: usize, out: &mut [f32]) {
@@ -168,6 +173,9 @@ impl KvElem for Q8Block {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: likewise.
             Some(Isa::Avx2) => unsafe { widen_avx2(src, e, width, out) },
+            #[cfg(target_arch = "aarch64")]
+            // SAFETY: likewise.
+            Some(Isa::Neon) => unsafe { widen_neon(src, e, width, out) },
             _ => widen_blocks(src, e, width, out),
         }
     }
@@ -194,7 +202,8 @@ impl KvElem for Q8Block {
 }
 
 /// The rows of `width` values in `x` as blocks into `dst`, each row's last block padded with
-/// zeros.
+/// zeros. (On ARM64 the tests' reference for `store_neon`, which stores every row there.)
+#[cfg_attr(all(target_arch = "aarch64", not(test)), allow(dead_code))]
 fn store_blocks(dst: &mut [Q8Block], x: &[f32], width: usize) {
     let rows = dst
         .chunks_exact_mut(Q8Block::entries(width))
@@ -288,14 +297,94 @@ unsafe fn widen_avx2(src: &[Q8Block], e: usize, width: usize, out: &mut [f32]) {
     widen_blocks(src, e, width, out)
 }
 
+/// `store_blocks` four lanes at a time on ARM64 (NEON): Q8_0's rule step for step, so the
+/// same blocks: the largest magnitude by `fmaxnm` (which, like `f32::max`, passes over a NaN),
+/// the scale from `q8_scale`, each value times its inverse rounded half away from zero
+/// (`fcvtas`, as `f32::round`) and narrowed with saturation (`sqxtn`, as `as i8`). A ragged
+/// last block is copied out and padded with zeros first, which quantise to zeros as the
+/// scalar loop leaves them.
+#[cfg(target_arch = "aarch64")]
+#[target_feature(enable = "neon")]
+fn store_neon(dst: &mut [Q8Block], x: &[f32], width: usize) {
+    use std::arch::aarch64::*;
+    let rows = dst
+        .chunks_exact_mut(Q8Block::entries(width))
+        .zip(x.chunks_exact(width));
+    for (blocks, x) in rows {
+        for (b, x) in blocks.iter_mut().zip(x.chunks(BLOCK)) {
+            // a whole block read in place (a copy of variable length was a call per block)
+            let mut padded = [0f32; BLOCK];
+            let src = match <&[f32; BLOCK]>::try_from(x) {
+                Ok(whole) => whole,
+                Err(_) => {
+                    padded[..x.len()].copy_from_slice(x);
+                    &padded
+                }
+            };
+            // SAFETY: eight loads of four inside the 32 values of `src`.
+            let v: [float32x4_t; 8] =
+                std::array::from_fn(|i| unsafe { vld1q_f32(src.as_ptr().add(4 * i)) });
+            let amax = v
+                .iter()
+                .fold(vdupq_n_f32(0.0), |m, &v| vmaxnmq_f32(m, vabsq_f32(v)));
+            let (d, id) = super::quant::block::q8_scale(vmaxnmvq_f32(amax));
+            let q = v.map(|v| vcvtaq_s32_f32(vmulq_n_f32(v, id)));
+            b.d = d;
+            for (h, q) in q.chunks_exact(4).enumerate() {
+                let lo = vcombine_s16(vqmovn_s32(q[0]), vqmovn_s32(q[1]));
+                let hi = vcombine_s16(vqmovn_s32(q[2]), vqmovn_s32(q[3]));
+                let q8 = vcombine_s8(vqmovn_s16(lo), vqmovn_s16(hi));
+                // SAFETY: 16 quants at 16h ≤ 16 of the block's 32.
+                unsafe { vst1q_s8(b.qs.as_mut_ptr().add(16 * h), q8) };
+            }
+        }
+    }
+}
+
+/// `widen_blocks` on ARM64 (NEON), a block at a time: its 32 quants sign-extended twice
+/// (`sxtl`), converted (`scvtf`, exact) and multiplied by the block's scale, one rounding as
+/// in `q as f32 * d`: the same values. A ragged last block's values one at a time.
+#[cfg(target_arch = "aarch64")]
+#[target_feature(enable = "neon")]
+fn widen_neon(src: &[Q8Block], e: usize, width: usize, out: &mut [f32]) {
+    use std::arch::aarch64::*;
+    for (blocks, out) in src.chunks_exact(e).zip(out.chunks_exact_mut(width)) {
+        let (whole, tail) = out.split_at_mut(width / BLOCK * BLOCK);
+        let whole = whole.as_chunks_mut::<BLOCK>().0;
+        for (b, o) in blocks.iter().zip(whole) {
+            // SAFETY: two loads of 16 inside the block's 32 quants.
+            let q = unsafe { [vld1q_s8(b.qs.as_ptr()), vld1q_s8(b.qs.as_ptr().add(16))] };
+            let h = [
+                vmovl_s8(vget_low_s8(q[0])),
+                vmovl_high_s8(q[0]),
+                vmovl_s8(vget_low_s8(q[1])),
+                vmovl_high_s8(q[1]),
+            ];
+            for (k, h) in h.into_iter().enumerate() {
+                let w = [vmovl_s16(vget_low_s16(h)), vmovl_high_s16(h)];
+                for (l, w) in w.into_iter().enumerate() {
+                    let f = vmulq_n_f32(vcvtq_f32_s32(w), b.d);
+                    // SAFETY: four values at 8k + 4l + 4 ≤ 32 of the block's.
+                    unsafe { vst1q_f32(o.as_mut_ptr().add(8 * k + 4 * l), f) };
+                }
+            }
+        }
+        if let (Some(b), false) = (blocks.last(), tail.is_empty()) {
+            tail.iter_mut()
+                .zip(&b.qs)
+                .for_each(|(o, &q)| *o = q as f32 * b.d);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     /// Rows of ragged and whole widths quantise by Q8_0's rule (within half a step of each
     /// value, the largest magnitude exact, a zero block all zeros), to the same blocks on
-    /// AVX-512 and in the scalar loop, and widen to the same f32 on every unit the CPU has and
-    /// on the portable loop.
+    /// AVX-512 or NEON and in the scalar loop (ties, which round away from zero, included),
+    /// and widen to the same f32 on every unit the CPU has and on the portable loop.
     #[test]
     fn q8_rows_round_by_q8_0s_rule_and_widen_alike_on_every_path() {
         let mut seed = 7u32;
@@ -304,6 +393,9 @@ mod tests {
             let rows = 5;
             let mut x = rand(rows * width);
             x[width..2 * width].fill(0.0);
+            // a block whose scale is 1: values halfway between quants, either sign
+            x[2 * width..2 * width + 8]
+                .copy_from_slice(&[127.0, 0.5, -2.5, 1.5, -0.5, 3.5, -126.5, 0.0]);
             let mut blocks = vec![Q8Block::default(); rows * Q8Block::entries(width)];
             Q8Block::store(&mut blocks, &x, width);
             // the vector quantiser (where the CPU has AVX-512) writes the scalar one's blocks

@@ -8,7 +8,8 @@
 //! - attention*.rs: the flash-style causal attention (training, prefill, decoding, low-bit);
 //!   kv_rows.rs: what a KV cache keeps its rows in (f32, bf16, q8_0 blocks);
 //! - rmsnorm, rope, swiglu, embedding, cross_entropy, adamw: one op each;
-//! - simd.rs: vector helpers, fast exp; scratch.rs: thread buffers, sizing, huge pages;
+//! - simd.rs: vector helpers, fast exp; simd_neon.rs: ARM64's for decoding; scratch.rs:
+//!   thread buffers, sizing, huge pages;
 //!   shared.rs: `Grad`, `SharedMut`; pool.rs: running on the rayon pool.
 
 pub mod adamw;
@@ -30,6 +31,8 @@ pub mod rope;
 mod scratch;
 mod shared;
 mod simd;
+#[cfg(target_arch = "aarch64")]
+mod simd_neon;
 pub mod swiglu;
 #[doc(hidden)]
 pub mod testutil;
@@ -72,8 +75,8 @@ mod tests {
     use crate::gemm::cpu::{self, Isa};
     use crate::quant::Engine;
 
-    /// The f32 products' kernel and the quantised products' engine this CPU runs, as
-    /// "f32=… quant=…".
+    /// The f32 products' kernel, the quantised products' engine and the bf16 products'
+    /// kernel this CPU runs, as "f32=… quant=… bf16=…" (bf16=none: `--bf16` is refused).
     fn picked() -> String {
         let f32 = match Isa::detect() {
             Some(Isa::Avx512) => "avx512",
@@ -81,13 +84,22 @@ mod tests {
             Some(Isa::Neon) => "neon",
             None => "gemm-crate",
         };
-        format!("f32={f32} quant={}", Engine::detect().name())
+        let bf16 = match () {
+            _ if cpu::amx() => "amx",
+            _ if cpu::avx512_bf16() => "avx512bf16",
+            _ if cpu::arm_bf16() => "bfmmla",
+            _ => "none",
+        };
+        let quant = Engine::detect().name();
+        format!("f32={f32} quant={quant} bf16={bf16}")
     }
 
     /// Each kernel is picked where the CPU has its feature and the fallback where not: on
-    /// ARM64 the NEON f32 kernel always, SDOT exactly where `dotprod` is. Where the runner
-    /// names what the (emulated) CPU calls for (`DIFFTX_EXPECT_KERNELS`, set by
-    /// scripts/test_arm64.sh for each `qemu -cpu`), exactly that.
+    /// ARM64 the NEON f32 kernel always, SDOT exactly where `dotprod` is (SMMLA where `i8mm`
+    /// is too), BFMMLA (and
+    /// `Precision::new(true)`) exactly where `bf16` is, else the one-line refusal naming it.
+    /// Where the runner names what the (emulated) CPU calls for (`DIFFTX_EXPECT_KERNELS`, set
+    /// by scripts/test_arm64.sh for each `qemu -cpu`), exactly that.
     #[test]
     fn picks_the_kernels_the_cpu_calls_for() {
         let got = picked();
@@ -95,9 +107,22 @@ mod tests {
             assert_eq!(got, want, "kernels picked on this CPU");
         }
         if cfg!(target_arch = "aarch64") {
-            let quant = if cpu::dotprod() { "sdot" } else { "portable" };
-            assert_eq!(got, format!("f32=neon quant={quant}"));
+            let quant = match (cpu::dotprod(), cpu::i8mm()) {
+                (true, true) => "smmla",
+                (true, false) => "sdot",
+                _ => "portable",
+            };
+            let bf16 = if cpu::arm_bf16() { "bfmmla" } else { "none" };
+            assert_eq!(got, format!("f32=neon quant={quant} bf16={bf16}"));
+            let refusal = crate::Precision::bf16_requirement();
+            assert!(
+                refusal.contains("bf16") && !refusal.contains('\n'),
+                "{refusal}"
+            );
         }
+        let bf16 = crate::Precision::new(true);
+        assert_eq!(bf16.is_some(), !got.ends_with("bf16=none"), "{got}");
+        assert!(bf16.is_none_or(|p| p.is_bf16()));
         if cfg!(target_arch = "x86_64") && cpu::avx2_fma() {
             assert!(got.starts_with(if cpu::avx512f() {
                 "f32=avx512"

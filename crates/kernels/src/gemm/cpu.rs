@@ -33,9 +33,34 @@ pub fn dotprod() -> bool {
     false
 }
 
+/// ARM64's `bf16` extension (ARMv8.6's BFMMLA, BFDOT: Apple M2 on, Neoverse V1/N2/V2):
+/// bf16 products there (bf16_neon.rs).
+pub fn arm_bf16() -> bool {
+    #[cfg(target_arch = "aarch64")]
+    return std::arch::is_aarch64_feature_detected!("bf16");
+    #[cfg(not(target_arch = "aarch64"))]
+    false
+}
+
+/// Whether this CPU runs bf16 products at all (`Precision::Bf16`): AVX512_BF16 on x86-64,
+/// `bf16` on ARM64.
+pub fn bf16_products() -> bool {
+    avx512_bf16() || arm_bf16()
+}
+
+/// ARM64's `i8mm` (ARMv8.6's SMMLA: a 2 × 8 by 8 × 2 int8 product into int32): the Q8_0
+/// products' GEMM blocks (`quant::Engine::Smmla`).
+pub fn i8mm() -> bool {
+    #[cfg(target_arch = "aarch64")]
+    return std::arch::is_aarch64_feature_detected!("i8mm");
+    #[cfg(not(target_arch = "aarch64"))]
+    false
+}
+
 /// The vector unit a kernel with a loop for each runs: the f32 products' micro-kernels
-/// (`f32_avx512`, `f32_avx2`, `f32_neon`; the `gemm` crate's where there is none) and, on
-/// x86-64, the decoding attention's loops (the portable ones elsewhere).
+/// (`f32_avx512`, `f32_avx2`, `f32_neon`; the `gemm` crate's where there is none), the
+/// decoding attention's loops and the q8_0 KV rows' widening (the portable ones where there is
+/// none).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Isa {
     Avx512,
@@ -44,7 +69,8 @@ pub enum Isa {
 }
 
 impl Isa {
-    /// The best unit this CPU has: AVX-512F, else AVX2 with FMA, else none.
+    /// The best unit this CPU has: AVX-512F, else AVX2 with FMA (x86-64); NEON (ARM64); else
+    /// none.
     pub fn detect() -> Option<Isa> {
         Isa::available_all().next()
     }

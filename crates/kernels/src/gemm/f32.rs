@@ -47,7 +47,11 @@ const fn b_panel<K: Kernel>() -> usize {
 }
 /// Values from one packed A panel of depth kc to the next, padded likewise.
 const fn a_panel<K: Kernel>(kc: usize) -> usize {
-    kc * K::MR + 16
+    depth::<K>(kc) * K::MR + 16
+}
+/// The depth a packed panel of depth kc holds: kc padded to K's `DEPTH_STEP`.
+const fn depth<K: Kernel>(kc: usize) -> usize {
+    kc.next_multiple_of(K::DEPTH_STEP)
 }
 /// Most column panels of packed B per pass over the row blocks (2^18 values, 1 MiB),
 /// counted without their padding.
@@ -182,6 +186,14 @@ fn panel_of<'p, 'a, K: Kernel>(parts: &'p [Part<'a>], mut jp: usize) -> (&'p Par
 pub fn gemm(isa: Isa, d: Dims, a: Mat, b: Mat, out: Out, threads: usize) {
     assert!(isa.available(), "sgemm: the CPU has no {isa:?}");
     on_isa!(isa, gemm_for(d, a, b, out, threads))
+}
+
+/// C (+)= a (m, k) · b (k, n) with bf16 operands, on ARM64's BFMMLA kernel (which the CPU
+/// must have: `cpu::arm_bf16`), through this driver as the f32 kernels.
+#[cfg(target_arch = "aarch64")]
+pub fn gemm_bf16(d: Dims, a: Mat, b: Mat, out: Out, threads: usize) {
+    assert!(super::cpu::arm_bf16(), "sgemm: the CPU has no bf16");
+    gemm_for::<super::bf16_neon::NeonBf16>(d, a, b, out, threads)
 }
 
 /// `gemm` on kernel K.
@@ -375,7 +387,8 @@ fn sgemm_rows<K: Kernel>(
                         for jp in 0..n_panels {
                             let (part, j0) = panel_of::<K>(parts, jp);
                             let w = K::NR.min(part.n - j0);
-                            let bpanel = &bp[(si * n_panels + jp) * b_panel::<K>()..][..kc * K::NR];
+                            let bpanel = &bp[(si * n_panels + jp) * b_panel::<K>()..]
+                                [..depth::<K>(kc) * K::NR];
                             for ip in 0..mc.div_ceil(K::MR) {
                                 let r0 = i0 + ip * K::MR;
                                 let h = K::MR.min(m - r0);
@@ -392,7 +405,8 @@ fn sgemm_rows<K: Kernel>(
                                         w,
                                         accumulate: acc,
                                     };
-                                    let apanel = &ap[ip * a_panel::<K>(kc)..][..kc * K::MR];
+                                    let apanel =
+                                        &ap[ip * a_panel::<K>(kc)..][..depth::<K>(kc) * K::MR];
                                     K::kernel(kc, apanel, bpanel, tile);
                                 }
                             }

@@ -29,6 +29,10 @@ pub(crate) trait Kernel {
     const KC: usize;
     /// Largest row block: a packed A block of MAX_MC × KC stays in L2.
     const MAX_MC: usize;
+    /// The depth a packed panel is padded to a multiple of (its packing zero-fills the rest):
+    /// 1 for the f32 kernels, 4 for the bf16 one (bf16_neon.rs), whose instruction takes four
+    /// depths at once.
+    const DEPTH_STEP: usize = 1;
 
     /// `tile` (+)= Σ_p ap[p][r] · bp[p][j] over one packed A panel (kc · MR values) and one
     /// packed B panel (kc · NR) of depth kc.

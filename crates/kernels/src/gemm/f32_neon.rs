@@ -31,20 +31,11 @@ super::f32_kernel::f32_kernel!(Neon, kc: 256, max_mc: 16 * MR);
 #[target_feature(enable = "neon")]
 #[inline(never)]
 unsafe fn kernel(kc: usize, ap: &[f32], bp: &[f32], tile: CTile) {
-    let CTile {
-        c,
-        ldc,
-        h,
-        w,
-        accumulate,
-    } = tile;
-    assert!(ap.len() >= kc * MR && bp.len() >= kc * NR && h <= MR && w <= NR);
-    // SAFETY: NEON and c valid for h rows of w columns at ldc are this fn's contract; the panel
-    // loads (kc steps of MR and NR values) stay inside ap and bp (asserted); the stores write
-    // rows r < h, columns j < w.
+    assert!(ap.len() >= kc * MR && bp.len() >= kc * NR);
+    let mut acc = [[vdupq_n_f32(0.0); 3]; MR];
+    let (mut pa, mut pb) = (ap.as_ptr(), bp.as_ptr());
+    // SAFETY: the panel loads (kc steps of MR and NR values) stay inside ap and bp (asserted).
     unsafe {
-        let mut acc = [[vdupq_n_f32(0.0); 3]; MR];
-        let (mut pa, mut pb) = (ap.as_ptr(), bp.as_ptr());
         for _ in 0..kc {
             let b = [vld1q_f32(pb), vld1q_f32(pb.add(4)), vld1q_f32(pb.add(8))];
             let (a0, a1) = (vld1q_f32(pa), vld1q_f32(pa.add(4)));
@@ -67,6 +58,30 @@ unsafe fn kernel(kc: usize, ap: &[f32], bp: &[f32], tile: CTile) {
             pa = pa.add(MR);
             pb = pb.add(NR);
         }
+    }
+    // SAFETY: c valid for h rows of w columns at ldc (this fn's contract).
+    unsafe { store_tile(&acc, tile) };
+}
+
+/// The tile's h rows of w columns (+)= `acc`, 8 rows of 12 columns in registers: whole rows
+/// by vector stores, a ragged right edge through a row on the stack. Also the bf16 kernel's
+/// (bf16_neon.rs), whose tile is the same.
+///
+/// # Safety
+/// Needs NEON; the tile's `c` must be valid for h ≤ 8 rows of w ≤ 12 columns at ldc.
+#[target_feature(enable = "neon")]
+#[inline]
+pub(super) unsafe fn store_tile(acc: &[[float32x4_t; 3]; MR], tile: CTile) {
+    let CTile {
+        c,
+        ldc,
+        h,
+        w,
+        accumulate,
+    } = tile;
+    assert!(h <= MR && w <= NR);
+    // SAFETY: the stores write rows r < h, columns j < w (the contract).
+    unsafe {
         for (r, x) in acc.iter().enumerate().take(h) {
             let row = c.add(r * ldc);
             if w == NR {
@@ -80,7 +95,6 @@ unsafe fn kernel(kc: usize, ap: &[f32], bp: &[f32], tile: CTile) {
                     vst1q_f32(at, x);
                 }
             } else {
-                // a ragged right edge: the first w columns, through a row on the stack
                 let mut sums = [0f32; NR];
                 for (j, &x) in x.iter().enumerate() {
                     vst1q_f32(sums.as_mut_ptr().add(4 * j), x);

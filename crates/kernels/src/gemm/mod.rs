@@ -4,7 +4,8 @@
 //! - f32.rs: our own BLIS-style f32 product, on the AVX-512 micro-kernel (f32_avx512.rs)
 //!   where the CPU has AVX-512F, else on the AVX2 one (f32_avx2.rs) where it has AVX2 and FMA;
 //!   f32_kernel.rs, below the three, says what a micro-kernel provides and packs its panels;
-//! - bf16.rs: bf16 operands (AMX tiles, or VDPBF16PS) under `Precision::Bf16`;
+//! - bf16.rs: bf16 operands (AMX tiles, or VDPBF16PS) under `Precision::Bf16`; on ARM64,
+//!   bf16_neon.rs (BFMMLA), a micro-kernel of f32.rs's driver;
 //! - the `gemm` crate elsewhere (and for comparison, `Backend::GemmCrate`);
 //! - small.rs: the attention kernel's small cache-resident products (no packing in f32);
 //! - linear.rs: the linear layers over them (`matmul_forward`, `matmul_backward`, llm.c's
@@ -12,6 +13,8 @@
 
 #[cfg(target_arch = "x86_64")]
 pub mod bf16;
+#[cfg(target_arch = "aarch64")]
+mod bf16_neon;
 pub mod cpu;
 pub mod f32;
 #[cfg(target_arch = "x86_64")]
@@ -163,7 +166,7 @@ pub enum Backend {
     /// f32 on difftx's kernels where the CPU has AVX-512F or AVX2 and FMA, else the `gemm`
     /// crate
     F32,
-    /// bf16 where the CPU has AVX512_BF16 (else as `F32`)
+    /// bf16 where the CPU has AVX512_BF16 or, on ARM64, bf16 (else as `F32`)
     Bf16,
 }
 
@@ -207,6 +210,11 @@ pub fn gemm_on(backend: Backend, d: Dims, a: Mat, b: Mat, out: Out) {
     #[cfg(target_arch = "x86_64")]
     if backend == Backend::Bf16 && cpu::avx512_bf16() {
         bf16::gemm(d, a, b, Out::new(dst, dst_rs, accumulate), threads);
+        return;
+    }
+    #[cfg(target_arch = "aarch64")]
+    if backend == Backend::Bf16 && cpu::arm_bf16() {
+        f32::gemm_bf16(d, a, b, Out::new(dst, dst_rs, accumulate), threads);
         return;
     }
     if let Some(isa) = cpu::Isa::detect().filter(|_| backend != Backend::GemmCrate) {

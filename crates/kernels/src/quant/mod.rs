@@ -6,7 +6,8 @@
 //! The engines that run the products: on x86-64 `Engine::Vnni` (vnni.rs, AVX512-VNNI's
 //! `vpdpbusd`) where the CPU has it, else `Engine::Avx2` (avx2.rs, `vpmaddubsw`: the same tiles
 //! and sums, the same bits) where it has AVX2; on ARM64 `Engine::Sdot` (sdot.rs, `sdot` by
-//! lane: the same tiles, the same bits) where the CPU has `dotprod`; else `Engine::Portable`
+//! lane: the same tiles, the same bits) where the CPU has `dotprod`, `Engine::Smmla` (the
+//! same, with Q8_0's GEMM blocks on `smmla`) where it has `i8mm` too; else `Engine::Portable`
 //! (plain integer loops whose FMA gives the same bits again). Tests run every one the CPU has
 //! (`matmul_on`). A product of up to `GEMV_ROWS` input rows (decoding) reads every weight once,
 //! for those rows together; longer ones (prefill) run as a blocked GEMM over tiles of input and
@@ -262,6 +263,9 @@ pub enum Engine {
     Avx2,
     /// ARM64 with `dotprod` (`sdot` by lane: signed bytes into int32)
     Sdot,
+    /// ARM64 with `i8mm` and `dotprod`: `Sdot` with Q8_0's GEMM blocks on `smmla` (2 × 8 by
+    /// 8 × 2 signed bytes into int32)
+    Smmla,
     /// plain loops, on any CPU
     Portable,
 }
@@ -288,12 +292,13 @@ impl Engine {
         }
     }
 
-    /// Its name in benchmarks: "vnni", "avx2" or "portable".
+    /// Its name in benchmarks: "vnni", "avx2", "sdot", "smmla" or "portable".
     pub fn name(self) -> &'static str {
         match self {
             Engine::Vnni => "vnni",
             Engine::Avx2 => "avx2",
             Engine::Sdot => "sdot",
+            Engine::Smmla => "smmla",
             Engine::Portable => "portable",
         }
     }
@@ -310,6 +315,9 @@ impl Engine {
             #[cfg(target_arch = "x86_64")]
             if avx2::available() {
                 engines.push(Engine::Avx2);
+            }
+            if crate::gemm::cpu::dotprod() && crate::gemm::cpu::i8mm() {
+                engines.push(Engine::Smmla);
             }
             if crate::gemm::cpu::dotprod() {
                 engines.push(Engine::Sdot);
@@ -537,6 +545,11 @@ pub fn matmul_on(
             // SAFETY: as above.
             Engine::Sdot => unsafe {
                 engine_tile::<sdot::Sdot, { sdot::NX }, { sdot::NT }>(x, w, rows, outs, put)
+            },
+            #[cfg(target_arch = "aarch64")]
+            // SAFETY: as above.
+            Engine::Smmla => unsafe {
+                engine_tile::<sdot::Smmla, { sdot::NX }, { sdot::NT }>(x, w, rows, outs, put)
             },
             _ => portable_tile(x, w, rows, outs, put),
         }

@@ -77,14 +77,33 @@ fn sdot<const L: u32>(mut acc: int32x4_t, w: int8x16_t, x: int8x16_t) -> int32x4
     acc
 }
 
-/// The sums of input rows `xr` with the sixteen rows of each tile of `ts`, block after block,
-/// in the x86 engines' order and with their f32 operations, each block asking for its part
-/// of `next`.
+/// The sums of input rows `xr` with the sixteen rows of each tile of `ts` (`dots_in` on
+/// SDOT alone).
 ///
 /// # Safety
 /// NEON and dotprod; the rows exist; each of `ts` is a tile of `tl`.
 #[target_feature(enable = "neon,dotprod")]
 unsafe fn dots<const R: usize, const T: usize>(
+    x: &QuantAct,
+    xr: [usize; R],
+    kind: QuantKind,
+    tl: Tiling,
+    ts: [&[u8]; T],
+    next: crate::NextLines,
+) -> [[Quad<float32x4_t>; T]; R] {
+    // SAFETY: the same contract.
+    unsafe { dots_in::<false, R, T>(x, xr, kind, tl, ts, next) }
+}
+
+/// The sums of input rows `xr` with the sixteen rows of each tile of `ts`, block after block,
+/// in the x86 engines' order and with their f32 operations, each block asking for its part
+/// of `next`; with `MM`, Q8_0's blocks of four input rows by SMMLA (`q8_mm`).
+/// Inlined into each engine's `dots`, whose CPU features it runs with.
+///
+/// # Safety
+/// NEON and dotprod, and i8mm with `MM`; the rows exist; each of `ts` is a tile of `tl`.
+#[inline(always)]
+unsafe fn dots_in<const MM: bool, const R: usize, const T: usize>(
     x: &QuantAct,
     xr: [usize; R],
     kind: QuantKind,
@@ -107,8 +126,9 @@ unsafe fn dots<const R: usize, const T: usize>(
             }
         }
         // 2. every block dot product, exact in int32
-        // SAFETY: the block lies inside the tiles (asserted) and the input rows (`row`).
-        let dot = unsafe { block_dots::<R, T>(&ops, kind, tl, b) };
+        // SAFETY: the block lies inside the tiles (asserted) and the input rows (`row`); i8mm
+        // with MM (the contract).
+        let dot = unsafe { block_dots::<MM, R, T>(&ops, kind, tl, b) };
         // 3. scaled into the f32 sums
         for j in 0..R {
             let dx = vdupq_n_f32(xd[j][b]);
@@ -126,14 +146,14 @@ unsafe fn dots<const R: usize, const T: usize>(
 
 /// Block b's exact dot products of input rows `xq` with the sixteen rows of each tile of
 /// `ts`, chunk by chunk: each chunk of weights loaded (and made signed) once for all the input
-/// rows, each input's block loaded once for all the tiles.
+/// rows, each input's block loaded once for all the tiles; with `MM`, Q8_0's blocks of four
+/// input rows by SMMLA instead (the same integers).
 ///
 /// # Safety
-/// NEON and dotprod; `ops` was made for tiles of `tl`, with block b inside them
-/// (`Operands::new` checks the tiles' and the rows' lengths).
-#[target_feature(enable = "neon,dotprod")]
-#[inline]
-unsafe fn block_dots<const R: usize, const T: usize>(
+/// NEON and dotprod, and i8mm with `MM`; `ops` was made for tiles of `tl`, with block b inside
+/// them (`Operands::new` checks the tiles' and the rows' lengths).
+#[inline(always)]
+unsafe fn block_dots<const MM: bool, const R: usize, const T: usize>(
     ops: &super::Operands<R, T>,
     kind: QuantKind,
     tl: Tiling,
@@ -151,6 +171,7 @@ unsafe fn block_dots<const R: usize, const T: usize>(
     // SAFETY (each call): block b's chunks lie inside the tiles (the caller's contract).
     unsafe {
         match kind {
+            QuantKind::Q8_0 if MM && R == 4 => q8_mm::<R, T>(&mut dot, &wp, &xs),
             QuantKind::Q8_0 => {
                 for h in 0..2 {
                     q8_chunk::<0, R, T>(&mut dot, &wp, &xs, h);
@@ -220,6 +241,138 @@ unsafe fn q4_chunk<const L: u32, const R: usize, const T: usize>(
             for j in 0..R {
                 dot[j][t][q] = sdot::<L>(dot[j][t][q], lo, xs[j][0]);
                 dot[j][t][q] = sdot::<L>(dot[j][t][q], hi, xs[j][1]);
+            }
+        }
+    }
+}
+
+/// The engine for CPUs with `i8mm` (and `dotprod`: ARMv8.6 on, Apple M2 on, Neoverse V1/N2/V2,
+/// Graviton 3 on): SDOT's tiles, order and f32 operations, with Q8_0's block products of four
+/// input rows (prefill's GEMM step) by SMMLA, which multiplies two input rows by two weight
+/// rows over eight bytes (32 multiply-adds an instruction, SDOT's 16). Fewer rows (decoding)
+/// and Q4_0 stay on SDOT (a lone row would waste half of each SMMLA).
+pub(super) struct Smmla;
+
+impl super::SimdDots for Smmla {
+    type Sum = Quad<float32x4_t>;
+    unsafe fn dots<const R: usize, const T: usize>(
+        x: &QuantAct,
+        xr: [usize; R],
+        kind: QuantKind,
+        tl: Tiling,
+        ts: [&[u8]; T],
+        next: crate::NextLines,
+    ) -> [[Self::Sum; T]; R] {
+        // SAFETY: the trait's contract is `dots_mm`'s.
+        unsafe { dots_mm(x, xr, kind, tl, ts, next) }
+    }
+    unsafe fn lanes(s: Self::Sum) -> TileSums {
+        // SAFETY: the trait's contract: NEON.
+        unsafe { lanes(s) }
+    }
+}
+
+/// `dots_in` with SMMLA.
+///
+/// # Safety
+/// NEON, dotprod and i8mm; the rows exist; each of `ts` is a tile of `tl`.
+#[target_feature(enable = "neon,dotprod,i8mm")]
+unsafe fn dots_mm<const R: usize, const T: usize>(
+    x: &QuantAct,
+    xr: [usize; R],
+    kind: QuantKind,
+    tl: Tiling,
+    ts: [&[u8]; T],
+    next: crate::NextLines,
+) -> [[Quad<float32x4_t>; T]; R] {
+    // SAFETY: the same contract.
+    unsafe { dots_in::<true, R, T>(x, xr, kind, tl, ts, next) }
+}
+
+/// `acc` + the 2 × 2 products of w's two rows of eight bytes with x's two (SMMLA: lane 2i + j
+/// is w_i · x_j; through `asm!`, as `sdot`).
+#[target_feature(enable = "neon,i8mm")]
+#[inline]
+fn smmla(mut acc: int32x4_t, w: int8x16_t, x: int8x16_t) -> int32x4_t {
+    // SAFETY: one instruction of the `i8mm` extension this fn requires, between registers.
+    unsafe {
+        std::arch::asm!(
+            ".arch_extension i8mm",
+            "smmla {a:v}.4s, {w:v}.16b, {x:v}.16b",
+            a = inout(vreg) acc,
+            w = in(vreg) w,
+            x = in(vreg) x,
+            options(pure, nomem, nostack, preserves_flags)
+        )
+    };
+    acc
+}
+
+/// Input rows (a, b)'s bytes 8h..8h + 8 side by side, SMMLA's two rows of eight.
+#[target_feature(enable = "neon")]
+#[inline]
+fn x_pair(a: &[int8x16_t; 2], b: &[int8x16_t; 2], h: usize) -> int8x16_t {
+    let (a, b) = (
+        vreinterpretq_s64_s8(a[h / 2]),
+        vreinterpretq_s64_s8(b[h / 2]),
+    );
+    vreinterpretq_s8_s64(if h.is_multiple_of(2) {
+        vzip1q_s64(a, b)
+    } else {
+        vzip2q_s64(a, b)
+    })
+}
+
+/// A Q8_0 block's exact dot products of four input rows (the GEMM's step) with each tile's
+/// sixteen rows by SMMLA, into `dot` (SDOT's lanes: input j's register q holds rows
+/// 4q..4q + 4). Eight bytes of a block at a time: chunks 2h and 2h + 1 (bytes 8h..8h + 8 of
+/// every row, made signed) zipped by 32 bits are rows (4q, 4q + 1) and (4q + 2, 4q + 3) of
+/// eight bytes each; input rows (0, 1) and (2, 3)'s eight bytes paired by 64 bits. After the
+/// block, each pair of 2 × 2 sums unzipped by 32 bits gives an input row's four rows. (With
+/// fewer rows SDOT does as well: the zips cost what SMMLA saves at two.)
+///
+/// # Safety
+/// NEON and i8mm; the block's chunks lie inside each tile at `wp`.
+#[target_feature(enable = "neon,i8mm")]
+#[inline]
+unsafe fn q8_mm<const R: usize, const T: usize>(
+    dot: &mut [[Quad<int32x4_t>; T]; R],
+    wp: &[*const u8; T],
+    xs: &[[int8x16_t; 2]; R],
+) {
+    assert_eq!(R, 4);
+    let mut x = [[vdupq_n_s8(0); 4]; 2];
+    for (p, x) in x.iter_mut().enumerate() {
+        for (h, x) in x.iter_mut().enumerate() {
+            *x = x_pair(&xs[2 * p], &xs[2 * p + 1], h);
+        }
+    }
+    let flip = vdupq_n_u8(0x80);
+    for t in 0..T {
+        // sums[p][k]: rows 2k, 2k + 1 of the tile by input rows 2p, 2p + 1
+        let mut sums = [[vdupq_n_s32(0); 8]; 2];
+        for h in 0..4 {
+            for q in 0..4 {
+                // SAFETY: chunks 2h, 2h + 1 lie inside the tile (this fn's contract).
+                let (c0, c1) = unsafe {
+                    let at = wp[t].add(128 * h + 16 * q);
+                    (vld1q_u8(at), vld1q_u8(at.add(64)))
+                };
+                let (c0, c1) = (veorq_u8(c0, flip), veorq_u8(c1, flip));
+                let (c0, c1) = (vreinterpretq_s32_u8(c0), vreinterpretq_s32_u8(c1));
+                let lo = vreinterpretq_s8_s32(vzip1q_s32(c0, c1));
+                let hi = vreinterpretq_s8_s32(vzip2q_s32(c0, c1));
+                for (sums, x) in sums.iter_mut().zip(&x) {
+                    sums[2 * q] = smmla(sums[2 * q], lo, x[h]);
+                    sums[2 * q + 1] = smmla(sums[2 * q + 1], hi, x[h]);
+                }
+            }
+        }
+        for (p, sums) in sums.iter().enumerate() {
+            for q in 0..4 {
+                let (a, b) = (sums[2 * q], sums[2 * q + 1]);
+                dot[2 * p][t][q] = vuzp1q_s32(a, b);
+                dot[2 * p + 1][t][q] = vuzp2q_s32(a, b);
             }
         }
     }
