@@ -1,18 +1,22 @@
 //! The opt-in bf16 path (`--bf16`: matrix products with bf16 operands, f32 elsewhere), which a
-//! model's `precision` selects. On a machine without AVX512_BF16 they check the refusal
-//! instead.
+//! model's `precision` selects. On a machine without bf16 products (AVX512_BF16 on x86-64,
+//! the bf16 extension on ARM64) they check the refusal instead.
 
 use difftx::experiments::bench::bench_bf16;
-use difftx::kernels::gemm::cpu::avx512_bf16 as bf16_available;
 use difftx::kernels::Precision;
 use difftx::train::in_memory::ShortRun;
 use difftx::{AttentionKind, ModelConfig, Preset};
 use std::process::Command;
 
-/// True (after saying so) on a machine without AVX512_BF16, where a test has nothing to run.
+/// Whether this CPU multiplies in bf16 (`Precision::new(true)` is then `Some`).
+fn bf16_available() -> bool {
+    Precision::new(true).is_some()
+}
+
+/// True (after saying so) on a machine without bf16 products, where a test has nothing to run.
 fn skip_without_bf16() -> bool {
     if !bf16_available() {
-        eprintln!("skipped: no AVX512_BF16 on this machine");
+        eprintln!("skipped: no bf16 products on this machine");
     }
     !bf16_available()
 }
@@ -69,10 +73,8 @@ fn the_bf16_flag_runs_or_says_why_not() {
     } else {
         assert_eq!(out.status.code(), Some(1));
         assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
-        assert!(
-            stderr.contains("--bf16 needs a CPU with AVX512_BF16"),
-            "{stderr}"
-        );
+        let needs = format!("--bf16 needs {}", Precision::bf16_requirement());
+        assert!(stderr.contains(&needs), "{stderr}");
     }
 }
 

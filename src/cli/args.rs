@@ -10,7 +10,8 @@ pub struct Cli {
     #[arg(long, global = true)]
     pub threads: Option<usize>,
     /// Matrix products in bf16 with f32 accumulation; weights, gradients and AdamW stay f32.
-    /// Needs AVX512_BF16 (AMD Zen 4, Intel Cooper Lake or later).
+    /// Needs AVX512_BF16 on x86-64 (AMD Zen 4, Intel Cooper Lake or later), the bf16 extension
+    /// on ARM64 (Apple M2, AWS Graviton 3 or later).
     #[arg(long, global = true)]
     pub bf16: bool,
     #[command(subcommand)]

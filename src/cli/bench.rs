@@ -21,7 +21,7 @@ pub enum BenchCmd {
     ///
     /// Example: difftx bench matmul --m 512 --n 2816 --k 512 --layout nt
     ///
-    /// bf16 runs where the CPU has AVX512_BF16; with --layout nt the weights are also packed
+    /// bf16 runs where the CPU has bf16 products (see --bf16); with --layout nt the weights are also packed
     /// beforehand and quantised, as inference runs them.
     Matmul(BenchMatmulArgs),
     /// Prefill and greedy decode tokens/s, at batch 1 or --batch N.
