@@ -54,7 +54,9 @@ pub struct ServeArgs {
     /// Speculative decoding by prompt lookup: each step drafts up to N tokens per sequence
     /// from what followed its last tokens earlier in its text, verified in one forward pass
     /// with the batch (fewer as the batch grows: 16 rows a step at most, none from 16
-    /// sequences). Outputs are the same with it or without; /metrics counts the acceptance.
+    /// sequences). Greedy answers are the same tokens with it or without, sampled ones keep
+    /// their distribution (log-probabilities may differ in the last bits); /metrics counts
+    /// the acceptance.
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub lookup: usize,
     #[command(flatten)]
