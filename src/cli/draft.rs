@@ -22,15 +22,23 @@ pub struct DraftArgs {
 }
 
 impl DraftArgs {
-    /// The draft model, set up as `target` (`difftx::open_draft_model`), or None without
-    /// --draft-model.
-    pub fn load(&self, target: &Model, tok: &Tokenizer) -> Result<Option<Model>> {
+    /// --draft-model and --draft-tokens when a draft model is given (tokens refused below 1),
+    /// else None.
+    pub fn given(&self) -> Result<Option<(&PathBuf, usize)>> {
         let Some(path) = &self.draft_model else {
             return Ok(None);
         };
         if self.draft_tokens == 0 {
             bail!("--draft-tokens must be at least 1");
         }
-        Ok(Some(difftx::open_draft_model(path, target, tok)?))
+        Ok(Some((path, self.draft_tokens)))
+    }
+
+    /// The draft model, set up as `target` (`difftx::open_draft_model`), or None without
+    /// --draft-model.
+    pub fn load(&self, target: &Model, tok: &Tokenizer) -> Result<Option<Model>> {
+        self.given()?
+            .map(|(path, _)| Ok(difftx::open_draft_model(path, target, tok)?))
+            .transpose()
     }
 }

@@ -85,13 +85,10 @@ pub fn run(a: ServeArgs, precision: Precision) -> Result<()> {
             anyhow::bail!("{flag} {}: no such directory", d.display());
         }
     }
-    if a.draft.draft_model.is_some() && a.draft.draft_tokens == 0 {
-        anyhow::bail!("--draft-tokens must be at least 1");
-    }
-    let speculate = match (&a.draft.draft_model, a.lookup) {
-        (Some(dir), _) => Speculate::Draft {
+    let speculate = match (a.draft.given()?, a.lookup) {
+        (Some((dir, tokens)), _) => Speculate::Draft {
             dir: dir.clone(),
-            tokens: a.draft.draft_tokens,
+            tokens,
         },
         (None, 0) => Speculate::Off,
         (None, n) => Speculate::Lookup(n),

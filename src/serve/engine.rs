@@ -200,8 +200,11 @@ impl<'m> Engine<'m> {
         }
         let ctx = model.config.max_position_embeddings;
         let chunk = opts.chunk.min(ctx);
-        let spec = (opts.parallel, opts.lookup + 1);
-        let workspaces = [(opts.parallel, 1), (1, chunk), spec];
+        // (prompt lookup's drafts are verified in a workspace of their own)
+        let mut workspaces = vec![(opts.parallel, 1), (1, chunk)];
+        if opts.lookup > 0 {
+            workspaces.push((opts.parallel, opts.lookup + 1));
+        }
         // the weights a second time (bf16 copies with `--bf16`, else f32 panels), one copy
         // that both workspaces read
         let panels = model.quant.is_none();
@@ -221,12 +224,7 @@ impl<'m> Engine<'m> {
         decode_ws.keep_weight_copies(model, panels);
         let mut prefill_ws = Workspace::new(model, 1, chunk);
         prefill_ws.share_weight_copies(&decode_ws);
-        let spec_ws = (opts.lookup > 0).then(|| {
-            let mut ws = Workspace::new(model, spec.0, spec.1);
-            ws.share_weight_copies(&decode_ws);
-            ws
-        });
-        Ok(Engine {
+        let mut engine = Engine {
             model,
             opts: EngineOptions { chunk, ..opts },
             seqs: Vec::new(),
@@ -239,11 +237,24 @@ impl<'m> Engine<'m> {
             adjusted: Vec::with_capacity(model.config.vocab_size),
             masked: Vec::with_capacity(model.config.vocab_size),
             prefix,
-            spec: opts.lookup,
+            spec: 0,
             draft: None,
-            spec_ws,
+            spec_ws: None,
             gauges,
-        })
+        };
+        if opts.lookup > 0 {
+            engine.speculate(opts.lookup);
+        }
+        Ok(engine)
+    }
+
+    /// Turns speculative decoding on, drafts of up to `tokens`: the workspace that verifies
+    /// every sequence's draft in one pass, reading the decoding workspace's weight copies.
+    fn speculate(&mut self, tokens: usize) {
+        let mut ws = Workspace::new(self.model, self.opts.parallel, tokens + 1);
+        ws.share_weight_copies(&self.decode_ws);
+        self.spec = tokens;
+        self.spec_ws = Some(ws);
     }
 
     /// Speculative decoding with `draft`'s drafts (its greedy continuation, `draft.tokens` a
@@ -257,11 +268,12 @@ impl<'m> Engine<'m> {
             c.max_position_embeddings,
             self.model.kv_cache,
         );
-        Need::inference(c, &[chunk], caches).check("a draft model beside every sequence")?;
-        let mut ws = Workspace::new(self.model, rows.0, rows.1);
-        ws.share_weight_copies(&self.decode_ws);
-        self.spec = draft.tokens;
-        self.spec_ws = Some(ws);
+        // the draft model with its caches and workspace, and the model's verifying workspace
+        let mut need = Need::inference(c, &[chunk], caches);
+        let verify = Workspace::bytes_for(&self.model.config, rows.0, rows.1);
+        need.workspace = need.workspace.saturating_add(verify);
+        need.check("a draft model beside every sequence")?;
+        self.speculate(draft.tokens);
         self.draft = Some(draft);
         Ok(self)
     }
