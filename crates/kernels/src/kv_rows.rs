@@ -2,8 +2,8 @@
 //! which the loops read in place (`Elem`: bf16 widened as it is loaded), or `Q8Block`s
 //! (`--kv-cache q8_0`): 32 int8 quants and one f32 scale, 1.125 bytes a value, rounded by
 //! Q8_0's rule (`d = max|x|/127`, `q = round(x/d)`, the weights' and the inputs' rule too).
-//! On AVX-512 a decoding step reads a head of whole blocks as blocks, widening each 16 quants
-//! as it loads them (`attention_decode`'s `dot_tree_q8`, `weighted_row_q8`); elsewhere it
+//! On x86-64 a decoding step reads a head of whole blocks as blocks, widening each 16 (AVX-512)
+//! or 8 (AVX2) quants as it loads them (`Lanes16`, `Lanes8`); elsewhere it
 //! widens each row into a buffer that stays in L1 and runs the f32 loops over that (on ARM64
 //! with NEON, `widen_neon`; rows are stored by `store_neon` there). Memory sees only the
 //! blocks either way. A prefill widens the rows it attends to once.
@@ -139,6 +139,36 @@ impl super::simd::Lanes16 for &[Q8Block] {
     #[inline(always)]
     fn addr(self, p: usize) -> *const u8 {
         self.as_ptr().wrapping_add(p / BLOCK).cast()
+    }
+}
+
+/// A head of whole blocks, each eight values loaded as `Q8Block::widen` gives them (`Lanes16`
+/// on AVX2).
+#[cfg(target_arch = "x86_64")]
+impl super::simd::Lanes8 for &[Q8Block] {
+    #[inline(always)]
+    fn len(self) -> usize {
+        BLOCK * <[Q8Block]>::len(self)
+    }
+    #[inline(always)]
+    fn at(self, i: usize) -> f32 {
+        let b = &self[i / BLOCK];
+        b.qs[i % BLOCK] as f32 * b.d
+    }
+    #[inline(always)]
+    unsafe fn load(self, p: usize) -> std::arch::x86_64::__m256 {
+        use std::arch::x86_64::*;
+        let (b, h) = (&self[p / BLOCK], p % BLOCK);
+        // SAFETY: p is a multiple of 8 (the caller's contract), so h ≤ 24 and the 8 quants
+        // from h lie inside the block's 32.
+        let q = unsafe { _mm_loadl_epi64(b.qs.as_ptr().add(h).cast()) };
+        // SAFETY: AVX2, the caller's contract.
+        unsafe {
+            _mm256_mul_ps(
+                _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)),
+                _mm256_set1_ps(b.d),
+            )
+        }
     }
 }
 

@@ -54,7 +54,7 @@ pub use simd::{
 };
 #[cfg(target_arch = "x86_64")]
 pub(crate) use simd::{
-    dot_grid, dot_tree, dot_tree8, exp_nonpos16, lane_mask, load8, transpose16, Lanes16,
+    dot_grid, dot_tree, dot_tree8, exp_nonpos16, lane_mask, transpose16, Lanes16, Lanes8,
 };
 pub use simd::{Elem, NextLines};
 
