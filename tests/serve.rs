@@ -1574,6 +1574,56 @@ fn json_schema_answers_validate_against_the_schema() {
     );
 }
 
+/// The schema the `openai` client (3.57) sends for a Pydantic model with optional fields, a
+/// nested model and a recursive one (`openai.lib._pydantic.to_strict_json_schema(Person)`,
+/// pasted): `$defs`, `$ref`, `anyOf` with null. Sampled answers (temperature 1) validate.
+#[test]
+fn pydantic_schemas_with_references_and_optional_fields_validate() {
+    let s = start(&[]);
+    let person = json!({"properties": {"name": {"title": "Name", "type": "string"}, "age": {"anyOf": [{"type": "integer"}, {"type": "null"}], "title": "Age"}, "pet": {"anyOf": [{"$ref": "#/$defs/Pet"}, {"type": "null"}]}, "pets": {"items": {"$ref": "#/$defs/Pet"}, "title": "Pets", "type": "array"}, "boss": {"anyOf": [{"$ref": "#/$defs/Person"}, {"type": "null"}]}}, "required": ["name", "age", "pet", "pets", "boss"], "title": "Person", "type": "object", "additionalProperties": false});
+    let pet = json!({"properties": {"kind": {"enum": ["cat", "dog"], "title": "Kind", "type": "string"}, "name": {"title": "Name", "type": "string"}}, "required": ["kind", "name"], "title": "Pet", "type": "object", "additionalProperties": false});
+    let mut schema = person.clone();
+    schema["$defs"] = json!({"Person": person, "Pet": pet});
+    let fmt = json!({"type": "json_schema", "json_schema": {"name": "Person", "strict": true, "schema": schema}});
+    fn is_pet(v: &Value) -> bool {
+        let o = v.as_object().unwrap();
+        o.len() == 2
+            && ["cat", "dog"].contains(&v["kind"].as_str().unwrap_or(""))
+            && v["name"].is_string()
+    }
+    fn is_person(v: &Value) -> bool {
+        let o = v.as_object().unwrap();
+        o.len() == 5
+            && v["name"].is_string()
+            && (v["age"].is_null()
+                || v["age"].is_i64()
+                || v["age"].is_u64()
+                || v["age"].as_f64().is_some_and(|a| a.fract() == 0.0))
+            && (v["pet"].is_null() || is_pet(&v["pet"]))
+            && v["pets"].as_array().is_some_and(|p| p.iter().all(is_pet))
+            && (v["boss"].is_null() || is_person(&v["boss"]))
+    }
+    let mut nulls = 0;
+    for seed in 0..8 {
+        let v = s.complete(
+            json!({"prompt": "Person: ", "max_tokens": 118, "seed": seed,
+            "temperature": 1.0, "n": 2, "response_format": fmt}),
+        );
+        for c in v["choices"].as_array().unwrap() {
+            let text = c["text"].as_str().unwrap();
+            let v: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("{e}: {text:?}"));
+            assert!(is_person(&v), "{text}");
+            assert_eq!(c["finish_reason"], "stop", "{c}");
+            nulls += usize::from(v["pet"].is_null()) + usize::from(v["age"].is_null());
+        }
+    }
+    // both sides of the alternatives were taken somewhere, not null alone
+    assert!(
+        nulls > 0 && nulls < 32,
+        "{nulls} nulls of 32 optional fields"
+    );
+}
+
 /// Speculative decoding over HTTP, by prompt lookup and by a draft model (here a model with
 /// the same weights, so most drafts are taken): greedy answers, alone and 8 at once, are a
 /// plain server's; JSON mode still answers JSON; /metrics counts drafts and acceptances.

@@ -1,19 +1,24 @@
 //! Structured output: generation constrained to JSON that validates against a JSON Schema
 //! (OpenAI's `response_format: {"type": "json_schema", ...}`), in the subset OpenAI's strict
 //! mode takes: objects whose properties are all required, arrays of one item schema,
-//! strings (or an `enum` of strings), numbers, integers, booleans and null.
+//! strings (or an `enum` or `const` of strings), numbers, integers, booleans and null;
+//! alternatives (`anyOf`, or a list of types such as `["string", "null"]`) of different JSON
+//! types; references (`$ref`) into `$defs` or `definitions`, recursive ones too: what the
+//! `openai` client sends for a Pydantic model.
 //!
-//! `Schema::compile` turns a schema into a flat tree of nodes, refusing with a message what
-//! it does not support. `SchemaMachine` runs beside the JSON byte automaton (`JsonMachine`,
-//! which keeps the text JSON) and refuses the bytes the schema rules out: a key other than the
-//! next one due, a value of another type, a close before every key is written, a fraction in
-//! an integer, a string outside its enum, whitespace between tokens (the text is compact
-//! JSON). Keys come in the order of `properties` sorted by name. `to_close` counts the fewest
-//! bytes that finish a valid document from here, so the budget mask (`JsonConstraint::mask`)
-//! always leaves room to close it.
+//! `Schema::compile` turns a schema into a graph of nodes (a reference is its definition's
+//! node, compiled once), refusing with a message what it does not support. `SchemaMachine`
+//! runs beside the JSON byte automaton (`JsonMachine`, which keeps the text JSON) and refuses
+//! the bytes the schema rules out: a key other than the next one due, a value of another type,
+//! a close before every key is written, a fraction in an integer, a string outside its enum,
+//! whitespace between tokens (the text is compact JSON). Keys come in the order of
+//! `properties` sorted by name; an alternative is chosen by its value's first byte. `to_close`
+//! counts the fewest bytes that finish a valid document from here, so the budget mask
+//! (`JsonConstraint::mask`) always leaves room to close it.
 
 use super::json::{ws, At, JsonMachine, MAX_DEPTH};
 use serde_json::Value;
+use std::collections::HashMap;
 
 /// Enum values a string node takes at most (a bit each in the machine's state).
 pub const MAX_ENUM: usize = 64;
@@ -32,35 +37,95 @@ enum Node {
     Integer,
     Boolean,
     Null,
+    /// alternatives of different JSON types, told apart by a value's first byte
+    AnyOf(Vec<usize>),
 }
 
-/// A compiled schema: its nodes (the root first) and each node's shortest valid text.
+/// A compiled schema: its nodes (the root first), each node's shortest valid text and the
+/// fewest containers such a text opens, one inside the other.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Schema {
     nodes: Vec<Node>,
     shortest: Vec<usize>,
+    nesting: Vec<usize>,
 }
 
-/// Keywords that say nothing the constraint must enforce.
+/// Keywords that say nothing the constraint must enforce (`$defs` and `definitions` are read
+/// where a `$ref` points into them).
 const IGNORED: &[&str] = &[
     "title",
     "description",
     "$schema",
     "additionalProperties",
     "examples",
+    "default",
+    "$defs",
+    "definitions",
 ];
+
+/// The keywords a node may have.
+const KNOWN: &[&str] = &[
+    "type",
+    "properties",
+    "required",
+    "items",
+    "enum",
+    "const",
+    "anyOf",
+    "$ref",
+];
+
+/// A length no text reaches: a node not (yet) known to have a finite text.
+const FAR: usize = usize::MAX / 4;
+
+/// The JSON types, a bit each: what a value's first byte tells apart.
+const JSON_TYPES: [&str; 6] = ["object", "array", "string", "number", "boolean", "null"];
 
 impl Schema {
     /// Compiles `schema` (a JSON Schema whose root is an object); the error names the first
     /// feature not supported.
     pub fn compile(schema: &Value) -> Result<Schema, String> {
-        let mut s = Schema {
-            nodes: Vec::new(),
-            shortest: Vec::new(),
+        // 1. The nodes, each reference compiled once (the root is "#")
+        let mut c = Compiler {
+            s: Schema {
+                nodes: Vec::new(),
+                shortest: Vec::new(),
+                nesting: Vec::new(),
+            },
+            root: schema,
+            refs: HashMap::from([("#".to_string(), 0)]),
         };
-        s.node(schema, "schema", 0)?;
+        c.node(schema, "schema", 0)?;
+        let mut s = c.s;
         if !matches!(s.nodes[0], Node::Object(_)) {
             return Err("the schema's root must be {\"type\": \"object\", ...}".into());
+        }
+        // 2. Each node's shortest text and nesting, to their fixed point (references may cycle)
+        s.settle();
+        if s.shortest[0] >= FAR {
+            return Err(
+                "the schema has no finite document (an object that must always contain itself)"
+                    .into(),
+            );
+        }
+        if s.nesting[0] > MAX_DEPTH {
+            return Err(format!(
+                "the schema's shortest document nests deeper than {MAX_DEPTH} containers"
+            ));
+        }
+        // 3. Alternatives told apart by their first byte
+        for (i, n) in s.nodes.iter().enumerate() {
+            if let Node::AnyOf(alts) = n {
+                let mut seen = 0u8;
+                for &a in alts {
+                    let t = s.types(a, 0);
+                    if t & seen != 0 || t == 0 {
+                        let name = JSON_TYPES[(t & seen).max(t).trailing_zeros().min(5) as usize];
+                        return Err(format!("anyOf (node {i}): two alternatives are both of type {name}; alternatives must be of different JSON types (object, array, string, number, boolean, null)"));
+                    }
+                    seen |= t;
+                }
+            }
         }
         Ok(s)
     }
@@ -70,38 +135,210 @@ impl Schema {
         self.shortest[0]
     }
 
-    /// Adds the node of `v` (at `path`, `depth` containers deep) and its children; its index.
+    /// Every node's shortest text and nesting, lowered from FAR until nothing changes (each
+    /// round settles one more level of the cheapest texts, so at most a round a node).
+    fn settle(&mut self) {
+        self.shortest = vec![FAR; self.nodes.len()];
+        self.nesting = vec![FAR; self.nodes.len()];
+        for _ in 0..=self.nodes.len() {
+            let mut changed = false;
+            for i in 0..self.nodes.len() {
+                let (l, d) = (
+                    self.shortest_of(&self.nodes[i]),
+                    self.nesting_of(&self.nodes[i]),
+                );
+                changed |= l < self.shortest[i] || d < self.nesting[i];
+                self.shortest[i] = self.shortest[i].min(l);
+                self.nesting[i] = self.nesting[i].min(d);
+            }
+            if !changed {
+                break;
+            }
+        }
+    }
+
+    /// The length of the shortest text of `n`, from its children's (FAR where one is FAR).
+    fn shortest_of(&self, n: &Node) -> usize {
+        let len = match n {
+            Node::Object(keys) => keys.iter().fold(1 + keys.len(), |n, (k, c)| {
+                n.saturating_add(k.len() + 1)
+                    .saturating_add(self.shortest[*c])
+            }),
+            Node::Array(_) | Node::String => 2,
+            Node::Enum(vals) => vals.iter().map(Vec::len).min().unwrap_or(2),
+            Node::Number | Node::Integer => 1,
+            Node::Boolean | Node::Null => 4,
+            Node::AnyOf(alts) => alts.iter().map(|&a| self.shortest[a]).min().unwrap_or(FAR),
+        };
+        len.min(FAR)
+    }
+
+    /// The fewest containers a text of `n` opens one inside another.
+    fn nesting_of(&self, n: &Node) -> usize {
+        let d = match n {
+            Node::Object(keys) => {
+                1 + keys
+                    .iter()
+                    .map(|(_, c)| self.nesting[*c])
+                    .max()
+                    .unwrap_or(0)
+            }
+            Node::Array(_) => 1,
+            Node::AnyOf(alts) => alts.iter().map(|&a| self.nesting[a]).min().unwrap_or(FAR),
+            _ => 0,
+        };
+        d.min(FAR)
+    }
+
+    /// The JSON types (bits of `JSON_TYPES`) a text of node `i` may have.
+    fn types(&self, i: usize, depth: usize) -> u8 {
+        match &self.nodes[i] {
+            Node::Object(_) => 1,
+            Node::Array(_) => 2,
+            Node::String | Node::Enum(_) => 4,
+            Node::Number | Node::Integer => 8,
+            Node::Boolean => 16,
+            Node::Null => 32,
+            // (an alternative that is itself alternatives; a cycle of them has no text)
+            Node::AnyOf(alts) if depth < self.nodes.len() => {
+                alts.iter().fold(0, |t, &a| t | self.types(a, depth + 1))
+            }
+            Node::AnyOf(_) => 0,
+        }
+    }
+}
+
+/// What `Schema::compile` keeps while it walks a schema: the schema so far, the document (for
+/// references) and each reference's node.
+struct Compiler<'a> {
+    s: Schema,
+    root: &'a Value,
+    refs: HashMap<String, usize>,
+}
+
+impl Compiler<'_> {
+    /// The node of `v` (at `path`, `depth` containers deep), added with its children; its index.
     fn node(&mut self, v: &Value, path: &str, depth: usize) -> Result<usize, String> {
-        // 1. The keywords: known ones only
+        // 1. The keywords: known ones only, and not too deep
         let o = v
             .as_object()
             .ok_or_else(|| format!("{path} must be a JSON object, got {v}"))?;
-        let known = ["type", "properties", "required", "items", "enum"];
         if let Some(k) = o
             .keys()
-            .find(|k| !known.contains(&k.as_str()) && !IGNORED.contains(&k.as_str()))
+            .find(|k| !KNOWN.contains(&k.as_str()) && !IGNORED.contains(&k.as_str()))
         {
-            return Err(format!("{path}: the keyword `{k}` is not supported (supported: type, properties, required, items, enum; ignored: {})", IGNORED.join(", ")));
+            return Err(format!(
+                "{path}: the keyword `{k}` is not supported (supported: {}; ignored: {})",
+                KNOWN.join(", "),
+                IGNORED.join(", ")
+            ));
         }
-        if depth >= MAX_DEPTH || self.nodes.len() >= MAX_NODES {
+        if depth >= MAX_DEPTH || self.s.nodes.len() >= MAX_NODES {
             return Err(format!("{path}: the schema nests deeper than {MAX_DEPTH} or has more than {MAX_NODES} parts"));
         }
-        let at = self.nodes.len();
-        self.nodes.push(Node::Null);
-        self.shortest.push(0);
-        // 2. The node by its type (an enum of strings may leave the type out)
+        let alone = |k: &str| -> Result<(), String> {
+            match o
+                .keys()
+                .find(|x| x.as_str() != k && KNOWN.contains(&x.as_str()))
+            {
+                Some(x) => Err(format!(
+                    "{path}: `{k}` with `{x}` beside it is not supported"
+                )),
+                None => Ok(()),
+            }
+        };
+        // 2. A reference: its definition's node, compiled the first time
+        if let Some(r) = o.get("$ref") {
+            alone("$ref")?;
+            let r = r
+                .as_str()
+                .ok_or_else(|| format!("{path}.$ref must be a string"))?;
+            if let Some(&at) = self.refs.get(r) {
+                return Ok(at);
+            }
+            let target = r
+                .strip_prefix('#')
+                .and_then(|p| self.root.pointer(p))
+                .ok_or_else(|| format!("{path}: `$ref` {r:?} names nothing in the schema (only references inside it, \"#/$defs/Name\", are supported)"))?;
+            let at = self.add();
+            self.refs.insert(r.to_string(), at);
+            return self.fill(at, target, r, depth + 1);
+        }
+        let at = self.add();
+        self.fill(at, v, path, depth)
+    }
+
+    /// A placeholder node, filled by `fill`.
+    fn add(&mut self) -> usize {
+        self.s.nodes.push(Node::Null);
+        self.s.nodes.len() - 1
+    }
+
+    /// Node `at` made the node of `v`, a schema without `$ref`; `at`.
+    fn fill(&mut self, at: usize, v: &Value, path: &str, depth: usize) -> Result<usize, String> {
+        let o = v
+            .as_object()
+            .ok_or_else(|| format!("{path} must be a JSON object, got {v}"))?;
+        if o.contains_key("$ref") {
+            // (a definition that is only a reference to another)
+            let to = self.node(v, path, depth)?;
+            self.s.nodes[at] = Node::AnyOf(vec![to]);
+            return Ok(at);
+        }
+        // 1. Alternatives: `anyOf`, or a list of types (each the node with that one type)
+        let alts: Option<Vec<Value>> = match (o.get("anyOf"), o.get("type")) {
+            (Some(Value::Array(alts)), _) if !alts.is_empty() => {
+                if let Some(x) = o
+                    .keys()
+                    .find(|x| x.as_str() != "anyOf" && KNOWN.contains(&x.as_str()))
+                {
+                    return Err(format!(
+                        "{path}: `anyOf` with `{x}` beside it is not supported"
+                    ));
+                }
+                Some(alts.clone())
+            }
+            (Some(a), _) => {
+                return Err(format!(
+                    "{path}.anyOf must be a non-empty list of schemas, got {a}"
+                ))
+            }
+            (None, Some(Value::Array(types))) if !types.is_empty() => Some(
+                types
+                    .iter()
+                    .map(|t| {
+                        let mut one = o.clone();
+                        one.insert("type".into(), t.clone());
+                        Value::Object(one)
+                    })
+                    .collect(),
+            ),
+            _ => None,
+        };
+        if let Some(alts) = alts {
+            let mut nodes = Vec::with_capacity(alts.len());
+            for (i, a) in alts.iter().enumerate() {
+                nodes.push(self.node(a, &format!("{path}.anyOf[{i}]"), depth)?);
+            }
+            self.s.nodes[at] = Node::AnyOf(nodes);
+            return Ok(at);
+        }
+        // 2. The node by its type (an enum or const of strings may leave the type out)
+        let strings = o.contains_key("enum") || o.contains_key("const");
         let ty = match o.get("type") {
-            None if o.contains_key("enum") => "string",
+            None if strings => "string",
             None => return Err(format!("{path}: give a `type`")),
             Some(Value::String(t)) => t.as_str(),
             Some(t) => {
                 return Err(format!(
-                "{path}: `type` must be one type name, got {t} (a list of types is not supported)"
-            ))
+                    "{path}: `type` must be a type name or a list of them, got {t}"
+                ))
             }
         };
-        if o.contains_key("enum") && ty != "string" {
-            return Err(format!("{path}: `enum` is supported on strings only"));
+        if strings && ty != "string" {
+            return Err(format!(
+                "{path}: `enum` and `const` are supported on strings only"
+            ));
         }
         let node = match ty {
             "object" => self.object(o, path, depth)?,
@@ -111,19 +348,21 @@ impl Schema {
                     .ok_or_else(|| format!("{path}: an array needs `items`"))?;
                 Node::Array(self.node(items, &format!("{path}.items"), depth + 1)?)
             }
-            "string" => match o.get("enum") {
-                None => Node::String,
-                Some(Value::Array(vals)) if !vals.is_empty() && vals.len() <= MAX_ENUM => {
-                    let enc = vals
-                        .iter()
-                        .map(|x| match x {
-                            Value::String(_) => Ok(x.to_string().into_bytes()),
-                            _ => Err(format!("{path}.enum: only strings are supported, got {x}")),
-                        })
-                        .collect::<Result<Vec<_>, _>>()?;
-                    Node::Enum(enc)
+            "string" => match (o.get("enum"), o.get("const")) {
+                (None, None) => Node::String,
+                (Some(_), Some(_)) => {
+                    return Err(format!("{path}: give `enum` or `const`, not both"))
                 }
-                Some(e) => {
+                (None, Some(c)) => Node::Enum(vec![string_literal(c, &format!("{path}.const"))?]),
+                (Some(Value::Array(vals)), None) if !vals.is_empty() && vals.len() <= MAX_ENUM => {
+                    let path = format!("{path}.enum");
+                    Node::Enum(
+                        vals.iter()
+                            .map(|x| string_literal(x, &path))
+                            .collect::<Result<_, _>>()?,
+                    )
+                }
+                (Some(e), None) => {
                     return Err(format!(
                         "{path}.enum must be a list of 1 to {MAX_ENUM} strings, got {e}"
                     ))
@@ -135,8 +374,7 @@ impl Schema {
             "null" => Node::Null,
             t => return Err(format!("{path}: unknown type `{t}`")),
         };
-        self.shortest[at] = self.shortest_of(&node);
-        self.nodes[at] = node;
+        self.s.nodes[at] = node;
         Ok(at)
     }
 
@@ -160,7 +398,7 @@ impl Schema {
             _ => Vec::new(),
         };
         if let Some(k) = props.keys().find(|k| !required.contains(&k.as_str())) {
-            return Err(format!("{path}: every property must be in `required` (as OpenAI's strict mode asks); `{k}` is not"));
+            return Err(format!("{path}: every property must be in `required` (as OpenAI's strict mode asks; an optional one is written as required with {{\"anyOf\": [..., {{\"type\": \"null\"}}]}}); `{k}` is not"));
         }
         let mut keys = Vec::with_capacity(props.len());
         for (k, v) in props {
@@ -169,22 +407,13 @@ impl Schema {
         }
         Ok(Node::Object(keys))
     }
+}
 
-    /// The length of the shortest text of `n` (its children are compiled).
-    fn shortest_of(&self, n: &Node) -> usize {
-        match n {
-            Node::Object(keys) => {
-                let fields: usize = keys
-                    .iter()
-                    .map(|(k, c)| k.len() + 1 + self.shortest[*c])
-                    .sum();
-                2 + fields + keys.len().saturating_sub(1)
-            }
-            Node::Array(_) | Node::String => 2,
-            Node::Enum(vals) => vals.iter().map(Vec::len).min().unwrap_or(2),
-            Node::Number | Node::Integer => 1,
-            Node::Boolean | Node::Null => 4,
-        }
+/// A string of an `enum` or `const`, JSON-encoded with its quotes.
+fn string_literal(x: &Value, path: &str) -> Result<Vec<u8>, String> {
+    match x {
+        Value::String(_) => Ok(x.to_string().into_bytes()),
+        _ => Err(format!("{path}: only strings are supported, got {x}")),
     }
 }
 
@@ -349,6 +578,17 @@ impl SchemaMachine {
     /// The first byte of a value of `node`.
     fn value(&mut self, s: &Schema, node: usize, b: u8) -> bool {
         match &s.nodes[node] {
+            // the one alternative this byte can begin (their JSON types differ)
+            Node::AnyOf(alts) => alts.iter().any(|&a| {
+                let mut m = *self;
+                let ok = m.value(s, a, b);
+                if ok {
+                    *self = m;
+                }
+                ok
+            }),
+            // (a container whose shortest text would nest past the limit is not begun)
+            Node::Object(_) | Node::Array(_) if self.depth + s.nesting[node] > MAX_DEPTH => false,
             Node::Object(_) | Node::Array(_) => {
                 let open = match s.nodes[node] {
                     Node::Object(_) => b'{',
@@ -515,11 +755,31 @@ mod tests {
             ),
             (
                 json!({"type": "object", "properties": {"a": {"anyOf": []}}, "required": ["a"]}),
-                "`anyOf` is not supported",
+                "non-empty list",
             ),
             (
-                json!({"type": "object", "properties": {"a": {"type": ["string", "null"]}}, "required": ["a"]}),
-                "a list of types",
+                json!({"type": "object", "properties": {"a": {"anyOf": [{"type": "string"}, {"enum": ["x"]}]}}, "required": ["a"]}),
+                "both of type string",
+            ),
+            (
+                json!({"type": "object", "properties": {"a": {"type": ["number", "integer"]}}, "required": ["a"]}),
+                "both of type number",
+            ),
+            (
+                json!({"type": "object", "properties": {"a": {"$ref": "#/$defs/B"}}, "required": ["a"]}),
+                "names nothing",
+            ),
+            (
+                json!({"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]}),
+                "no finite document",
+            ),
+            (
+                json!({"type": "object", "properties": {"a": {"const": 3}}, "required": ["a"]}),
+                "only strings",
+            ),
+            (
+                json!({"type": "object", "properties": {"a": {"anyOf": [{"type": "null"}], "type": "string"}}, "required": ["a"]}),
+                "beside it",
             ),
             (
                 json!({"type": "object", "properties": {"a": {"type": "string", "pattern": "x"}}, "required": ["a"]}),
@@ -536,15 +796,95 @@ mod tests {
         }
     }
 
-    /// `to_close` is exact: a breadth-first search over every byte finds the same length.
+    /// A schema as the `openai` client sends it for Pydantic models (`client.beta.chat.
+    /// completions.parse(response_format=Person)`, strict mode): definitions in `$defs` used
+    /// through `$ref`, `Optional` fields as `anyOf` with null, titles, a recursive `Person`.
+    fn pydantic() -> Schema {
+        Schema::compile(&json!({
+            "$defs": {
+                "Pet": {
+                    "properties": {
+                        "kind": {"enum": ["cat", "dog"], "title": "Kind", "type": "string"},
+                        "name": {"title": "Name", "type": "string"}
+                    },
+                    "required": ["kind", "name"], "title": "Pet", "type": "object",
+                    "additionalProperties": false
+                }
+            },
+            "properties": {
+                "age": {"anyOf": [{"type": "integer"}, {"type": "null"}], "title": "Age"},
+                "name": {"title": "Name", "type": "string"},
+                "pet": {"anyOf": [{"$ref": "#/$defs/Pet"}, {"type": "null"}]},
+                "pets": {"items": {"$ref": "#/$defs/Pet"}, "title": "Pets", "type": "array"},
+                "boss": {"anyOf": [{"$ref": "#"}, {"type": "null"}]},
+                "role": {"const": "admin"},
+                "tag": {"type": ["string", "null"]}
+            },
+            "required": ["age", "name", "pet", "pets", "boss", "role", "tag"],
+            "title": "Person", "type": "object", "additionalProperties": false
+        }))
+        .unwrap()
+    }
+
     #[test]
-    fn to_close_counts_the_bytes_that_finish_a_valid_document() {
-        let s = schema();
-        let full =
-            r#"{"age":-3,"mood":"cross","name":"A","pet":{"none":null,"ok":true},"tags":[1.5,0]}"#;
+    fn alternatives_and_references_validate_as_the_schema_says() {
+        let s = pydantic();
+        let cat = r#"{"kind":"cat","name":"Tom"}"#;
+        let me = |age: &str, pet: &str, boss: &str, tag: &str| {
+            format!(
+                r#"{{"age":{age},"boss":{boss},"name":"A","pet":{pet},"pets":[{cat},{cat}],"role":"admin","tag":{tag}}}"#
+            )
+        };
+        let boss = me("40", "null", "null", "null");
+        for good in [
+            me("3", cat, "null", "null"),
+            me("null", "null", &boss, r#""vip""#),
+            me("-1", cat, &me("null", cat, &boss, "null"), "null"),
+        ] {
+            assert!(accepts(&s, &good), "{good}");
+        }
+        for bad in [
+            me("3.5", cat, "null", "null"),
+            me(r#""3""#, cat, "null", "null"),
+            me("3", r#"{"kind":"cow","name":"Tom"}"#, "null", "null"),
+            me("3", r#"{"name":"Tom","kind":"cat"}"#, "null", "null"),
+            me("3", "[]", "null", "null"),
+            me("3", cat, "{}", "null"),
+            me("3", cat, "null", "false"),
+            me("3", cat, "null", "null").replace("admin", "admit"),
+        ] {
+            assert!(!accepts(&s, &bad), "{bad}");
+            assert!(serde_json::from_str::<Value>(&bad).is_ok(), "{bad}");
+        }
+        // the shortest document: no pets, the shortest of each alternative
+        let short =
+            r#"{"age":0,"boss":null,"name":"","pet":null,"pets":[],"role":"admin","tag":""}"#;
+        assert!(accepts(&s, short));
+        assert_eq!(s.shortest(), short.len());
+    }
+
+    /// A recursive schema nests as deep as the JSON machine allows, and there the machine
+    /// takes only the alternative that closes (null), so a document can always end.
+    #[test]
+    fn a_recursive_schema_stops_nesting_at_the_depth_limit() {
+        let s = Schema::compile(&json!({
+            "type": "object", "required": ["next"],
+            "properties": {"next": {"anyOf": [{"$ref": "#"}, {"type": "null"}]}}
+        }))
+        .unwrap();
+        let mut m = SchemaMachine::default();
+        for d in 0..MAX_DEPTH {
+            assert!(m.feed(&s, b"{\"next\":"), "{d}");
+        }
+        assert!(!{ m }.step(&s, b'{'), "a container past the limit");
+        assert!(m.feed(&s, b"null"));
+        assert!(m.feed(&s, &[b'}'; MAX_DEPTH]) && m.done());
+    }
+
+    fn closes_exactly(s: &Schema, full: &str) {
         for cut in 0..full.len() {
             let mut m = SchemaMachine::default();
-            assert!(m.feed(&s, &full.as_bytes()[..cut]), "{cut}");
+            assert!(m.feed(s, &full.as_bytes()[..cut]), "{cut}");
             let mut level = vec![m];
             let mut steps = 0;
             while !level.iter().any(SchemaMachine::done) {
@@ -552,19 +892,32 @@ mod tests {
                 for m in &level {
                     for b in 0x20..0x7fu8 {
                         let mut n = *m;
-                        if n.step(&s, b) {
+                        if n.step(s, b) {
                             next.push(n);
                         }
                     }
                 }
                 // states are many; keep those closest to the end
-                next.sort_by_key(|m| m.to_close(&s));
+                next.sort_by_key(|m| m.to_close(s));
                 next.truncate(64);
                 level = next;
                 steps += 1;
-                assert!(steps <= 80, "cut {cut}");
+                assert!(steps <= 200, "cut {cut}");
             }
-            assert_eq!(m.to_close(&s), steps, "after {:?}", &full[..cut]);
+            assert_eq!(m.to_close(s), steps, "after {:?}", &full[..cut]);
         }
+    }
+
+    /// `to_close` is exact: a breadth-first search over every byte finds the same length.
+    #[test]
+    fn to_close_counts_the_bytes_that_finish_a_valid_document() {
+        closes_exactly(
+            &schema(),
+            r#"{"age":-3,"mood":"cross","name":"A","pet":{"none":null,"ok":true},"tags":[1.5,0]}"#,
+        );
+        closes_exactly(
+            &pydantic(),
+            r#"{"age":null,"boss":{"age":1,"boss":null,"name":"B","pet":null,"pets":[],"role":"admin","tag":"v"},"name":"A","pet":{"kind":"dog","name":"R"},"pets":[],"role":"admin","tag":null}"#,
+        );
     }
 }
