@@ -46,15 +46,15 @@ if ! rustup target list --installed | grep -qx "$target"; then
 fi
 
 # 2. Cross-built once, run at each CPU level: the kernels (f32 NEON; SDOT where dotprod is and
-# SMMLA for Q8_0's GEMM where i8mm is too,
-# the portable integer loops where it is not; BFMMLA where bf16 is, `--bf16` refused where not)
+# SMMLA for Q8_0's GEMM where i8mm is too, the NEON integer engine (smlal, sadalp) where it is
+# not; BFMMLA where bf16 is, `--bf16` refused where not)
 export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc
 skip=(--skip attention::tests::backward_matches_finite_differences
       --skip attention::tests::paired_backward_matches_finite_differences)
 for cpu in max cortex-a72; do
   case $cpu in
     max) expect="f32=neon quant=smmla bf16=bfmmla" ;;
-    cortex-a72) expect="f32=neon quant=portable bf16=none" ;;
+    cortex-a72) expect="f32=neon quant=neon bf16=none" ;;
   esac
   echo "== aarch64 under qemu -cpu $cpu (expecting $expect)"
   export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="qemu-aarch64 -L /usr/aarch64-linux-gnu -cpu $cpu"

@@ -96,8 +96,9 @@ mod tests {
 
     /// Each kernel is picked where the CPU has its feature and the fallback where not: on
     /// ARM64 the NEON f32 kernel always, SDOT exactly where `dotprod` is (SMMLA where `i8mm`
-    /// is too), BFMMLA (and
-    /// `Precision::new(true)`) exactly where `bf16` is, else the one-line refusal naming it.
+    /// is too), the NEON integer engine where it is not (never the portable loops; on every
+    /// ARM64 CPU among the engines tests run), BFMMLA (and `Precision::new(true)`) exactly
+    /// where `bf16` is, else the one-line refusal naming it.
     /// Where the runner names what the (emulated) CPU calls for (`DIFFTX_EXPECT_KERNELS`, set
     /// by scripts/test_arm64.sh for each `qemu -cpu`), exactly that.
     #[test]
@@ -110,10 +111,12 @@ mod tests {
             let quant = match (cpu::dotprod(), cpu::i8mm()) {
                 (true, true) => "smmla",
                 (true, false) => "sdot",
-                _ => "portable",
+                _ => "neon",
             };
             let bf16 = if cpu::arm_bf16() { "bfmmla" } else { "none" };
             assert_eq!(got, format!("f32=neon quant={quant} bf16={bf16}"));
+            // and the NEON engine beside any faster one, which the engines' tests compare
+            assert!(Engine::available().ends_with(&[Engine::Neon, Engine::Portable]));
             let refusal = crate::Precision::bf16_requirement();
             assert!(
                 refusal.contains("bf16") && !refusal.contains('\n'),

@@ -17,7 +17,8 @@ pub fn avx2_fma() -> bool {
     false
 }
 
-/// NEON (Advanced SIMD): every ARM64 CPU has it; the f32 products' micro-kernel there.
+/// NEON (Advanced SIMD): every ARM64 CPU has it; the f32 products' micro-kernel there, and
+/// the quantised products' engine where `dotprod` is missing (`quant::Engine::Neon`).
 pub fn neon() -> bool {
     #[cfg(target_arch = "aarch64")]
     return std::arch::is_aarch64_feature_detected!("neon");

@@ -64,6 +64,13 @@ pub fn rows<const R: usize>(
         unsafe { rows_avx2(&mut out, x, c, panel, next) };
         return out;
     }
+    #[cfg(target_arch = "aarch64")]
+    if super::cpu::neon() {
+        let mut out = [[0f32; PANEL]; R];
+        // SAFETY: NEON detected; the lengths were checked above.
+        unsafe { rows_neon(&mut out, x, c, panel, next) };
+        return out;
+    }
     rows_portable::<R>(x, c, panel, next)
 }
 
@@ -128,32 +135,47 @@ unsafe fn rows_avx512<const R: usize>(
 }
 
 /// `rows` with AVX2: the same fused multiply-adds in the same order, eight lanes at a time,
-/// over each half of the panel (sixteen outputs) for up to four rows at a time: eight
-/// accumulators, two registers of weights and a broadcast input, of AVX2's sixteen registers.
-/// The whole panel against eight rows, as on AVX-512, would need 32 accumulators: the portable
-/// loop, spilling, ran a decoding batch of 16 at `medium` at about 33 GFLOP/s. (The whole
-/// panel against three rows at a time, the weights as the multiply-adds' memory operands, ran
-/// a batch's prefill at 0.75× this.)
+/// over each half of the panel (sixteen outputs) for up to four rows at a time (`by_halves`):
+/// eight accumulators, two registers of weights and a broadcast input, of AVX2's sixteen
+/// registers. The whole panel against eight rows, as on AVX-512, would need 32 accumulators:
+/// the portable loop, spilling, ran a decoding batch of 16 at `medium` at about 33 GFLOP/s.
+/// (The whole panel against three rows at a time, the weights as the multiply-adds' memory
+/// operands, ran a batch's prefill at 0.75× this.)
 ///
 /// # Safety
 /// AVX2 and FMA; x holds out.len()·c values and panel 32·c.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn rows_avx2(out: &mut [[f32; PANEL]], x: &[f32], c: usize, panel: &[f32], next: NextLines) {
+    by_halves(out, x, c, next, |out, x, half, next| {
+        // SAFETY: AVX2 and FMA (this fn's contract); `half_rows` checks the lengths.
+        unsafe {
+            match out.len() {
+                1 => half_rows::<1>(out, x, c, panel, half, next),
+                2 => half_rows::<2>(out, x, c, panel, half, next),
+                3 => half_rows::<3>(out, x, c, panel, half, next),
+                _ => half_rows::<4>(out, x, c, panel, half, next),
+            }
+        }
+    })
+}
+
+/// The passes of a loop over half a panel for up to four rows at a time (AVX2's, NEON's):
+/// `pass(out, x, half, next)` for each half of the panel and each group of up to four rows of
+/// `out` (x from the group's first row), the first pass fetching `next`.
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+fn by_halves(
+    out: &mut [[f32; PANEL]],
+    x: &[f32],
+    c: usize,
+    next: NextLines,
+    pass: impl Fn(&mut [[f32; PANEL]], &[f32], usize, NextLines),
+) {
     for half in 0..2 {
         for (g, out) in out.chunks_mut(4).enumerate() {
-            let x = &x[4 * g * c..];
             // (the first run over the panel fetches `next`)
             let next = if half + g == 0 { next } else { NextLines::NONE };
-            // SAFETY: AVX2 and FMA (this fn's contract); `half_rows` checks the lengths.
-            unsafe {
-                match out.len() {
-                    1 => half_rows::<1>(out, x, c, panel, half, next),
-                    2 => half_rows::<2>(out, x, c, panel, half, next),
-                    3 => half_rows::<3>(out, x, c, panel, half, next),
-                    _ => half_rows::<4>(out, x, c, panel, half, next),
-                }
-            }
+            pass(out, &x[4 * g * c..], half, next);
         }
     }
 }
@@ -200,12 +222,70 @@ unsafe fn half_rows<const G: usize>(
     }
 }
 
+/// `rows` with NEON: the same fused multiply-adds in the same order, four lanes at a time, in
+/// AVX2's passes (`by_halves`): half a panel (four registers) against up to four rows is
+/// sixteen accumulators, four registers of weights and a broadcast input, of NEON's 32. (The
+/// whole panel against eight rows would need 64 accumulators.)
+///
+/// # Safety
+/// NEON; x holds out.len()·c values and panel 32·c.
+#[cfg(target_arch = "aarch64")]
+#[target_feature(enable = "neon")]
+unsafe fn rows_neon(out: &mut [[f32; PANEL]], x: &[f32], c: usize, panel: &[f32], next: NextLines) {
+    by_halves(out, x, c, next, |out, x, half, next| match out.len() {
+        1 => half_rows_neon::<1>(out, x, c, panel, half, next),
+        2 => half_rows_neon::<2>(out, x, c, panel, half, next),
+        3 => half_rows_neon::<3>(out, x, c, panel, half, next),
+        _ => half_rows_neon::<4>(out, x, c, panel, half, next),
+    })
+}
+
+/// `rows_neon` for G ≤ 4 rows of x against outputs 16·half.. 16·half + 16 of the panel, into
+/// those outputs of each row of `out`. (NEON: every ARM64 CPU has it, so any caller may
+/// assert it.)
+#[cfg(target_arch = "aarch64")]
+#[target_feature(enable = "neon")]
+fn half_rows_neon<const G: usize>(
+    out: &mut [[f32; PANEL]],
+    x: &[f32],
+    c: usize,
+    panel: &[f32],
+    half: usize,
+    next: NextLines,
+) {
+    use std::arch::aarch64::*;
+    assert!(half < 2 && out.len() >= G && x.len() >= G * c && panel.len() >= PANEL * c);
+    let mut acc = [[vdupq_n_f32(0.0); 4]; G];
+    let (xp, pp) = (x.as_ptr(), panel.as_ptr().wrapping_add(16 * half));
+    for k in 0..c {
+        next.fetch(k, c);
+        // SAFETY: k < c, so k·32 + 16·half + 16 ≤ 32·c and r·c + k < G·c (asserted).
+        unsafe {
+            let w = pp.add(k * PANEL);
+            let w = [w, w.add(4), w.add(8), w.add(12)].map(|w| vld1q_f32(w));
+            for (r, a) in acc.iter_mut().enumerate() {
+                let b = vdupq_n_f32(*xp.add(r * c + k));
+                for (a, &w) in a.iter_mut().zip(&w) {
+                    *a = vfmaq_f32(*a, b, w);
+                }
+            }
+        }
+    }
+    for (o, a) in out.iter_mut().zip(&acc) {
+        for (q, &a) in a.iter().enumerate() {
+            // SAFETY: four f32 into each quarter of the half's sixteen.
+            unsafe { vst1q_f32(o[16 * half + 4 * q..][..4].as_mut_ptr(), a) };
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::testutil::randn;
 
-    /// The SIMD loops this CPU has give the portable loop's bits, for every row count.
+    /// The SIMD loops this CPU has (AVX2, AVX-512; NEON on every ARM64 CPU) give the portable
+    /// loop's bits, for every row count.
     #[test]
     fn each_simd_loop_gives_the_portable_bits() {
         let (oc, c) = (32, 45);
@@ -214,8 +294,16 @@ mod tests {
         fn check<const R: usize>(x: &[f32], c: usize, p: &[f32]) {
             let bits = |v: [[f32; PANEL]; R]| v.map(|r| r.map(f32::to_bits));
             let want = bits(rows_portable::<R>(x, c, p, NextLines::NONE));
-            #[cfg(not(target_arch = "x86_64"))]
-            let _ = want; // no SIMD loop to hold to it off x86-64 yet
+            #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+            let _ = want; // no SIMD loop to hold to it here
+            #[cfg(target_arch = "aarch64")]
+            {
+                assert!(super::super::cpu::neon());
+                let mut out = [[0f32; PANEL]; R];
+                // SAFETY: NEON detected; x holds R·c values, p 32·c.
+                unsafe { rows_neon(&mut out, x, c, p, NextLines::NONE) };
+                assert_eq!(bits(out), want, "neon, {R} rows");
+            }
             #[cfg(target_arch = "x86_64")]
             {
                 if super::super::cpu::avx2_fma() {

@@ -7,8 +7,9 @@
 //! `vpdpbusd`) where the CPU has it, else `Engine::Avx2` (avx2.rs, `vpmaddubsw`: the same tiles
 //! and sums, the same bits) where it has AVX2; on ARM64 `Engine::Sdot` (sdot.rs, `sdot` by
 //! lane: the same tiles, the same bits) where the CPU has `dotprod`, `Engine::Smmla` (the
-//! same, with Q8_0's GEMM blocks on `smmla`) where it has `i8mm` too; else `Engine::Portable`
-//! (plain integer loops whose FMA gives the same bits again). Tests run every one the CPU has
+//! same, with Q8_0's GEMM blocks on `smmla`) where it has `i8mm` too, else `Engine::Neon`
+//! (neon.rs, widening multiplies `smlal`/`sadalp`: the same tiles, the same bits); else
+//! `Engine::Portable` (plain integer loops whose FMA gives the same bits again). Tests run every one the CPU has
 //! (`matmul_on`). A product of up to `GEMV_ROWS` input rows (decoding) reads every weight once,
 //! for those rows together; longer ones (prefill) run as a blocked GEMM over tiles of input and
 //! weight rows. Both split the weight rows (and the GEMM the input rows) over the rayon pool.
@@ -43,6 +44,8 @@ macro_rules! simd_dots {
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 pub mod block;
+#[cfg(target_arch = "aarch64")]
+mod neon;
 #[cfg(target_arch = "aarch64")]
 mod sdot;
 #[cfg(target_arch = "x86_64")]
@@ -266,6 +269,8 @@ pub enum Engine {
     /// ARM64 with `i8mm` and `dotprod`: `Sdot` with Q8_0's GEMM blocks on `smmla` (2 × 8 by
     /// 8 × 2 signed bytes into int32)
     Smmla,
+    /// ARM64 without `dotprod` (`smlal`: signed bytes into int16, `sadalp` on into int32)
+    Neon,
     /// plain loops, on any CPU
     Portable,
 }
@@ -282,7 +287,8 @@ pub fn force_portable(on: bool) {
 
 impl Engine {
     /// `Vnni` where the CPU has AVX512-VNNI (with AVX-512F/BW), else `Avx2` where it has
-    /// AVX2 (with FMA and F16C), else `Portable`; always `Portable` under
+    /// AVX2 (with FMA and F16C); on ARM64 `Smmla` where it has `i8mm` and `dotprod`, else
+    /// `Sdot` where it has `dotprod`, else `Neon`; else `Portable`; always `Portable` under
     /// `force_portable(true)`.
     pub fn detect() -> Engine {
         let forced = FORCED_PORTABLE.load(std::sync::atomic::Ordering::SeqCst);
@@ -292,23 +298,24 @@ impl Engine {
         }
     }
 
-    /// Its name in benchmarks: "vnni", "avx2", "sdot", "smmla" or "portable".
+    /// Its name in benchmarks: "vnni", "avx2", "sdot", "smmla", "neon" or "portable".
     pub fn name(self) -> &'static str {
         match self {
             Engine::Vnni => "vnni",
             Engine::Avx2 => "avx2",
             Engine::Sdot => "sdot",
             Engine::Smmla => "smmla",
+            Engine::Neon => "neon",
             Engine::Portable => "portable",
         }
     }
 
-    /// The engines this CPU runs, fastest first (`Portable` last, always there); detected
-    /// once, since every product asks.
+    /// The engines this CPU runs, fastest first (`Portable` last, always there; `Neon` on
+    /// every ARM64 CPU, behind the `dotprod` ones); detected once, since every product asks.
     pub fn available() -> &'static [Engine] {
         static ENGINES: std::sync::OnceLock<Vec<Engine>> = std::sync::OnceLock::new();
         ENGINES.get_or_init(|| {
-            let mut engines = Vec::with_capacity(3);
+            let mut engines = Vec::with_capacity(4);
             if cpu_has_vnni() {
                 engines.push(Engine::Vnni);
             }
@@ -321,6 +328,9 @@ impl Engine {
             }
             if crate::gemm::cpu::dotprod() {
                 engines.push(Engine::Sdot);
+            }
+            if crate::gemm::cpu::neon() {
+                engines.push(Engine::Neon);
             }
             engines.push(Engine::Portable);
             engines
@@ -550,6 +560,11 @@ pub fn matmul_on(
             // SAFETY: as above.
             Engine::Smmla => unsafe {
                 engine_tile::<sdot::Smmla, { sdot::NX }, { sdot::NT }>(x, w, rows, outs, put)
+            },
+            #[cfg(target_arch = "aarch64")]
+            // SAFETY: as above.
+            Engine::Neon => unsafe {
+                engine_tile::<neon::Neon, { neon::NX }, { neon::NT }>(x, w, rows, outs, put)
             },
             _ => portable_tile(x, w, rows, outs, put),
         }
@@ -905,6 +920,47 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    /// A Q8_0 weight quant of −128, which GGUF files may hold though `quantize` never makes
+    /// it, by full-scale inputs of either sign: the largest products (128 · 127), where the
+    /// NEON engine's int16 runs of two chunks are closest to overflowing; every engine gives
+    /// the portable loops' bits, and those are the exact sums.
+    #[test]
+    fn q8_weights_of_minus_128_do_not_overflow() {
+        let (n, c, oc) = (3, 96, 20);
+        let mut qw = QuantMatrix::new(QuantKind::Q8_0, &vec![1.0; oc * c], oc, c).unwrap();
+        let tl = qw.tiling();
+        for o in 0..oc {
+            for (b, j) in (0..c / BLOCK).flat_map(|b| (0..BLOCK).map(move |j| (b, j))) {
+                // stored as q + 128 (top bit flipped): −128 is 0
+                let at = (o / TILE_ROWS) * tl.bytes() + tl.quant_at(o % TILE_ROWS, b, j);
+                qw.data.bytes_mut()[at] = if (o + j) % 5 == 0 { 0xff } else { 0 };
+            }
+        }
+        let x: Vec<f32> = (0..n * c).map(|i| [-1.0, 1.0, -1.0][i / c]).collect();
+        let qx = QuantAct::new(&x, n, c, QuantKind::Q8_0);
+        let (wd, xd) = (qw.dequantize(), dequant_act(&qx, n, c));
+        let bits = |engine| {
+            let mut got = vec![0f32; n * oc];
+            matmul_on(engine, &mut [(&mut got[..], &qw)], &qx, false);
+            got.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+        };
+        let portable = bits(Engine::Portable);
+        for (i, &g) in portable.iter().enumerate() {
+            let (r, o) = (i / oc, i % oc);
+            let exact: f64 = (0..c)
+                .map(|j| xd[r * c + j] as f64 * wd[o * c + j] as f64)
+                .sum();
+            let g = f32::from_bits(g) as f64;
+            assert!(
+                (g - exact).abs() <= 1e-5 * exact.abs(),
+                "({r},{o}): {g} vs {exact}"
+            );
+        }
+        for &engine in Engine::available() {
+            assert_eq!(bits(engine), portable, "{engine:?}");
         }
     }
 

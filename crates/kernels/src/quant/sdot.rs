@@ -8,7 +8,9 @@
 //! `sdot` multiplies signed by signed, so the weights are made signed first and need no
 //! correction: Q8_0's stored q + 128 with its top bit flipped back, Q4_0's nibbles less 8.
 //! Each block's dot product is exact in int32, the same integer as the x86 engines', and is
-//! scaled into the f32 sums by the same convert and FMA: the same bits.
+//! scaled into the f32 sums by the same convert and FMA: the same bits. The SMMLA engine here
+//! and the NEON one (neon.rs, for CPUs without `dotprod`) share that scaling (`dots_in`) and
+//! differ only in how they take a block's integers (`BlockDots`).
 
 // (the loops index several arrays by one counter, in the x86 engines' shape)
 #![allow(clippy::needless_range_loop)]
@@ -23,14 +25,14 @@ pub(super) const NX: usize = 4;
 pub(super) const NT: usize = 1;
 
 /// Sixteen lanes as four registers: rows 0–3 of a tile, 4–7, 8–11, 12–15.
-type Quad<T> = [T; 4];
+pub(super) type Quad<T> = [T; 4];
 
 // The engine as `super::engine_tile` runs it.
 simd_dots!(Sdot, Quad<float32x4_t>);
 
 /// Four registers' sixteen lanes.
 #[target_feature(enable = "neon")]
-fn lanes(v: Quad<float32x4_t>) -> TileSums {
+pub(super) fn lanes(v: Quad<float32x4_t>) -> TileSums {
     let mut s = [0f32; TILE_ROWS];
     for (q, v) in v.into_iter().enumerate() {
         // SAFETY: four f32 into each quarter of sixteen.
@@ -92,18 +94,18 @@ unsafe fn dots<const R: usize, const T: usize>(
     next: crate::NextLines,
 ) -> [[Quad<float32x4_t>; T]; R] {
     // SAFETY: the same contract.
-    unsafe { dots_in::<false, R, T>(x, xr, kind, tl, ts, next) }
+    unsafe { dots_in::<Sdot, R, T>(x, xr, kind, tl, ts, next) }
 }
 
 /// The sums of input rows `xr` with the sixteen rows of each tile of `ts`, block after block,
 /// in the x86 engines' order and with their f32 operations, each block asking for its part
-/// of `next`; with `MM`, Q8_0's blocks of four input rows by SMMLA (`q8_mm`).
-/// Inlined into each engine's `dots`, whose CPU features it runs with.
+/// of `next`; each block's exact integers by P (`BlockDots`). Inlined into each engine's
+/// `dots`, whose CPU features it runs with.
 ///
 /// # Safety
-/// NEON and dotprod, and i8mm with `MM`; the rows exist; each of `ts` is a tile of `tl`.
+/// P's CPU features; the rows exist; each of `ts` is a tile of `tl`.
 #[inline(always)]
-unsafe fn dots_in<const MM: bool, const R: usize, const T: usize>(
+pub(super) unsafe fn dots_in<P: BlockDots, const R: usize, const T: usize>(
     x: &QuantAct,
     xr: [usize; R],
     kind: QuantKind,
@@ -125,10 +127,15 @@ unsafe fn dots_in<const MM: bool, const R: usize, const T: usize>(
                 *d = widen_f16(h);
             }
         }
-        // 2. every block dot product, exact in int32
-        // SAFETY: the block lies inside the tiles (asserted) and the input rows (`row`); i8mm
-        // with MM (the contract).
-        let dot = unsafe { block_dots::<MM, R, T>(&ops, kind, tl, b) };
+        // 2. every block dot product, exact in int32: block b's first chunk in each tile,
+        // each input row's 32 quants in two registers
+        // SAFETY: the block lies inside the tiles (asserted) and the input rows (`row`), which
+        // hold its 32 quants; P's features (the contract).
+        let dot = unsafe {
+            let (wc, xp) = ops.block(tl, b);
+            let xs = xp.map(|p| [vld1q_s8(p), vld1q_s8(p.add(16))]);
+            P::block_dots::<R, T>(kind, &wc, &xs)
+        };
         // 3. scaled into the f32 sums
         for j in 0..R {
             let dx = vdupq_n_f32(xd[j][b]);
@@ -144,47 +151,78 @@ unsafe fn dots_in<const MM: bool, const R: usize, const T: usize>(
     acc
 }
 
-/// Block b's exact dot products of input rows `xq` with the sixteen rows of each tile of
-/// `ts`, chunk by chunk: each chunk of weights loaded (and made signed) once for all the input
-/// rows, each input's block loaded once for all the tiles; with `MM`, Q8_0's blocks of four
-/// input rows by SMMLA instead (the same integers).
+/// How an ARM64 engine takes a block's exact dot products (`dots_in`'s step 2); any way gives
+/// the same integers.
+pub(super) trait BlockDots {
+    /// The exact dot products of one block of each input row (its 32 quants in `xs`, in order)
+    /// with the sixteen rows of each tile (the block's first chunk at `wc`), in `lanes`' order.
+    ///
+    /// # Safety
+    /// The engine's CPU features; the block's chunks lie inside each tile at `wc`.
+    unsafe fn block_dots<const R: usize, const T: usize>(
+        kind: QuantKind,
+        wc: &[*const u8; T],
+        xs: &[[int8x16_t; 2]; R],
+    ) -> [[Quad<int32x4_t>; T]; R];
+}
+
+impl BlockDots for Sdot {
+    #[inline(always)]
+    unsafe fn block_dots<const R: usize, const T: usize>(
+        kind: QuantKind,
+        wc: &[*const u8; T],
+        xs: &[[int8x16_t; 2]; R],
+    ) -> [[Quad<int32x4_t>; T]; R] {
+        // SAFETY: the trait's contract.
+        unsafe { block_dots::<false, R, T>(kind, wc, xs) }
+    }
+}
+
+impl BlockDots for Smmla {
+    #[inline(always)]
+    unsafe fn block_dots<const R: usize, const T: usize>(
+        kind: QuantKind,
+        wc: &[*const u8; T],
+        xs: &[[int8x16_t; 2]; R],
+    ) -> [[Quad<int32x4_t>; T]; R] {
+        // SAFETY: the trait's contract.
+        unsafe { block_dots::<true, R, T>(kind, wc, xs) }
+    }
+}
+
+/// A block's exact dot products, chunk by chunk: each chunk of weights loaded (and made
+/// signed) once for all the input rows, each input's block loaded once for all the tiles; with
+/// `MM`, Q8_0's blocks of four input rows by SMMLA instead (the same integers).
 ///
 /// # Safety
-/// NEON and dotprod, and i8mm with `MM`; `ops` was made for tiles of `tl`, with block b inside
-/// them (`Operands::new` checks the tiles' and the rows' lengths).
+/// NEON and dotprod, and i8mm with `MM`; the block's chunks lie inside each tile at `wp`
+/// (chunk c of tile t at wp[t] + 64·c).
 #[inline(always)]
 unsafe fn block_dots<const MM: bool, const R: usize, const T: usize>(
-    ops: &super::Operands<R, T>,
     kind: QuantKind,
-    tl: Tiling,
-    b: usize,
+    wp: &[*const u8; T],
+    xs: &[[int8x16_t; 2]; R],
 ) -> [[Quad<int32x4_t>; T]; R] {
-    // chunk c of tile t at wp[t] + 64·c; input row j's element e at xp[j] + e
-    // SAFETY: block b lies inside the tiles and the input rows (the caller's contract).
-    let (wp, xp) = unsafe { ops.block(tl, b) };
-    // SAFETY: each input row holds the block's 32 quants.
-    let xs: [[int8x16_t; 2]; R] =
-        std::array::from_fn(|j| unsafe { [vld1q_s8(xp[j]), vld1q_s8(xp[j].add(16))] });
     let mut dot = [[[vdupq_n_s32(0); 4]; T]; R];
     // (one call per lane: a lane is a constant of the instruction; calls, not closures: a
     // closure would not inherit this fn's target features)
-    // SAFETY (each call): block b's chunks lie inside the tiles (the caller's contract).
+    // SAFETY (each call): the block's chunks lie inside the tiles (the caller's contract).
     unsafe {
         match kind {
-            QuantKind::Q8_0 if MM && R == 4 => q8_mm::<R, T>(&mut dot, &wp, &xs),
+            QuantKind::Q8_0 if MM && R == 4 => q8_mm::<R, T>(&mut dot, wp, xs),
             QuantKind::Q8_0 => {
                 for h in 0..2 {
-                    q8_chunk::<0, R, T>(&mut dot, &wp, &xs, h);
-                    q8_chunk::<1, R, T>(&mut dot, &wp, &xs, h);
-                    q8_chunk::<2, R, T>(&mut dot, &wp, &xs, h);
-                    q8_chunk::<3, R, T>(&mut dot, &wp, &xs, h);
+                    q8_chunk::<0, R, T>(&mut dot, wp, xs, h);
+                    q8_chunk::<1, R, T>(&mut dot, wp, xs, h);
+                    q8_chunk::<2, R, T>(&mut dot, wp, xs, h);
+                    q8_chunk::<3, R, T>(&mut dot, wp, xs, h);
                 }
             }
             QuantKind::Q4_0 => {
-                q4_chunk::<0, R, T>(&mut dot, &wp, &xs);
-                q4_chunk::<1, R, T>(&mut dot, &wp, &xs);
-                q4_chunk::<2, R, T>(&mut dot, &wp, &xs);
-                q4_chunk::<3, R, T>(&mut dot, &wp, &xs);
+                q4_chunk::<0, R, T>(&mut dot, wp, xs);
+                q4_chunk::<1, R, T>(&mut dot, wp, xs);
+                q4_chunk::<2, R, T>(&mut dot, wp, xs);
+                q4_chunk::<3, R, T>(&mut dot, wp, xs);
             }
         }
     }
@@ -286,7 +324,7 @@ unsafe fn dots_mm<const R: usize, const T: usize>(
     next: crate::NextLines,
 ) -> [[Quad<float32x4_t>; T]; R] {
     // SAFETY: the same contract.
-    unsafe { dots_in::<true, R, T>(x, xr, kind, tl, ts, next) }
+    unsafe { dots_in::<Smmla, R, T>(x, xr, kind, tl, ts, next) }
 }
 
 /// `acc` + the 2 × 2 products of w's two rows of eight bytes with x's two (SMMLA: lane 2i + j
