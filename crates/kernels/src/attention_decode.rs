@@ -4,7 +4,7 @@
 //! rows as a strided column, transposed into a tile first. With one query there is nothing to
 //! reuse a tile for, so here the cached positions are cut into chunks instead
 //! (flash-decoding): a task reads its chunk's key and value rows for every head, in memory
-//! order (on AVX-512 and AVX2 four rows at a time), keeps a partial softmax (max, sum,
+//! order (on AVX-512 four rows at a time), keeps a partial softmax (max, sum,
 //! weighted values) per head, and the partials are merged at the end. The chunks do not
 //! depend on the thread count, so neither do the results.
 //!
@@ -249,11 +249,12 @@ fn chunk_partials<C: KvElem>(
 #[cfg(target_arch = "x86_64")]
 const ROWS_AHEAD: usize = 16;
 
-/// A task's walk over its chunk's rows of k or v four at a time: on AVX-512 and AVX2, for
-/// heads of 16·N values read where they lie (f32 and bf16 values, q8_0 blocks), where the
-/// loop's sums `fits` the registers (`scores_rows` on AVX2: one query a run), asking for the
-/// rows ahead as it goes (`ROWS_AHEAD`); elsewhere, and where a q8_0 row is widened into the
-/// task's room first, one row at a time (`four` says None).
+/// A task's walk over its chunk's rows of k or v four at a time: on AVX-512, for heads of 16·N
+/// values read where they lie (f32 and bf16 values, q8_0 blocks), asking for the rows ahead as
+/// it goes (`ROWS_AHEAD`); elsewhere, and where a q8_0 row is widened into the task's room
+/// first, one row at a time (`four` says None). (On AVX2 four rows at a time, head by head,
+/// decoded a bf16 cache 1.4× slower than one row at a time, with or without the requests
+/// ahead: benchmarks-log.md.)
 #[cfg(target_arch = "x86_64")]
 struct Fours<'a, C> {
     src: &'a [C],
@@ -273,10 +274,8 @@ impl<'a, C: KvElem> Fours<'a, C> {
         src: &'a [C],
         r: &Rows<C>,
         (width, blocks): (usize, bool),
-        fits: bool,
     ) -> Self {
-        let wide = matches!(isa, Some(Isa::Avx512 | Isa::Avx2));
-        let on = wide && fits && N > 0 && (blocks || C::room(width) == 0);
+        let on = isa == Some(Isa::Avx512) && N > 0 && (blocks || C::room(width) == 0);
         let f = Fours {
             src,
             isa,
@@ -370,28 +369,20 @@ fn scores_rows<const Q: usize, const N: usize, C: KvElem>(
     assert!(out.len() >= s.nq * part && q.len() >= s.nq * dk);
     assert!(heads.k_at.iter().all(|&a| a + dk <= kw));
     let blocks = whole_blocks(isa, dk);
-    // (AVX2's sixteen registers hold four rows' sums for one query, not for more)
     #[cfg(target_arch = "x86_64")]
-    let fits = isa != Some(Isa::Avx2) || Q == 1;
-    #[cfg(target_arch = "x86_64")]
-    let fours = Fours::new::<N>(isa, r.k, r, (kw, blocks), fits);
+    let fours = Fours::new::<N>(isa, r.k, r, (kw, blocks));
     let mut t = 0;
     while t < r.len {
         #[cfg(target_arch = "x86_64")]
         if let Some(rows) = fours.four(t) {
             for (g, &at) in heads.k_at.iter().enumerate() {
                 let qs = &q[g * Q * dk..(g + 1) * Q * dk];
-                // SAFETY: AVX-512F or AVX2 and FMA (`Fours`, `attention_decode_on` checked);
-                // each row's head holds dk = 16·N values (asserted), whole blocks where they
-                // are blocks, qs the Q queries' dk each.
+                // SAFETY: AVX-512F (`Fours`); each row's head holds dk = 16·N values (asserted),
+                // whole blocks where they are blocks, qs the Q queries' dk each.
                 let dots = unsafe {
-                    if isa == Some(Isa::Avx512) {
-                        shared!(rows, at, dk, |ks| super::dot_tree::<4, Q, N, _>(
-                            qs, ks, false
-                        ))
-                    } else {
-                        shared!(rows, at, dk, |ks| super::dot_tree8::<4, Q, N, _>(qs, ks))
-                    }
+                    shared!(rows, at, dk, |ks| super::dot_tree::<4, Q, N, _>(
+                        qs, ks, false
+                    ))
                 };
                 for (i, d) in dots.into_iter().enumerate() {
                     store_scores(out, d, g * Q, part, s.dv + 2 + t + i);
@@ -420,7 +411,7 @@ fn scores_rows<const Q: usize, const N: usize, C: KvElem>(
                 // SAFETY: the CPU has AVX2 and FMA (checked likewise); lengths above, blocks
                 // whole heads.
                 Some(Isa::Avx2) => unsafe {
-                    shared!([row], at, dk, |k| super::dot_tree8::<1, Q, N, _>(qs, k))[0]
+                    shared!([row], at, dk, |k| super::dot_tree8::<Q, N, _>(qs, k[0]))
                 },
                 #[cfg(target_arch = "aarch64")]
                 // SAFETY: NEON, which every ARM64 CPU has; lengths asserted inside.
@@ -488,28 +479,23 @@ fn values_rows<const Q: usize, const N: usize, C: KvElem>(
     assert!(heads.v_at.iter().all(|&a| a + dv <= vw));
     let blocks = whole_blocks(isa, dv);
     #[cfg(target_arch = "x86_64")]
-    let fours = Fours::new::<N>(isa, r.v, r, (vw, blocks), true);
+    let fours = Fours::new::<N>(isa, r.v, r, (vw, blocks));
     let mut t = 0;
     while t < r.len {
         #[cfg(target_arch = "x86_64")]
         if let Some(rows) = fours.four(t) {
             for (g, &at) in heads.v_at.iter().enumerate() {
                 let heads = &mut out[g * Q * part..(g + 1) * Q * part];
-                let at_p = dv + 2 + t;
-                // SAFETY: AVX-512F or AVX2 and FMA (`Fours`, `attention_decode_on` checked);
-                // heads holds Q partials of part ≥ dv values, dv + 2 + t + 3 < part; each
-                // row's head holds dv = 16·N values (asserted), whole blocks where they are
-                // blocks.
+                // SAFETY: AVX-512F (`Fours`); heads holds Q partials of part ≥ dv values,
+                // dv + 2 + t + 3 < part; each row's head holds dv = 16·N values (asserted),
+                // whole blocks where they are blocks.
                 unsafe {
-                    if isa == Some(Isa::Avx512) {
-                        shared!(rows, at, dv, |vs| weighted_row_avx512::<4, Q, N, _>(
-                            heads, part, at_p, vs
-                        ))
-                    } else {
-                        shared!(rows, at, dv, |vs| weighted_row_avx2::<4, Q, N, _>(
-                            heads, part, at_p, vs
-                        ))
-                    }
+                    shared!(rows, at, dv, |vs| weighted_row_avx512::<4, Q, N, _>(
+                        heads,
+                        part,
+                        dv + 2 + t,
+                        vs
+                    ))
                 };
             }
             t += 4;
@@ -538,11 +524,11 @@ fn values_rows<const Q: usize, const N: usize, C: KvElem>(
                 // SAFETY: the CPU has AVX2 and FMA (checked likewise); lengths above, blocks
                 // whole heads.
                 Some(Isa::Avx2) => unsafe {
-                    shared!([row], at, dv, |v| weighted_row_avx2::<1, Q, N, _>(
+                    shared!([row], at, dv, |v| weighted_row_avx2::<Q, N, _>(
                         heads,
                         part,
                         dv + 2 + t,
-                        v
+                        v[0]
                     ))
                 },
                 #[cfg(target_arch = "aarch64")]
@@ -608,47 +594,39 @@ unsafe fn weighted_row_avx512<const R: usize, const Q: usize, const N: usize, V:
     }
 }
 
-/// `weighted_row_avx512` on AVX2: eight lanes at a time (`Lanes8`), a ragged tail of fewer
-/// than eight values one at a time, the R rows in order for each value (the same FMAs as R
-/// rows one at a time), each partial's block loaded and stored once for all of them.
+/// `weighted_row_avx512` on AVX2, one row: eight lanes at a time (`Lanes8`: values, or q8_0
+/// blocks widened as they are loaded), a ragged tail of fewer than eight values one at a time.
 ///
 /// # Safety
-/// AVX2 and FMA; heads holds Q partials of `part` ≥ dv values, at + R ≤ part; where N > 0,
-/// each v has 16·N values; blocks are whole (`Lanes8::load`).
+/// AVX2 and FMA; heads holds Q partials of `part` ≥ dv values, at < part; where N > 0,
+/// v has 16·N values; blocks are whole (`Lanes8::load`).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 #[inline]
-unsafe fn weighted_row_avx2<const R: usize, const Q: usize, const N: usize, V: Lanes8>(
+unsafe fn weighted_row_avx2<const Q: usize, const N: usize, V: Lanes8>(
     heads: &mut [f32],
     part: usize,
     at: usize,
-    vs: [V; R],
+    v: V,
 ) {
     use std::arch::x86_64::*;
-    let dv = if N > 0 { 16 * N } else { vs[0].len() };
+    let dv = if N > 0 { 16 * N } else { v.len() };
     let full = dv / 8 * 8;
-    let p: [[__m256; R]; Q] =
-        std::array::from_fn(|i| std::array::from_fn(|r| _mm256_set1_ps(heads[i * part + at + r])));
+    let p: [__m256; Q] = std::array::from_fn(|i| _mm256_set1_ps(heads[i * part + at]));
     for c in (0..full).step_by(8) {
-        // SAFETY: c + 8 ≤ dv values of each v and of each partial's first dv.
+        // SAFETY: c + 8 ≤ dv values of v and of each partial's first dv.
         unsafe {
-            let x: [__m256; R] = std::array::from_fn(|r| vs[r].load(c));
+            let x = v.load(c);
             for (i, p) in p.iter().enumerate() {
                 let a = heads.as_mut_ptr().add(i * part + c);
-                let mut sum = _mm256_loadu_ps(a);
-                for (p, x) in p.iter().zip(x) {
-                    sum = _mm256_fmadd_ps(*p, x, sum);
-                }
-                _mm256_storeu_ps(a, sum);
+                _mm256_storeu_ps(a, _mm256_fmadd_ps(*p, x, _mm256_loadu_ps(a)));
             }
         }
     }
     for o in heads.chunks_exact_mut(part).take(Q) {
-        for (r, v) in vs.iter().enumerate() {
-            let p = o[at + r];
-            for (c, o) in o[full..dv].iter_mut().enumerate() {
-                *o = p.mul_add(v.at(full + c), *o);
-            }
+        let p = o[at];
+        for (c, o) in o[full..dv].iter_mut().enumerate() {
+            *o = p.mul_add(v.at(full + c), *o);
         }
     }
 }
@@ -659,14 +637,16 @@ mod tests {
     use crate::Q8Block;
     use half::bf16;
 
-    /// Four cached rows at a time give each row's bits as one row at a time, on AVX-512
-    /// (`dot_tree::<4, ..>` with `sum_lanes_tree4`, `weighted_row_avx512::<4, ..>`) and on
-    /// AVX2 (`dot_tree8::<4, ..>` with `sum_lanes8x4`, `weighted_row_avx2::<4, ..>`): f32,
-    /// bf16 and q8_0 rows, one to four queries, heads of 32, 64 and 128 values, sums of mixed
+    /// Four cached rows at a time (`dot_tree::<4, ..>` with `sum_lanes_tree4`,
+    /// `weighted_row_avx512::<4, ..>`) give each row's bits as one row at a time: f32, bf16
+    /// and q8_0 rows, one to four queries, heads of 32, 64 and 128 values, sums of mixed
     /// magnitudes (where a different order of additions would show).
     #[test]
     #[cfg(target_arch = "x86_64")]
     fn four_rows_at_a_time_give_one_row_at_a_time_bits() {
+        if !Isa::Avx512.available() {
+            return;
+        }
         fn check<const Q: usize, const N: usize>(seed: &mut u32) {
             let w = 16 * N;
             let mut xs = crate::lcg_values(Q * w, seed, 1.0);
@@ -707,43 +687,10 @@ mod tests {
                     assert_eq!(bits(&a), bits(&b), "Q {Q}, N {N}");
                 }
             }
-            fn both8<const Q: usize, const N: usize, W: Lanes8>(
-                xs: &[f32],
-                ws: [W; 4],
-                heads: &[f32],
-                part: usize,
-            ) {
-                let w = 16 * N;
-                // SAFETY: AVX2 and FMA (checked); lengths as in `both`.
-                unsafe {
-                    let four = super::super::dot_tree8::<4, Q, N, _>(xs, ws);
-                    for (r, f) in four.iter().enumerate() {
-                        let [one] = super::super::dot_tree8::<1, Q, N, _>(xs, [ws[r]]);
-                        let bits = |d: &[f32; Q]| d.map(f32::to_bits);
-                        assert_eq!(bits(f), bits(&one), "AVX2 row {r}, Q {Q}, N {N}");
-                    }
-                    let (mut a, mut b) = (heads.to_vec(), heads.to_vec());
-                    weighted_row_avx2::<4, Q, N, _>(&mut a, part, w + 2, ws);
-                    for (r, v) in ws.into_iter().enumerate() {
-                        weighted_row_avx2::<1, Q, N, _>(&mut b, part, w + 2 + r, [v]);
-                    }
-                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-                    assert_eq!(bits(&a), bits(&b), "AVX2 Q {Q}, N {N}");
-                }
-            }
             heads.iter_mut().step_by(5).for_each(|x| *x *= 100.0);
-            let rows = |r: usize| &rows[r][..];
-            let (b16, q8) = (|r: usize| &b16[r][..], |r: usize| &q8[r][..]);
-            if Isa::Avx512.available() {
-                both::<Q, N, _>(&xs, std::array::from_fn(rows), &heads, part);
-                both::<Q, N, _>(&xs, std::array::from_fn(b16), &heads, part);
-                both::<Q, N, _>(&xs, std::array::from_fn(q8), &heads, part);
-            }
-            if Isa::Avx2.available() {
-                both8::<Q, N, _>(&xs, std::array::from_fn(rows), &heads, part);
-                both8::<Q, N, _>(&xs, std::array::from_fn(b16), &heads, part);
-                both8::<Q, N, _>(&xs, std::array::from_fn(q8), &heads, part);
-            }
+            both::<Q, N, _>(&xs, std::array::from_fn(|r| &rows[r][..]), &heads, part);
+            both::<Q, N, _>(&xs, std::array::from_fn(|r| &b16[r][..]), &heads, part);
+            both::<Q, N, _>(&xs, std::array::from_fn(|r| &q8[r][..]), &heads, part);
         }
         let mut seed = 11;
         check::<1, 2>(&mut seed);

@@ -428,27 +428,6 @@ pub(crate) fn sum_lanes8(a: std::arch::x86_64::__m256) -> f32 {
     _mm_cvtss_f32(_mm_add_ss(c, _mm_shuffle_ps::<1>(c, c)))
 }
 
-/// Each of four registers' lane sums, `sum_lanes8` bit for bit (the same pairs added at every
-/// level: i with i + 4, i + 2, i + 1), the last two levels run on all four at once: rows side
-/// by side after the first, then one register of their four sums.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx")]
-#[inline]
-pub(crate) fn sum_lanes8x4(a: [std::arch::x86_64::__m256; 4]) -> [f32; 4] {
-    use std::arch::x86_64::*;
-    // i + 4: each register's halves
-    let b = a.map(|a| _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps::<1>(a)));
-    // i + 2: lanes (0, 2) and (1, 3) of two rows, interleaved
-    let pair = |x: __m128, y: __m128| _mm_add_ps(_mm_unpacklo_ps(x, y), _mm_unpackhi_ps(x, y));
-    let (s01, s23) = (pair(b[0], b[1]), pair(b[2], b[3]));
-    // i + 1: row r's two partial sums in lane r of each operand
-    let s = _mm_add_ps(_mm_movelh_ps(s01, s23), _mm_movehl_ps(s23, s01));
-    let mut out = [0.0; 4];
-    // SAFETY: four f32 into four.
-    unsafe { _mm_storeu_ps(out.as_mut_ptr(), s) };
-    out
-}
-
 /// Eight values from `p` widened to f32 on AVX2: f32 as they are; bf16 zero-extended to 32
 /// bits and shifted into the upper half, as `load16` widens sixteen.
 ///
@@ -469,80 +448,53 @@ pub(crate) unsafe fn load8<T: Elem>(p: *const T) -> std::arch::x86_64::__m256 {
     }
 }
 
-/// `dot_tree` on AVX2: xs[i] · w_r for the Q rows of xs and each of the R rows `ws` (each
-/// `len` long, `Lanes8`), each block of a w loaded (and widened, for bf16 and q8_0) once for
-/// all the queries, each block of x once for all the rows; FMAs over pairs of blocks of eight
-/// columns into two accumulators (so that one block's FMA does not wait for the last), their
-/// sum's lanes summed by `sum_lanes8` (four rows' together by `sum_lanes8x4`, the same bits),
-/// and a ragged tail of fewer than eight values added one at a time. A decoding step scores
-/// four cached key rows at a time this way for one query (R = 4, eight chains in flight), and
-/// gets each row's bits as one row at a time. With N > 0 the caller has checked len = 16·N,
-/// and the loop unrolls.
+/// `dot_tree` on AVX2, one row: xs[i] · w for the Q rows of xs (each w.len() long), w loaded
+/// (and widened, for bf16 and q8_0: `Lanes8`) once for all of them; FMAs over pairs of blocks
+/// of eight columns into two accumulators (so that one block's FMA does not wait for the
+/// last), their sum's lanes summed by `sum_lanes8`, and a ragged tail of fewer than eight
+/// values added one at a time. With N > 0 the caller has checked w.len() = 16·N, and the loop
+/// unrolls.
 ///
 /// # Safety
-/// AVX2 and FMA; every w has the same length, and xs holds Q times it; where N > 0, that
-/// length is 16·N; blocks (q8_0) are whole heads (`Lanes8::load`).
+/// AVX2 and FMA; xs holds Q · w.len() values; where N > 0, w.len() = 16·N; blocks (q8_0) are
+/// whole heads (`Lanes8::load`).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 #[inline]
-pub(crate) unsafe fn dot_tree8<const R: usize, const Q: usize, const N: usize, W: Lanes8>(
+pub(crate) unsafe fn dot_tree8<const Q: usize, const N: usize, W: Lanes8>(
     xs: &[f32],
-    ws: [W; R],
-) -> [[f32; Q]; R] {
+    w: W,
+) -> [f32; Q] {
     use std::arch::x86_64::*;
-    let len = if N > 0 { 16 * N } else { ws[0].len() };
-    let mut acc = [[[_mm256_setzero_ps(); 2]; Q]; R];
+    let len = if N > 0 { 16 * N } else { w.len() };
+    let mut acc = [[_mm256_setzero_ps(); 2]; Q];
     let mut p = 0;
     while p + 8 <= len {
         let pair = p + 16 <= len;
-        // SAFETY: p + 8 ≤ len, and p + 16 ≤ len for the second block of a pair: each w holds
-        // len values and xs Q·len (the contract).
+        // SAFETY: p + 8 ≤ len, and p + 16 ≤ len for the second block of a pair: w holds len
+        // values and xs Q·len (the contract).
         unsafe {
-            let x: [[__m256; 2]; Q] = std::array::from_fn(|i| {
+            let w0 = w.load(p);
+            let w1 = if pair {
+                w.load(p + 8)
+            } else {
+                _mm256_setzero_ps()
+            };
+            for (i, a) in acc.iter_mut().enumerate() {
                 let x = xs.as_ptr().add(i * len + p);
-                [
-                    _mm256_loadu_ps(x),
-                    if pair {
-                        _mm256_loadu_ps(x.add(8))
-                    } else {
-                        _mm256_setzero_ps()
-                    },
-                ]
-            });
-            for (w, acc) in ws.iter().zip(acc.iter_mut()) {
-                let w0 = w.load(p);
-                let w1 = if pair {
-                    w.load(p + 8)
-                } else {
-                    _mm256_setzero_ps()
-                };
-                for (a, x) in acc.iter_mut().zip(&x) {
-                    a[0] = _mm256_fmadd_ps(w0, x[0], a[0]);
-                    if pair {
-                        a[1] = _mm256_fmadd_ps(w1, x[1], a[1]);
-                    }
+                a[0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x), a[0]);
+                if pair {
+                    a[1] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x.add(8)), a[1]);
                 }
             }
         }
         p += if pair { 16 } else { 8 };
     }
-    let mut out = [[0f32; Q]; R];
-    for i in 0..Q {
-        let sums: [__m256; R] = std::array::from_fn(|r| _mm256_add_ps(acc[r][i][0], acc[r][i][1]));
-        if R == 4 {
-            let four = sum_lanes8x4(std::array::from_fn(|r| sums[r]));
-            out.iter_mut().zip(four).for_each(|(o, s)| o[i] = s);
-        } else {
-            out.iter_mut()
-                .zip(sums)
-                .for_each(|(o, s)| o[i] = sum_lanes8(s));
-        }
-    }
-    for (o, w) in out.iter_mut().zip(ws) {
-        for (i, o) in o.iter_mut().enumerate() {
-            for (c, x) in xs[i * len + p..(i + 1) * len].iter().enumerate() {
-                *o = x.mul_add(w.at(p + c), *o);
-            }
+    let mut out = [0f32; Q];
+    for (i, (o, a)) in out.iter_mut().zip(&acc).enumerate() {
+        *o = sum_lanes8(_mm256_add_ps(a[0], a[1]));
+        for (c, x) in xs[i * len + p..(i + 1) * len].iter().enumerate() {
+            *o = x.mul_add(w.at(p + c), *o);
         }
     }
     out
