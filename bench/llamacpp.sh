@@ -60,7 +60,7 @@ build_llamacpp() {
 
 if [ "$what" = build ]; then
   # what this script and scripts/gguf_parity.sh run, then the tools for users
-  build_llamacpp llama-simple llama-bench llama-perplexity llama-cli llama-server
+  build_llamacpp llama-simple llama-bench llama-perplexity llama-cli llama-server llama-speculative
   exit 0
 fi
 build_llamacpp llama-bench
