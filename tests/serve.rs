@@ -1406,8 +1406,8 @@ fn json_mode_answers_parse_as_json_objects() {
         ),
         (
             json!({"prompt": "x", "response_format": {"type": "json_schema", "json_schema": {"name": "a",
-                "schema": {"type": "object", "properties": {"a": {"anyOf": []}}, "required": ["a"]}}}}),
-            "`anyOf` is not supported",
+                "schema": {"type": "object", "properties": {"a": {"type": "string", "pattern": "x"}}, "required": ["a"]}}}}),
+            "`pattern` is not supported",
         ),
         (
             json!({"prompt": "x", "response_format": {"type": "yaml"}}),
