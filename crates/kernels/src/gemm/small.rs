@@ -1,7 +1,8 @@
 //! C (m × n) (+)= A (m × k) · B (k × n) for the small, cache-resident operands inside the
 //! attention kernel (a query block against a key tile). In f32 nothing is packed: A is read
-//! through strides (so Aᵀ costs nothing), B and C by rows, in AVX-512 register tiles of MR
-//! rows × 32 columns where the CPU has it, plain loops elsewhere. Under `--bf16` both
+//! through strides (so Aᵀ costs nothing), B and C by rows, in register tiles: AVX-512's of MR
+//! rows × 32 columns where the CPU has it, else AVX2's of 6 × 16, NEON's of 6 × 16 on ARM64,
+//! plain loops elsewhere. Under `--bf16` both
 //! operands are rounded to bf16 and multiplied by gemm/bf16.rs, like the linear layers.
 
 use super::{Dims, Mat, SharedOut};
@@ -131,6 +132,14 @@ pub(crate) unsafe fn small_gemm(d: Dims, a: Mat, b: Mat, out: SharedOut, bf16: b
         return;
     }
     let _ = bf16;
+    #[cfg(target_arch = "aarch64")]
+    {
+        // SAFETY: as for AVX-512 above.
+        let c = unsafe { out.dst.ptr(0, super::extent(m, n, out.rs, 1)) };
+        // SAFETY: NEON, which every ARM64 CPU has; A, B and C are bounded as above.
+        unsafe { neon::small_gemm(d, a, b, (c, out.rs, out.accumulate)) };
+    }
+    #[cfg(not(target_arch = "aarch64"))]
     for r in 0..m {
         // SAFETY: row r < m of C, n values from r·rs, is the caller's to write alone (this
         // fn's `# Safety`); `slice` checks its reach.
@@ -142,6 +151,128 @@ pub(crate) unsafe fn small_gemm(d: Dims, a: Mat, b: Mat, out: SharedOut, bf16: b
             let av = a.data[r * a.rs + p * a.cs];
             for (cv, &bv) in row.iter_mut().zip(&b.data[p * b.rs..p * b.rs + n]) {
                 *cv += av * bv;
+            }
+        }
+    }
+}
+
+/// `small_gemm` on ARM64: AVX2's tiles (up to six rows × 16 columns, the sums in registers
+/// over k) in NEON's four-lane registers, four a row (24 accumulators of the 32 registers). A
+/// ragged last strip of fewer than 16 columns reads B's rows through a copy padded with
+/// zeros and writes C's columns one at a time (NEON has no masked loads).
+#[cfg(target_arch = "aarch64")]
+pub(crate) mod neon {
+    use super::{Dims, Mat};
+    use std::arch::aarch64::*;
+
+    /// Rows of a register tile.
+    const ROWS: usize = 6;
+
+    /// `super::small_gemm` on NEON registers.
+    ///
+    /// # Safety
+    /// A (m × k) and B (k × n, contiguous columns) in bounds; c (C, row stride, accumulate)
+    /// valid for writes of rows 0..m of n columns, which no other thread accesses meanwhile.
+    #[target_feature(enable = "neon")]
+    pub unsafe fn small_gemm(
+        d: Dims,
+        a: Mat,
+        b: Mat,
+        (c, c_rs, accumulate): (*mut f32, usize, bool),
+    ) {
+        let Dims { m, n, k } = d;
+        for j0 in (0..n).step_by(16) {
+            let w = (n - j0).min(16);
+            let mut r0 = 0;
+            while r0 < m {
+                let h = ROWS.min(m - r0);
+                // SAFETY: the caller's contract bounds A's rows r0..r0 + h, B's k rows of
+                // the w columns from j0 and C's likewise.
+                unsafe {
+                    let args = (
+                        k,
+                        a.data.as_ptr().add(r0 * a.rs),
+                        (a.rs, a.cs),
+                        b.data.as_ptr().add(j0),
+                        b.rs,
+                        (c.add(r0 * c_rs + j0), c_rs),
+                        w,
+                        accumulate,
+                    );
+                    match h {
+                        6 => tile::<6>(args),
+                        5 => tile::<5>(args),
+                        4 => tile::<4>(args),
+                        3 => tile::<3>(args),
+                        2 => tile::<2>(args),
+                        _ => tile::<1>(args),
+                    }
+                }
+                r0 += h;
+            }
+        }
+    }
+
+    /// (k, A, A's (row, column) strides, B, B row stride, (C, C row stride), columns (≤ 16),
+    /// accumulate)
+    type TileArgs = (
+        usize,
+        *const f32,
+        (usize, usize),
+        *const f32,
+        usize,
+        (*mut f32, usize),
+        usize,
+        bool,
+    );
+
+    /// H rows × w ≤ 16 columns of C, accumulated over k in registers.
+    ///
+    /// # Safety
+    /// A's H rows, B's k rows of w columns and C's H rows of w columns in bounds.
+    #[target_feature(enable = "neon")]
+    #[inline]
+    unsafe fn tile<const H: usize>(
+        (k, a, (a_rs, a_cs), b, b_rs, (c, c_rs), w, accumulate): TileArgs,
+    ) {
+        // SAFETY: the caller's contract, for the H rows and w columns named; `pad` holds 16.
+        unsafe {
+            let mut acc = [[vdupq_n_f32(0.0); 4]; H];
+            let mut pad = [0f32; 16];
+            for p in 0..k {
+                let mut row = b.add(p * b_rs);
+                if w < 16 {
+                    std::ptr::copy_nonoverlapping(row, pad.as_mut_ptr(), w);
+                    row = pad.as_ptr();
+                }
+                let bv = [0, 1, 2, 3].map(|v| vld1q_f32(row.add(4 * v)));
+                for (r, acc) in acc.iter_mut().enumerate() {
+                    let av = *a.add(r * a_rs + p * a_cs);
+                    for (x, bv) in acc.iter_mut().zip(bv) {
+                        *x = vfmaq_n_f32(*x, bv, av);
+                    }
+                }
+            }
+            for (r, acc) in acc.iter().enumerate() {
+                let cr = c.add(r * c_rs);
+                if w == 16 {
+                    for (v, &x) in acc.iter().enumerate() {
+                        let x = if accumulate {
+                            vaddq_f32(x, vld1q_f32(cr.add(4 * v)))
+                        } else {
+                            x
+                        };
+                        vst1q_f32(cr.add(4 * v), x);
+                    }
+                    continue;
+                }
+                let mut sums = [0f32; 16];
+                for (v, &x) in acc.iter().enumerate() {
+                    vst1q_f32(sums.as_mut_ptr().add(4 * v), x);
+                }
+                for (j, &x) in sums[..w].iter().enumerate() {
+                    *cr.add(j) = if accumulate { x + *cr.add(j) } else { x };
+                }
             }
         }
     }
