@@ -156,6 +156,17 @@ pub(crate) unsafe fn small_gemm(d: Dims, a: Mat, b: Mat, out: SharedOut, bf16: b
     }
 }
 
+/// The register tiles of an m × n product as AVX2 and NEON take them: (first row, rows ≤ 6,
+/// first column, columns ≤ 16), strips of 16 columns left to right, each top to bottom.
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+fn tiles(m: usize, n: usize) -> impl Iterator<Item = (usize, usize, usize, usize)> {
+    (0..n).step_by(16).flat_map(move |j0| {
+        (0..m)
+            .step_by(6)
+            .map(move |r0| (r0, (m - r0).min(6), j0, (n - j0).min(16)))
+    })
+}
+
 /// `small_gemm` on ARM64: AVX2's tiles (up to six rows × 16 columns, the sums in registers
 /// over k) in NEON's four-lane registers, four a row (24 accumulators of the 32 registers). A
 /// ragged last strip of fewer than 16 columns reads B's rows through a copy padded with
@@ -164,9 +175,6 @@ pub(crate) unsafe fn small_gemm(d: Dims, a: Mat, b: Mat, out: SharedOut, bf16: b
 pub(crate) mod neon {
     use super::{Dims, Mat};
     use std::arch::aarch64::*;
-
-    /// Rows of a register tile.
-    const ROWS: usize = 6;
 
     /// `super::small_gemm` on NEON registers.
     ///
@@ -181,34 +189,28 @@ pub(crate) mod neon {
         (c, c_rs, accumulate): (*mut f32, usize, bool),
     ) {
         let Dims { m, n, k } = d;
-        for j0 in (0..n).step_by(16) {
-            let w = (n - j0).min(16);
-            let mut r0 = 0;
-            while r0 < m {
-                let h = ROWS.min(m - r0);
-                // SAFETY: the caller's contract bounds A's rows r0..r0 + h, B's k rows of
-                // the w columns from j0 and C's likewise.
-                unsafe {
-                    let args = (
-                        k,
-                        a.data.as_ptr().add(r0 * a.rs),
-                        (a.rs, a.cs),
-                        b.data.as_ptr().add(j0),
-                        b.rs,
-                        (c.add(r0 * c_rs + j0), c_rs),
-                        w,
-                        accumulate,
-                    );
-                    match h {
-                        6 => tile::<6>(args),
-                        5 => tile::<5>(args),
-                        4 => tile::<4>(args),
-                        3 => tile::<3>(args),
-                        2 => tile::<2>(args),
-                        _ => tile::<1>(args),
-                    }
+        for (r0, h, j0, w) in super::tiles(m, n) {
+            // SAFETY: the caller's contract bounds A's rows r0..r0 + h, B's k rows of the w
+            // columns from j0 and C's likewise.
+            unsafe {
+                let args = (
+                    k,
+                    a.data.as_ptr().add(r0 * a.rs),
+                    (a.rs, a.cs),
+                    b.data.as_ptr().add(j0),
+                    b.rs,
+                    (c.add(r0 * c_rs + j0), c_rs),
+                    w,
+                    accumulate,
+                );
+                match h {
+                    6 => tile::<6>(args),
+                    5 => tile::<5>(args),
+                    4 => tile::<4>(args),
+                    3 => tile::<3>(args),
+                    2 => tile::<2>(args),
+                    _ => tile::<1>(args),
                 }
-                r0 += h;
             }
         }
     }
@@ -472,9 +474,6 @@ pub(crate) mod avx2 {
     use super::{Dims, Mat};
     use std::arch::x86_64::*;
 
-    /// Rows of a register tile.
-    const ROWS: usize = 6;
-
     /// Loads of columns 8·v.. (v < 2) masked to the first `w` of 16 columns: each lane
     /// whose column is below w has its sign bit set.
     fn masks(w: usize) -> [__m256i; 2] {
@@ -499,36 +498,31 @@ pub(crate) mod avx2 {
         (c, c_rs, accumulate): (*mut f32, usize, bool),
     ) {
         let Dims { m, n, k } = d;
-        for j0 in (0..n).step_by(16) {
+        for (r0, h, j0, w) in super::tiles(m, n) {
             // whole strips load and store plainly, the ragged last one through masks
-            let mk = (n - j0 < 16).then(|| masks(n - j0));
-            let mut r0 = 0;
-            while r0 < m {
-                let h = ROWS.min(m - r0);
-                // SAFETY: the caller's contract bounds A's rows r0..r0 + h, B's k rows of
-                // columns j0.. (masked to the n − j0 left) and C's likewise.
-                unsafe {
-                    let args = (
-                        k,
-                        a.data.as_ptr().add(r0 * a.rs),
-                        (a.rs, a.cs),
-                        b.data.as_ptr().add(j0),
-                        b.rs,
-                        c.add(r0 * c_rs + j0),
-                        c_rs,
-                        mk,
-                        accumulate,
-                    );
-                    match h {
-                        6 => tile::<6>(args),
-                        5 => tile::<5>(args),
-                        4 => tile::<4>(args),
-                        3 => tile::<3>(args),
-                        2 => tile::<2>(args),
-                        _ => tile::<1>(args),
-                    }
+            let mk = (w < 16).then(|| masks(w));
+            // SAFETY: the caller's contract bounds A's rows r0..r0 + h, B's k rows of
+            // columns j0.. (masked to the w left) and C's likewise.
+            unsafe {
+                let args = (
+                    k,
+                    a.data.as_ptr().add(r0 * a.rs),
+                    (a.rs, a.cs),
+                    b.data.as_ptr().add(j0),
+                    b.rs,
+                    c.add(r0 * c_rs + j0),
+                    c_rs,
+                    mk,
+                    accumulate,
+                );
+                match h {
+                    6 => tile::<6>(args),
+                    5 => tile::<5>(args),
+                    4 => tile::<4>(args),
+                    3 => tile::<3>(args),
+                    2 => tile::<2>(args),
+                    _ => tile::<1>(args),
                 }
-                r0 += h;
             }
         }
     }
