@@ -2,8 +2,8 @@
 //! attention kernel (a query block against a key tile). In f32 nothing is packed: A is read
 //! through strides (so Aᵀ costs nothing), B and C by rows, in register tiles: AVX-512's of MR
 //! rows × 32 columns where the CPU has it, else AVX2's of 6 × 16, NEON's of 6 × 16 on ARM64,
-//! plain loops elsewhere. Under `--bf16` both
-//! operands are rounded to bf16 and multiplied by gemm/bf16.rs, like the linear layers.
+//! plain loops elsewhere. Under `--bf16` both operands are rounded to bf16 and multiplied by
+//! gemm/bf16.rs, like the linear layers.
 
 use super::{Dims, Mat, SharedOut};
 
