@@ -613,7 +613,8 @@ unsafe fn weighted_row_avx2<const Q: usize, const N: usize, V: Lanes8>(
     let dv = if N > 0 { 16 * N } else { v.len() };
     let full = dv / 8 * 8;
     let p: [__m256; Q] = std::array::from_fn(|i| _mm256_set1_ps(heads[i * part + at]));
-    for c in (0..full).step_by(8) {
+    // (eights counted, not stepped through: with N > 0 the loop unrolls)
+    for c in (0..full / 8).map(|e| 8 * e) {
         // SAFETY: c + 8 ≤ dv values of v and of each partial's first dv.
         unsafe {
             let x = v.load(c);

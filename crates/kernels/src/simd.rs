@@ -469,6 +469,25 @@ pub(crate) unsafe fn dot_tree8<const Q: usize, const N: usize, W: Lanes8>(
     let len = if N > 0 { 16 * N } else { w.len() };
     let mut acc = [[_mm256_setzero_ps(); 2]; Q];
     let mut p = 0;
+    // 1. Heads of 16·N values: pairs of eight at offsets known when compiled, so that the
+    //    loop unrolls and a q8_0 block's offsets and scale are worked out once, not per load
+    //    (the same sums, in the same order, as step 2 takes them)
+    if N > 0 {
+        for pair in 0..N {
+            let p = 16 * pair;
+            // SAFETY: p + 16 ≤ len = 16·N: w holds len values and xs Q·len (the contract).
+            unsafe {
+                let (w0, w1) = (w.load(p), w.load(p + 8));
+                for (i, a) in acc.iter_mut().enumerate() {
+                    let x = xs.as_ptr().add(i * len + p);
+                    a[0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x), a[0]);
+                    a[1] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x.add(8)), a[1]);
+                }
+            }
+        }
+        p = len;
+    }
+    // 2. Any width: pairs of eight while they last, then eight, then one at a time
     while p + 8 <= len {
         let pair = p + 16 <= len;
         // SAFETY: p + 8 ≤ len, and p + 16 ≤ len for the second block of a pair: w holds len
