@@ -7,7 +7,7 @@
 //! | generate | [`generate()`] with [`GenerateOptions`] and [`Sampling`] ([`Penalties`]) → [`Generation`] | [`generate()`] |
 //! | generate faster with a small model's drafts | [`generate_with_draft`] and a [`DraftModel`] | [`generate_with_draft`] |
 //! | score a text | [`evaluate_loss`] → [`EvalResult`] | [`evaluate_loss`] |
-//! | embed texts | [`embed`] → one unit vector per input (mean of the final hidden states) | [`embed`] |
+//! | embed texts | [`embed()`] → one unit vector per input (mean of the final hidden states) | [`embed()`] |
 //! | train from settings | [`fit`] ([`TrainOptions`], an [`Observer`] of [`StepReport`]s) → [`Outcome`]; [`prepare_run`] + [`train`] to resume or stop | [`fit`] |
 //! | write your own loop | [`Optimizer::step`] ([`AdamWParams`], [`Workspace`]) → [`TrainStep`] | [`Optimizer`] |
 //! | quantise for inference | [`Model::quantize`] with [`QuantKind`]; a cheaper KV cache with [`KvKind`] | [`Model::quantize`] |
