@@ -197,7 +197,7 @@ fn generate_in_pool(
         .check(&format!(
             "generating for {b} prompts of up to {longest} tokens with a context of {ctx}"
         ))?;
-    let mut ws = Workspace::new(model, b, longest.max(drafted + 1));
+    let mut ws = Workspace::for_inference(model, b, longest.max(drafted + 1));
     ws.keep_weight_copies(model, panels);
     let mut caches: Vec<KvCache> = (0..b).map(|_| KvCache::new(model, ctx)).collect();
     let mut rng = ChaCha8Rng::seed_from_u64(opts.seed);

@@ -145,7 +145,7 @@ fn score_windows(
         "evaluating with --batch {batch} at a context of {t}"
     ))?;
     // 2. Full windows in batches; the one shorter tail window alone
-    let mut ws = Workspace::new(model, batch, t);
+    let mut ws = Workspace::for_inference(model, batch, t);
     let mut caches: Vec<KvCache> = (0..caches).map(|_| KvCache::new(model, t)).collect();
     let (mut sum, mut count) = (0f64, 0usize);
     let (mut inputs, mut targets) = (Vec::new(), Vec::new());

@@ -45,7 +45,7 @@ impl<'d> DraftModel<'d> {
         Ok(DraftModel {
             model: draft,
             tokens,
-            ws: Workspace::new(draft, 1, chunk),
+            ws: Workspace::for_inference(draft, 1, chunk),
         })
     }
 

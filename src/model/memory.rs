@@ -43,7 +43,7 @@ impl Need {
         (caches, cache_len, kind): (usize, usize, KvKind),
     ) -> Self {
         let workspace = workspaces.iter().fold(0usize, |a, &(b, t)| {
-            a.saturating_add(Workspace::bytes_for(config, b, t))
+            a.saturating_add(Workspace::bytes_for_inference(config, b, t))
         });
         Need {
             params: config.num_params().saturating_mul(4),
@@ -113,6 +113,9 @@ mod tests {
             }
             let need = need(KvKind::F32);
             assert_eq!(need.params, 4 * m.params.len());
+            // inference keeps one block's activations, which every block takes in turn
+            assert_eq!(need.workspace, Workspace::for_inference(&m, b, t).bytes());
+            assert!(need.workspace < ws.bytes());
             let mut ws = Workspace::new(&m, b, t);
             ws.keep_f32_panels(&m);
             let copy = ws.bytes() - Workspace::bytes_for(&m.config, b, t);

@@ -363,8 +363,11 @@ impl Model {
         }
         let x = &mut ws.x[..n * dm];
         embedding_forward(x, tokens, &w[self.layout.embed_tokens.range()], dm);
-        // 3. The blocks, each attending in full, through the caches, or with low-bit logits
-        for (l, (acts, p)) in ws.layers.iter_mut().zip(&self.layout.layers).enumerate() {
+        // 3. The blocks, each attending in full, through the caches, or with low-bit logits;
+        //    in a workspace for inference they take turns with one block's activations
+        let shared = ws.layers.len() < self.layout.layers.len();
+        for (l, p) in self.layout.layers.iter().enumerate() {
+            let acts = &mut ws.layers[if shared { 0 } else { l }];
             let attend = match (caches.as_deref_mut(), bits) {
                 (Some(cs), _) => Attend::Cached(cs, &ws.positions[..b]),
                 (None, Some(bits)) => Attend::LowBit(bits),
@@ -473,6 +476,10 @@ impl Model {
             ws.logit_bits.is_none(),
             "backward after a low-bit (evaluation-only) forward pass"
         );
+        assert!(
+            ws.layers.len() == self.layout.layers.len(),
+            "backward through a workspace for inference (Workspace::for_inference)"
+        );
         let (b, t) = ws.cur;
         let (n, dm, v) = (b * t, self.config.hidden_size, self.config.vocab_size);
         let (w, precision) = (&self.params, ws.precision);
@@ -532,8 +539,21 @@ impl Model {
 }
 
 impl Workspace {
-    /// Buffers for up to `batch` sequences of up to `seq` tokens.
+    /// Buffers for up to `batch` sequences of up to `seq` tokens, training included: each
+    /// block keeps its activations for the backward.
     pub fn new(model: &Model, batch: usize, seq: usize) -> Self {
+        Self::with_blocks(model, batch, seq, model.config.num_hidden_layers)
+    }
+
+    /// Buffers for forwards alone (generation, scoring, serving): one block's activations,
+    /// which each block overwrites in turn, so a prefill of 8,192 tokens does not hold (and
+    /// first touch) every block's. `backward` refuses such a workspace.
+    pub fn for_inference(model: &Model, batch: usize, seq: usize) -> Self {
+        Self::with_blocks(model, batch, seq, 1)
+    }
+
+    /// `new` with `blocks` blocks' activations (every block's, or one that they share).
+    fn with_blocks(model: &Model, batch: usize, seq: usize, blocks: usize) -> Self {
         let d = &model.dims;
         let c = &model.config;
         let widest = [
@@ -559,7 +579,7 @@ impl Workspace {
         Workspace {
             batch,
             seq,
-            layers: (0..c.num_hidden_layers)
+            layers: (0..blocks)
                 .map(|_| LayerActs::new(d, n, batch, seq))
                 .collect(),
             x,
@@ -582,7 +602,7 @@ impl Workspace {
             bf16: None,
             panels: None,
             precision: model.precision,
-            buffer_bytes: Self::bytes_for(c, batch, seq),
+            buffer_bytes: Self::bytes_with_blocks(c, batch, seq, blocks),
         }
     }
 
@@ -599,11 +619,20 @@ impl Workspace {
     /// memory checks refuse absurd sizes with, computable before allocating (saturating: an
     /// overflow reads as `usize::MAX`).
     pub fn bytes_for(config: &ModelConfig, batch: usize, seq: usize) -> usize {
+        Self::bytes_with_blocks(config, batch, seq, config.num_hidden_layers)
+    }
+
+    /// `bytes_for` a workspace from `Workspace::for_inference`.
+    pub fn bytes_for_inference(config: &ModelConfig, batch: usize, seq: usize) -> usize {
+        Self::bytes_with_blocks(config, batch, seq, 1)
+    }
+
+    fn bytes_with_blocks(config: &ModelConfig, batch: usize, seq: usize, blocks: usize) -> usize {
         let sum = |l: &[usize]| l.iter().fold(0, |a: usize, &x| a.saturating_add(x));
         let d = Dims::new(config);
         let n = batch.saturating_mul(seq);
         let floats = sum(&LayerActs::lens(&d, n, batch, seq))
-            .saturating_mul(config.num_hidden_layers)
+            .saturating_mul(blocks)
             .saturating_add(sum(&Scratch::lens(&d, n)))
             .saturating_add(sum(&Self::top_lens(config, n)));
         // f32 buffers and the two u32 token buffers
@@ -681,6 +710,43 @@ impl Workspace {
 mod tests {
     use super::*;
     use crate::config::{AttentionKind, Preset};
+
+    /// A workspace for inference, whose blocks take turns with one block's activations, gives
+    /// the logits of one that keeps every block's, bit for bit: a prefill, then a decoding
+    /// step, through every kind of KV cache (Tiny has two blocks, so the second overwrites
+    /// the first's).
+    #[test]
+    fn an_inference_workspace_gives_the_same_logits_as_a_full_one() {
+        use crate::model::{KvCache, KvKind};
+        for kind in AttentionKind::ALL {
+            for kv in KvKind::ALL {
+                let mut m = Model::init(ModelConfig::preset(Preset::Tiny, kind), 3).unwrap();
+                m.kv_cache = kv;
+                assert!(m.config.num_hidden_layers > 1);
+                let prompt: Vec<u32> = (0..21).map(|i| (i * 37 % 251) as u32).collect();
+                let run = |mut ws: Workspace| {
+                    let mut cache = [KvCache::new(&m, 32)];
+                    m.forward_cached(&mut ws, &mut cache, &prompt, prompt.len(), true)
+                        .unwrap();
+                    let mut out = ws.logits[..prompt.len() * m.config.vocab_size].to_vec();
+                    m.forward_cached(&mut ws, &mut cache, &[7], 1, false)
+                        .unwrap();
+                    out.extend_from_slice(&ws.logits[..m.config.vocab_size]);
+                    out.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+                };
+                let full = run(Workspace::new(&m, 1, prompt.len()));
+                let shared = run(Workspace::for_inference(&m, 1, prompt.len()));
+                assert!(full == shared, "{kind} {kv}: the logits differ");
+                let (a, b) = (Workspace::new(&m, 1, 8), Workspace::for_inference(&m, 1, 8));
+                assert!(
+                    b.bytes() < a.bytes(),
+                    "{kind}: {} vs {}",
+                    b.bytes(),
+                    a.bytes()
+                );
+            }
+        }
+    }
 
     #[test]
     fn init_sets_every_norm_weight_to_one_and_draws_the_rest() {

@@ -220,9 +220,9 @@ impl<'m> Engine<'m> {
             opts.parallel
         ))?;
         let prefix = prefix_cache(model, chunk, opts.prefix_cache, &gauges)?;
-        let mut decode_ws = Workspace::new(model, opts.parallel, 1);
+        let mut decode_ws = Workspace::for_inference(model, opts.parallel, 1);
         decode_ws.keep_weight_copies(model, panels);
-        let mut prefill_ws = Workspace::new(model, 1, chunk);
+        let mut prefill_ws = Workspace::for_inference(model, 1, chunk);
         prefill_ws.share_weight_copies(&decode_ws);
         let mut engine = Engine {
             model,
@@ -251,7 +251,7 @@ impl<'m> Engine<'m> {
     /// Turns speculative decoding on, drafts of up to `tokens`: the workspace that verifies
     /// every sequence's draft in one pass, reading the decoding workspace's weight copies.
     fn speculate(&mut self, tokens: usize) {
-        let mut ws = Workspace::new(self.model, self.opts.parallel, tokens + 1);
+        let mut ws = Workspace::for_inference(self.model, self.opts.parallel, tokens + 1);
         ws.share_weight_copies(&self.decode_ws);
         self.spec = tokens;
         self.spec_ws = Some(ws);
