@@ -635,7 +635,14 @@ fn softmax_rows(s: &mut [f32], scale: f32, valid: impl Fn(usize) -> usize, st: O
                 f32::NEG_INFINITY
             }
         };
-        let m_new = st.m[r].max(map_lanes(row, masked, MAX));
+        // a row that sees every key skips the mask, whose index test does not vectorise
+        // well (the same values either way)
+        let m_row = if valid == row.len() {
+            map_lanes(row, |_, x| x * scale, MAX)
+        } else {
+            map_lanes(row, masked, MAX)
+        };
+        let m_new = st.m[r].max(m_row);
         st.corr[r] = exp_nonpos(st.m[r] - m_new);
         let sum = map_lanes(row, |_, x| exp_nonpos(x - m_new), SUM);
         st.l[r] = st.l[r] * st.corr[r] + sum;
