@@ -23,7 +23,7 @@ pub struct Cli {
 #[derive(Subcommand)]
 pub enum Cmd {
     /// Train a tiny diff_v1 model and its matched standard baseline on the built-in text,
-    /// compare their validation losses and plot both (about 22 s on 2 cores).
+    /// compare their validation losses and plot both (22–80 s on 2 cores).
     ///
     /// Example: difftx demo --out runs/demo
     Demo(super::demo::DemoArgs),
