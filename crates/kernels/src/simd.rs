@@ -468,47 +468,36 @@ pub(crate) unsafe fn dot_tree8<const Q: usize, const N: usize, W: Lanes8>(
     use std::arch::x86_64::*;
     let len = if N > 0 { 16 * N } else { w.len() };
     let mut acc = [[_mm256_setzero_ps(); 2]; Q];
-    let mut p = 0;
-    // 1. Heads of 16·N values: pairs of eight at offsets known when compiled, so that the
-    //    loop unrolls and a q8_0 block's offsets and scale are worked out once, not per load
-    //    (the same sums, in the same order, as step 2 takes them)
-    if N > 0 {
-        for pair in 0..N {
-            let p = 16 * pair;
-            // SAFETY: p + 16 ≤ len = 16·N: w holds len values and xs Q·len (the contract).
-            unsafe {
-                let (w0, w1) = (w.load(p), w.load(p + 8));
-                for (i, a) in acc.iter_mut().enumerate() {
-                    let x = xs.as_ptr().add(i * len + p);
-                    a[0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x), a[0]);
-                    a[1] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x.add(8)), a[1]);
-                }
-            }
-        }
-        p = len;
-    }
-    // 2. Any width: pairs of eight while they last, then eight, then one at a time
-    while p + 8 <= len {
-        let pair = p + 16 <= len;
-        // SAFETY: p + 8 ≤ len, and p + 16 ≤ len for the second block of a pair: w holds len
-        // values and xs Q·len (the contract).
+    // 1. Pairs of eight while they last: a loop of len / 16 trips, which with N > 0 is known
+    //    when compiled, so that it unrolls and a q8_0 block's offsets and scale are worked
+    //    out once, not per load
+    let pairs = len / 16;
+    for pair in 0..pairs {
+        let p = 16 * pair;
+        // SAFETY: p + 16 ≤ len: w holds len values and xs Q·len (the contract).
         unsafe {
-            let w0 = w.load(p);
-            let w1 = if pair {
-                w.load(p + 8)
-            } else {
-                _mm256_setzero_ps()
-            };
+            let (w0, w1) = (w.load(p), w.load(p + 8));
             for (i, a) in acc.iter_mut().enumerate() {
                 let x = xs.as_ptr().add(i * len + p);
                 a[0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x), a[0]);
-                if pair {
-                    a[1] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x.add(8)), a[1]);
-                }
+                a[1] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x.add(8)), a[1]);
             }
         }
-        p += if pair { 16 } else { 8 };
     }
+    // 2. Then one eight where it fits, and the rest one at a time (step 3)
+    let mut p = 16 * pairs;
+    if p + 8 <= len {
+        // SAFETY: p + 8 ≤ len, as above.
+        unsafe {
+            let w0 = w.load(p);
+            for (i, a) in acc.iter_mut().enumerate() {
+                let x = xs.as_ptr().add(i * len + p);
+                a[0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x), a[0]);
+            }
+        }
+        p += 8;
+    }
+    // 3. Each query's sum: the two accumulators' lanes, then the ragged tail
     let mut out = [0f32; Q];
     for (i, (o, a)) in out.iter_mut().zip(&acc).enumerate() {
         *o = sum_lanes8(_mm256_add_ps(a[0], a[1]));
