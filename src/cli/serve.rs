@@ -31,8 +31,9 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 256)]
     pub max_queue: usize,
     /// Prompt tokens prefilled per engine step: a newcomer's prompt is cut into chunks of
-    /// this size between the running batch's decode steps.
-    #[arg(long, default_value_t = 128)]
+    /// this size between the running batch's decode steps. Also the prefix cache's block:
+    /// requests share whole chunks.
+    #[arg(long, default_value_t = 64)]
     pub prefill_chunk: usize,
     /// MiB of prompt blocks kept for later requests that start with the same tokens (a
     /// few-shot preamble, a chat history, one context scored with several continuations),
