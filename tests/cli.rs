@@ -1132,7 +1132,10 @@ fn readme_and_help_give_the_same_timings() {
     let (top, repro) = (help(&["--help"]), help(&["repro", "--help"]));
     let demo = help(&["demo", "--help"]);
     // the demo: 22–80 s to train both models, by CPU
-    assert!(readme.contains("both models in 22–80 s on 2 cores"), "README");
+    assert!(
+        readme.contains("both models in 22–80 s on 2 cores"),
+        "README"
+    );
     assert!(demo.contains("(22–80 s on 2 cores)"), "{demo}");
     assert!(top.contains("(22–80 s on 2 cores)"), "{top}");
     // the smoke run and the full run

@@ -14,7 +14,7 @@ use super::attention_scores::{probs_grads_row, scores_softmax};
 use super::gemm::small::{small_gemm, with_packed, PackedB, MAX_PACKED};
 use super::gemm::{extent, Dims, Mat, SharedOut};
 use super::precision::Precision;
-use super::{dot, exp_nonpos, map_lanes, KvElem, SharedMut, MAX, SUM};
+use super::{dot, exp_nonpos, exp_sum, scale_max, KvElem, SharedMut};
 use rayon::prelude::*;
 use std::ops::Range;
 
@@ -628,23 +628,10 @@ fn softmax_rows(s: &mut [f32], scale: f32, valid: impl Fn(usize) -> usize, st: O
             st.corr[r] = 1.0;
             continue;
         }
-        let masked = |c: usize, x: f32| {
-            if c < valid {
-                x * scale
-            } else {
-                f32::NEG_INFINITY
-            }
-        };
-        // a row that sees every key skips the mask, whose index test does not vectorise
-        // well (the same values either way)
-        let m_row = if valid == row.len() {
-            map_lanes(row, |_, x| x * scale, MAX)
-        } else {
-            map_lanes(row, masked, MAX)
-        };
+        let m_row = scale_max(row, scale, valid);
         let m_new = st.m[r].max(m_row);
         st.corr[r] = exp_nonpos(st.m[r] - m_new);
-        let sum = map_lanes(row, |_, x| exp_nonpos(x - m_new), SUM);
+        let sum = exp_sum(row, m_new);
         st.l[r] = st.l[r] * st.corr[r] + sum;
         st.m[r] = m_new;
     }

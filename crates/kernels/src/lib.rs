@@ -56,6 +56,7 @@ pub use simd::{
 pub(crate) use simd::{
     dot_grid, dot_tree, dot_tree8, exp_nonpos16, lane_mask, transpose16, Lanes16, Lanes8,
 };
+pub(crate) use simd::{exp_sum, scale_max};
 pub use simd::{Elem, NextLines};
 
 /// Test inputs: `n` values uniform in [-scale, scale) from a linear congruential generator

@@ -743,6 +743,104 @@ pub(crate) fn exp_nonpos16(x: std::arch::x86_64::__m512) -> std::arch::x86_64::_
     _mm512_maskz_mul_ps(above, p, _mm512_castsi512_ps(two_n))
 }
 
+/// `exp_nonpos` on 8 lanes (AVX2 and FMA), step for step as `exp_nonpos16`: the same value in
+/// every lane, bit for bit.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+pub(crate) fn exp_nonpos8(x: std::arch::x86_64::__m256) -> std::arch::x86_64::__m256 {
+    use std::arch::x86_64::*;
+    let c = _mm256_set1_ps;
+    let xc = _mm256_max_ps(x, c(-87.0));
+    let round = c(12_582_912.0);
+    let n = _mm256_sub_ps(
+        _mm256_add_ps(_mm256_mul_ps(xc, c(std::f32::consts::LOG2_E)), round),
+        round,
+    );
+    let r = _mm256_fmadd_ps(n, c(-0.693_359_4), xc);
+    let r = _mm256_fmadd_ps(n, c(2.121_944_4e-4), r);
+    let mut p = c(1.0 / 720.0);
+    for k in [1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0] {
+        p = _mm256_fmadd_ps(p, r, c(k));
+    }
+    let biased = _mm256_castps_si256(_mm256_add_ps(_mm256_add_ps(n, c(127.0)), c(8_388_608.0)));
+    let two_n = _mm256_slli_epi32::<23>(_mm256_and_si256(biased, _mm256_set1_epi32(0x7f_ffff)));
+    let above = _mm256_cmp_ps::<_CMP_GT_OQ>(x, c(-87.0));
+    _mm256_and_ps(above, _mm256_mul_ps(p, _mm256_castsi256_ps(two_n)))
+}
+
+/// The max of a's eight lanes as `MAX` folds them: i with i + 4, then i + 2, i + 1 (the last
+/// three levels of `fold_lanes`).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx")]
+#[inline]
+fn max_lanes8(a: std::arch::x86_64::__m256) -> f32 {
+    use std::arch::x86_64::*;
+    // MAX(a, b) keeps a unless b > a: `_mm_max_ps(b, a)`
+    let lo = _mm256_castps256_ps128(a);
+    let b = _mm_max_ps(_mm256_extractf128_ps::<1>(a), lo);
+    let c = _mm_max_ps(_mm_movehl_ps(b, b), b);
+    _mm_cvtss_f32(_mm_max_ss(_mm_shuffle_ps::<1>(c, c), c))
+}
+
+/// `map_lanes(row, |i, x| if i < valid { x * scale } else { −∞ }, MAX)` on AVX2, bit for bit
+/// (the online softmax's first pass over a row of scores, `valid` keys seen): lanes 0..8 and
+/// 8..16 of each 16 in two registers, folded as `fold_lanes` folds.
+///
+/// # Safety
+/// AVX2 and FMA; row.len() is a multiple of 16.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn scale_max8(row: &mut [f32], scale: f32, valid: usize) -> f32 {
+    use std::arch::x86_64::*;
+    assert!(row.len().is_multiple_of(16));
+    let (sc, ninf) = (_mm256_set1_ps(scale), _mm256_set1_ps(f32::NEG_INFINITY));
+    let lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    let mut acc = [ninf; 2];
+    for (j, v) in row.chunks_exact_mut(8).enumerate() {
+        // SAFETY: v holds eight values (chunks_exact_mut).
+        let x = unsafe { _mm256_mul_ps(_mm256_loadu_ps(v.as_ptr()), sc) };
+        let x = if 8 * (j + 1) <= valid {
+            x
+        } else {
+            let idx = _mm256_add_epi32(lanes, _mm256_set1_epi32(8 * j as i32));
+            let keep = _mm256_cmpgt_epi32(_mm256_set1_epi32(valid as i32), idx);
+            _mm256_blendv_ps(ninf, x, _mm256_castsi256_ps(keep))
+        };
+        // SAFETY: as above.
+        unsafe { _mm256_storeu_ps(v.as_mut_ptr(), x) };
+        acc[j % 2] = _mm256_max_ps(x, acc[j % 2]);
+    }
+    let m = max_lanes8(_mm256_max_ps(acc[1], acc[0]));
+    if f32::NEG_INFINITY > m {
+        f32::NEG_INFINITY
+    } else {
+        m
+    }
+}
+
+/// `map_lanes(row, |_, x| exp_nonpos(x − m), SUM)` on AVX2, bit for bit (the online softmax's
+/// second pass: P = exp(S − m) and its row sum).
+///
+/// # Safety
+/// AVX2 and FMA; row.len() is a multiple of 16.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn exp_sum8(row: &mut [f32], m: f32) -> f32 {
+    use std::arch::x86_64::*;
+    assert!(row.len().is_multiple_of(16));
+    let mv = _mm256_set1_ps(m);
+    let mut acc = [_mm256_setzero_ps(); 2];
+    for (j, v) in row.chunks_exact_mut(8).enumerate() {
+        // SAFETY: v holds eight values (chunks_exact_mut).
+        let e = unsafe { exp_nonpos8(_mm256_sub_ps(_mm256_loadu_ps(v.as_ptr()), mv)) };
+        // SAFETY: as above.
+        unsafe { _mm256_storeu_ps(v.as_mut_ptr(), e) };
+        acc[j % 2] = _mm256_add_ps(acc[j % 2], e);
+    }
+    sum_lanes8(_mm256_add_ps(acc[0], acc[1])) + 0.0
+}
+
 /// σ(x) = 1 / (1 + e^−x) through `exp_nonpos` of −|x|, so that it vectorises too.
 #[inline(always)]
 pub fn sigmoid(x: f32) -> f32 {
@@ -837,6 +935,42 @@ pub fn map_lanes(
         rest = op(rest, *x);
     }
     op(fold_lanes(acc, op), rest)
+}
+
+/// A row of scores scaled, −∞ past its first `valid` keys, and their max: the online
+/// softmax's first pass (`map_lanes` with `MAX`; on AVX2 `scale_max8`, the same bits).
+#[inline]
+pub fn scale_max(row: &mut [f32], scale: f32, valid: usize) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if row.len().is_multiple_of(16) && crate::gemm::cpu::avx2_fma() {
+        // SAFETY: AVX2 and FMA are present; the length is a multiple of 16.
+        return unsafe { scale_max8(row, scale, valid) };
+    }
+    if valid == row.len() {
+        // a row that sees every key skips the mask, whose index test does not vectorise
+        // well (the same values either way)
+        return map_lanes(row, |_, x| x * scale, MAX);
+    }
+    let masked = |c: usize, x: f32| {
+        if c < valid {
+            x * scale
+        } else {
+            f32::NEG_INFINITY
+        }
+    };
+    map_lanes(row, masked, MAX)
+}
+
+/// P = exp(S − m) in place and its sum: the online softmax's second pass (`map_lanes` with
+/// `SUM`; on AVX2 `exp_sum8`, the same bits).
+#[inline]
+pub fn exp_sum(row: &mut [f32], m: f32) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if row.len().is_multiple_of(16) && crate::gemm::cpu::avx2_fma() {
+        // SAFETY: AVX2 and FMA are present; the length is a multiple of 16.
+        return unsafe { exp_sum8(row, m) };
+    }
+    map_lanes(row, |_, x| exp_nonpos(x - m), SUM)
 }
 
 /// `map_lanes`'s reductions.
@@ -938,6 +1072,75 @@ mod tests {
                 }
                 for (&xi, &g) in x.iter().zip(&got) {
                     assert_eq!(g.to_bits(), exp_nonpos(xi).to_bits(), "exp({xi})");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_avx2_softmax_passes_are_exp_nonpos_and_map_lanes_bit_for_bit() {
+        #[cfg(target_arch = "x86_64")]
+        if crate::gemm::cpu::avx2_fma() {
+            use std::arch::x86_64::*;
+            // exp_nonpos8, lane by lane
+            let mut xs: Vec<f32> = (0..4000).map(|i| -(i as f32) * 0.0271).collect();
+            xs.extend([
+                0.0,
+                -0.0,
+                -86.99,
+                -87.0,
+                -87.01,
+                -1e30,
+                f32::NEG_INFINITY,
+                -1e-30,
+            ]);
+            for chunk in xs.chunks(8) {
+                let mut x = [f32::NEG_INFINITY; 8];
+                x[..chunk.len()].copy_from_slice(chunk);
+                let mut got = [0f32; 8];
+                // SAFETY: AVX2 and FMA were detected; both arrays hold 8 lanes.
+                unsafe {
+                    _mm256_storeu_ps(got.as_mut_ptr(), exp_nonpos8(_mm256_loadu_ps(x.as_ptr())))
+                };
+                for (&xi, &g) in x.iter().zip(&got) {
+                    assert_eq!(g.to_bits(), exp_nonpos(xi).to_bits(), "exp({xi})");
+                }
+            }
+            // the two passes over rows of 64 and 32, every causal cut, against map_lanes
+            for len in [32usize, 64] {
+                for valid in 1..=len {
+                    let row: Vec<f32> = (0..len)
+                        .map(|i| ((i * 37 + valid * 11) % 53) as f32 * 0.731 - 19.0)
+                        .collect();
+                    let scale = 0.180_421_3;
+                    let (mut want, mut got) = (row.clone(), row.clone());
+                    let mw = map_lanes(
+                        &mut want,
+                        |i, x| {
+                            if i < valid {
+                                x * scale
+                            } else {
+                                f32::NEG_INFINITY
+                            }
+                        },
+                        MAX,
+                    );
+                    // SAFETY: AVX2 and FMA were detected; len is a multiple of 16.
+                    let mg = unsafe { scale_max8(&mut got, scale, valid) };
+                    assert_eq!(mg.to_bits(), mw.to_bits(), "max, valid {valid} of {len}");
+                    assert!(want
+                        .iter()
+                        .zip(&got)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()));
+                    let m = mw;
+                    let sw = map_lanes(&mut want, |_, x| exp_nonpos(x - m), SUM);
+                    // SAFETY: as above.
+                    let sg = unsafe { exp_sum8(&mut got, m) };
+                    assert_eq!(sg.to_bits(), sw.to_bits(), "sum, valid {valid} of {len}");
+                    assert!(want
+                        .iter()
+                        .zip(&got)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()));
                 }
             }
         }
