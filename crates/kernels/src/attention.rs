@@ -617,7 +617,7 @@ const CAUSAL_CHUNK: usize = 12;
 /// The online softmax's update of a block's score rows in place (rows of BK, row r seeing the
 /// first `valid(r)` keys), where `scores_softmax` does not run: two passes that vectorise,
 /// scale, mask and max, then exp and sum.
-fn softmax_rows(s: &mut [f32], scale: f32, valid: impl Fn(usize) -> usize, st: Online) {
+fn softmax_rows(s: &mut [f32], scale: f32, valid: impl Fn(usize) -> usize, mut st: Online) {
     for (r, row) in s.chunks_exact_mut(BK).enumerate() {
         // The whole BK-wide row (masked past `valid`), so that the lane-wise reductions group
         // the same keys whatever the tile's length: a query's result does not depend on which
@@ -628,12 +628,9 @@ fn softmax_rows(s: &mut [f32], scale: f32, valid: impl Fn(usize) -> usize, st: O
             st.corr[r] = 1.0;
             continue;
         }
-        let m_row = scale_max(row, scale, valid);
-        let m_new = st.m[r].max(m_row);
-        st.corr[r] = exp_nonpos(st.m[r] - m_new);
+        let m_new = st.raise(r, scale_max(row, scale, valid));
         let sum = exp_sum(row, m_new);
-        st.l[r] = st.l[r] * st.corr[r] + sum;
-        st.m[r] = m_new;
+        st.settle(r, m_new, sum);
     }
 }
 

@@ -23,7 +23,7 @@ use super::gemm::cpu::Isa;
 use super::Lanes16;
 #[cfg(target_arch = "x86_64")]
 use super::Lanes8;
-use super::{axpy, exp_nonpos, map_lanes, KvElem, Row, SharedMut, MAX, SUM};
+use super::{axpy, exp_nonpos, exp_sum, scale_max, KvElem, Row, SharedMut};
 use rayon::prelude::*;
 
 /// Cached positions per task for a sequence that sees `visible` of them: about a sixteenth,
@@ -232,9 +232,9 @@ fn chunk_partials<C: KvElem>(
     for o in out.chunks_exact_mut(part) {
         let (stats, sc) = o[dv..].split_at_mut(2);
         let sc = &mut sc[..r.len];
-        let m = map_lanes(sc, |_, x| x * scale, MAX);
+        let m = scale_max(sc, scale, sc.len());
         stats[0] = m;
-        stats[1] = map_lanes(sc, |_, x| exp_nonpos(x - m), SUM);
+        stats[1] = exp_sum(sc, m);
     }
     // 3. every head's values weighted by its exps, into out[j][..dv]
     out.chunks_exact_mut(part).for_each(|o| o[..dv].fill(0.0));

@@ -3,6 +3,8 @@
 //! in the backward), shared by the tile kernel (attention.rs), its AVX-512 score epilogues
 //! (attention_scores.rs) and the decoding kernel (attention_decode.rs), below all three.
 
+use super::exp_nonpos;
+
 /// Keys per tile of the tile kernel (attention.rs).
 pub(crate) const BK: usize = 64;
 
@@ -51,6 +53,27 @@ pub(crate) struct Online<'a> {
     pub m: &'a mut [f32],
     pub l: &'a mut [f32],
     pub corr: &'a mut [f32],
+}
+
+impl Online<'_> {
+    /// Row r's max after a tile whose scaled scores peak at `m_row`: sets corr and returns
+    /// the new max. A max that did not move skips the exp, whose value there (e⁰) is 1
+    /// exactly.
+    pub fn raise(&mut self, r: usize, m_row: f32) -> f32 {
+        let m_new = self.m[r].max(m_row);
+        self.corr[r] = if m_new == self.m[r] {
+            1.0
+        } else {
+            exp_nonpos(self.m[r] - m_new)
+        };
+        m_new
+    }
+
+    /// Row r's sum rescaled and the tile's `sum` of exp(S − m_new) added; m_new kept.
+    pub fn settle(&mut self, r: usize, m_new: f32, sum: f32) {
+        self.l[r] = self.l[r] * self.corr[r] + sum;
+        self.m[r] = m_new;
+    }
 }
 
 /// The second map of a pair in the backward's row pass: its score and dS rows, its lse and

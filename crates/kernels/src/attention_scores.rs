@@ -7,7 +7,7 @@
 use super::attention_parts::{Online, PairRow, BK};
 use super::gemm::small::avx512::{products, WIDE_ROWS};
 use super::gemm::Mat;
-use super::{exp_nonpos, exp_nonpos16, lane_mask};
+use super::{exp_nonpos16, lane_mask};
 use std::arch::x86_64::*;
 
 /// Registers of one row of the tile.
@@ -108,17 +108,14 @@ unsafe fn rows_out<const H: usize>(
             for xv in x {
                 mx = _mm512_max_ps(mx, xv);
             }
-            let m_new = st.m[r].max(_mm512_reduce_max_ps(mx));
-            let c = exp_nonpos(st.m[r] - m_new);
+            let m_new = st.raise(r, _mm512_reduce_max_ps(mx));
             let mut sum = _mm512_setzero_ps();
             for (v, xv) in x.iter().enumerate() {
                 let e = exp_nonpos16(_mm512_sub_ps(*xv, _mm512_set1_ps(m_new)));
                 _mm512_storeu_ps(out.add(16 * v), e);
                 sum = _mm512_add_ps(sum, e);
             }
-            st.l[r] = st.l[r] * c + _mm512_reduce_add_ps(sum);
-            st.m[r] = m_new;
-            st.corr[r] = c;
+            st.settle(r, m_new, _mm512_reduce_add_ps(sum));
         }
     }
 }

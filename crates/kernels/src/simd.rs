@@ -785,19 +785,21 @@ fn max_lanes8(a: std::arch::x86_64::__m256) -> f32 {
 
 /// `map_lanes(row, |i, x| if i < valid { x * scale } else { −∞ }, MAX)` on AVX2, bit for bit
 /// (the online softmax's first pass over a row of scores, `valid` keys seen): lanes 0..8 and
-/// 8..16 of each 16 in two registers, folded as `fold_lanes` folds.
+/// 8..16 of each 16 in two registers, folded as `fold_lanes` folds, a tail of fewer than 16
+/// one at a time.
 ///
 /// # Safety
-/// AVX2 and FMA; row.len() is a multiple of 16.
+/// AVX2 and FMA.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 pub(crate) unsafe fn scale_max8(row: &mut [f32], scale: f32, valid: usize) -> f32 {
     use std::arch::x86_64::*;
-    assert!(row.len().is_multiple_of(16));
     let (sc, ninf) = (_mm256_set1_ps(scale), _mm256_set1_ps(f32::NEG_INFINITY));
     let lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     let mut acc = [ninf; 2];
-    for (j, v) in row.chunks_exact_mut(8).enumerate() {
+    let whole = row.len() / 16 * 16;
+    let (body, tail) = row.split_at_mut(whole);
+    for (j, v) in body.chunks_exact_mut(8).enumerate() {
         // SAFETY: v holds eight values (chunks_exact_mut).
         let x = unsafe { _mm256_mul_ps(_mm256_loadu_ps(v.as_ptr()), sc) };
         let x = if 8 * (j + 1) <= valid {
@@ -811,34 +813,44 @@ pub(crate) unsafe fn scale_max8(row: &mut [f32], scale: f32, valid: usize) -> f3
         unsafe { _mm256_storeu_ps(v.as_mut_ptr(), x) };
         acc[j % 2] = _mm256_max_ps(x, acc[j % 2]);
     }
-    let m = max_lanes8(_mm256_max_ps(acc[1], acc[0]));
-    if f32::NEG_INFINITY > m {
-        f32::NEG_INFINITY
-    } else {
-        m
+    let mut rest = f32::NEG_INFINITY;
+    for (i, x) in tail.iter_mut().enumerate() {
+        *x = if whole + i < valid {
+            *x * scale
+        } else {
+            f32::NEG_INFINITY
+        };
+        rest = MAX.1(rest, *x);
     }
+    MAX.1(max_lanes8(_mm256_max_ps(acc[1], acc[0])), rest)
 }
 
 /// `map_lanes(row, |_, x| exp_nonpos(x − m), SUM)` on AVX2, bit for bit (the online softmax's
 /// second pass: P = exp(S − m) and its row sum).
 ///
 /// # Safety
-/// AVX2 and FMA; row.len() is a multiple of 16.
+/// AVX2 and FMA.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 pub(crate) unsafe fn exp_sum8(row: &mut [f32], m: f32) -> f32 {
     use std::arch::x86_64::*;
-    assert!(row.len().is_multiple_of(16));
     let mv = _mm256_set1_ps(m);
     let mut acc = [_mm256_setzero_ps(); 2];
-    for (j, v) in row.chunks_exact_mut(8).enumerate() {
+    let whole = row.len() / 16 * 16;
+    let (body, tail) = row.split_at_mut(whole);
+    for (j, v) in body.chunks_exact_mut(8).enumerate() {
         // SAFETY: v holds eight values (chunks_exact_mut).
         let e = unsafe { exp_nonpos8(_mm256_sub_ps(_mm256_loadu_ps(v.as_ptr()), mv)) };
         // SAFETY: as above.
         unsafe { _mm256_storeu_ps(v.as_mut_ptr(), e) };
         acc[j % 2] = _mm256_add_ps(acc[j % 2], e);
     }
-    sum_lanes8(_mm256_add_ps(acc[0], acc[1])) + 0.0
+    let mut rest = 0.0;
+    for x in tail {
+        *x = exp_nonpos(*x - m);
+        rest += *x;
+    }
+    sum_lanes8(_mm256_add_ps(acc[0], acc[1])) + rest
 }
 
 /// σ(x) = 1 / (1 + e^−x) through `exp_nonpos` of −|x|, so that it vectorises too.
@@ -942,11 +954,11 @@ pub fn map_lanes(
 #[inline]
 pub fn scale_max(row: &mut [f32], scale: f32, valid: usize) -> f32 {
     #[cfg(target_arch = "x86_64")]
-    if row.len().is_multiple_of(16) && crate::gemm::cpu::avx2_fma() {
-        // SAFETY: AVX2 and FMA are present; the length is a multiple of 16.
+    if crate::gemm::cpu::avx2_fma() {
+        // SAFETY: AVX2 and FMA are present.
         return unsafe { scale_max8(row, scale, valid) };
     }
-    if valid == row.len() {
+    if valid >= row.len() {
         // a row that sees every key skips the mask, whose index test does not vectorise
         // well (the same values either way)
         return map_lanes(row, |_, x| x * scale, MAX);
@@ -966,8 +978,8 @@ pub fn scale_max(row: &mut [f32], scale: f32, valid: usize) -> f32 {
 #[inline]
 pub fn exp_sum(row: &mut [f32], m: f32) -> f32 {
     #[cfg(target_arch = "x86_64")]
-    if row.len().is_multiple_of(16) && crate::gemm::cpu::avx2_fma() {
-        // SAFETY: AVX2 and FMA are present; the length is a multiple of 16.
+    if crate::gemm::cpu::avx2_fma() {
+        // SAFETY: AVX2 and FMA are present.
         return unsafe { exp_sum8(row, m) };
     }
     map_lanes(row, |_, x| exp_nonpos(x - m), SUM)
@@ -1106,9 +1118,10 @@ mod tests {
                     assert_eq!(g.to_bits(), exp_nonpos(xi).to_bits(), "exp({xi})");
                 }
             }
-            // the two passes over rows of 64 and 32, every causal cut, against map_lanes
-            for len in [32usize, 64] {
-                for valid in 1..=len {
+            // the two passes over rows of 64, 32 and ragged lengths (decoding's), every causal
+            // cut, against map_lanes
+            for len in [32usize, 64, 0, 5, 16, 43, 517] {
+                for valid in (1..=len).chain([len + 3]) {
                     let row: Vec<f32> = (0..len)
                         .map(|i| ((i * 37 + valid * 11) % 53) as f32 * 0.731 - 19.0)
                         .collect();
@@ -1125,7 +1138,7 @@ mod tests {
                         },
                         MAX,
                     );
-                    // SAFETY: AVX2 and FMA were detected; len is a multiple of 16.
+                    // SAFETY: AVX2 and FMA were detected.
                     let mg = unsafe { scale_max8(&mut got, scale, valid) };
                     assert_eq!(mg.to_bits(), mw.to_bits(), "max, valid {valid} of {len}");
                     assert!(want
