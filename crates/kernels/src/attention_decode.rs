@@ -4,7 +4,7 @@
 //! rows as a strided column, transposed into a tile first. With one query there is nothing to
 //! reuse a tile for, so here the cached positions are cut into chunks instead
 //! (flash-decoding): a task reads its chunk's key and value rows for every head, in memory
-//! order (on AVX-512 four rows at a time), keeps a partial softmax (max, sum,
+//! order (on AMD Zen 5 four rows at a time), keeps a partial softmax (max, sum,
 //! weighted values) per head, and the partials are merged at the end. The chunks do not
 //! depend on the thread count, so neither do the results.
 //!
@@ -206,14 +206,15 @@ macro_rules! shaped {
 }
 
 /// A task's partials, out (NQ, r.part) and then room to widen a row, each phase walking the
-/// chunk's cached rows in memory order. On AVX-512 it takes them four at a time, every head
-/// over the four before the next four (`Fours`): sixteen chains of FMAs in flight and the four
-/// rows' scores reduced together, each head's partial loaded and stored once for the four
-/// rows. A block read head by head is no longer one stream for the hardware prefetchers
-/// (alone, it decoded 1.3× slower from memory, though 1.1× faster from L2), so the task asks
-/// for the next rows itself (`ROWS_AHEAD`). Elsewhere, one row at a time, every head over one
-/// row before the next. A GQA group's query heads (diff_v2's) go together (`Heads`), each
-/// cached row loaded once for them.
+/// chunk's cached rows in memory order. On AVX-512 where it pays (`four_rows_pay`: AMD Zen 5)
+/// it takes them four at a time, every head over the four before the next four (`Fours`):
+/// sixteen chains of FMAs in flight and the four rows' scores reduced together, each head's
+/// partial loaded and stored once for the four rows. A block read head by head is no longer one
+/// stream for the hardware prefetchers (alone, it decoded 1.3× slower from memory, though 1.1×
+/// faster from L2), so the task asks for the next rows itself (`ROWS_AHEAD`). Elsewhere, one
+/// row at a time, every head over one row before the next, the rows' order left to the hardware
+/// prefetchers. A GQA group's query heads (diff_v2's) go together (`Heads`), each cached row
+/// loaded once for them.
 fn chunk_partials<C: KvElem>(
     isa: Option<Isa>,
     out: &mut [f32],
@@ -249,12 +250,30 @@ fn chunk_partials<C: KvElem>(
 #[cfg(target_arch = "x86_64")]
 const ROWS_AHEAD: usize = 16;
 
-/// A task's walk over its chunk's rows of k or v four at a time: on AVX-512, for heads of 16·N
-/// values read where they lie (f32 and bf16 values, q8_0 blocks), asking for the rows ahead as
-/// it goes (`ROWS_AHEAD`); elsewhere, and where a q8_0 row is widened into the task's room
-/// first, one row at a time (`four` says None). (On AVX2 four rows at a time, head by head,
-/// decoded a bf16 cache 1.4× slower than one row at a time, with or without the requests
-/// ahead: benchmarks-log.md.)
+/// Whether the AVX-512 walk takes its rows four at a time on this CPU: on AMD Zen 5 (family
+/// 0x1A) and later, where it was measured faster (a batch of 16 at depths of 100–200: the
+/// attention up to 1.4× the one-row walk's speed over f32 and q8_0 caches, level over bf16);
+/// not on Zen 4 (0x19), where its attention ran 1.5–2.2× slower at depth 8,192 and its batch of
+/// 16 decoded 1.1–1.2× slower, with or without the rows asked for ahead (benchmarks-log.md);
+/// other AVX-512 CPUs are unmeasured and take the one-row walk. Both walks give the same bits
+/// (`four_rows_at_a_time_give_one_row_at_a_time_bits`).
+#[cfg(target_arch = "x86_64")]
+fn four_rows_pay() -> bool {
+    #[cfg(test)]
+    match tests::WALK.load(std::sync::atomic::Ordering::Relaxed) {
+        1 => return true,
+        2 => return false,
+        _ => {}
+    }
+    super::gemm::cpu::amd_family().is_some_and(|f| f >= 0x1A)
+}
+
+/// A task's walk over its chunk's rows of k or v four at a time: on AVX-512 where it pays
+/// (`four_rows_pay`), for heads of 16·N values read where they lie (f32 and bf16 values, q8_0
+/// blocks), asking for the rows ahead as it goes (`ROWS_AHEAD`); elsewhere, and where a q8_0
+/// row is widened into the task's room first, one row at a time (`four` says None). (On AVX2
+/// four rows at a time, head by head, decoded a bf16 cache 1.4× slower than one row at a time,
+/// with or without the requests ahead: benchmarks-log.md.)
 #[cfg(target_arch = "x86_64")]
 struct Fours<'a, C> {
     src: &'a [C],
@@ -275,7 +294,8 @@ impl<'a, C: KvElem> Fours<'a, C> {
         r: &Rows<C>,
         (width, blocks): (usize, bool),
     ) -> Self {
-        let on = isa == Some(Isa::Avx512) && N > 0 && (blocks || C::room(width) == 0);
+        let on =
+            isa == Some(Isa::Avx512) && four_rows_pay() && N > 0 && (blocks || C::room(width) == 0);
         let f = Fours {
             src,
             isa,
@@ -637,6 +657,66 @@ mod tests {
     use super::*;
     use crate::Q8Block;
     use half::bf16;
+
+    /// The AVX-512 walk a test asks for: 0 the CPU's (`four_rows_pay`), 1 four rows at a time,
+    /// 2 one row at a time. Both give the same bits, so another test that runs meanwhile gets
+    /// the results it would get either way.
+    #[cfg(target_arch = "x86_64")]
+    pub(super) static WALK: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+    /// A whole decoding step gives the same bits with the AVX-512 rows taken four at a time as
+    /// one at a time, whichever walk this CPU would pick: f32, bf16 and q8_0 caches, GQA groups
+    /// of 4 and 1, chunks with a ragged last block of rows (77 and 600 cached: 13 and 88 rows
+    /// past the last whole chunk).
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn both_avx512_walks_decode_the_same_bits() {
+        use std::sync::atomic::Ordering::Relaxed;
+        if !Isa::Avx512.available() {
+            return;
+        }
+        let mut seed = 5u32;
+        for (tkv, nq, nk, dk) in [(77, 8, 2, 64), (600, 4, 4, 32), (600, 8, 8, 128)] {
+            let s = AttnShape {
+                nq,
+                nk,
+                nv: nk,
+                dk,
+                dv: dk,
+                diff_pairs: false,
+            };
+            let b = 2;
+            let q = crate::lcg_values(b * nq * dk, &mut seed, 1.0);
+            let (kx, vx) = (
+                crate::lcg_values(b * tkv * nk * dk, &mut seed, 2.0),
+                crate::lcg_values(b * tkv * nk * dk, &mut seed, 2.0),
+            );
+            fn walked<C: KvElem>(x: &[f32], y: &[f32], q: &[f32], s: &AttnShape, b: usize) {
+                let (w, tkv) = (s.nk * s.dk, x.len() / (b * s.nk * s.dk));
+                let (mut k, mut v) = (vec![C::default(); x.len() / w * C::entries(w)], vec![]);
+                v.resize(k.len(), C::default());
+                C::store(&mut k, x, w);
+                C::store(&mut v, y, w);
+                let run = |walk: u8| {
+                    WALK.store(walk, Relaxed);
+                    let (mut o, mut lse) = (vec![0f32; b * s.nq * s.dv], vec![0f32; b * s.nq]);
+                    let isa = Some(Isa::Avx512);
+                    attention_decode_on(isa, &mut o, &mut lse, q, &k, &v, b, tkv, tkv, s);
+                    WALK.store(0, Relaxed);
+                    o.iter()
+                        .chain(&lse)
+                        .map(|x| x.to_bits())
+                        .collect::<Vec<_>>()
+                };
+                let (fours, ones) = (run(1), run(2));
+                assert!(fours.iter().any(|&x| x != 0), "{s:?}: nothing computed");
+                assert_eq!(fours, ones, "{s:?}: the walks differ");
+            }
+            walked::<f32>(&kx, &vx, &q, &s, b);
+            walked::<bf16>(&kx, &vx, &q, &s, b);
+            walked::<Q8Block>(&kx, &vx, &q, &s, b);
+        }
+    }
 
     /// Four cached rows at a time (`dot_tree::<4, ..>` with `sum_lanes_tree4`,
     /// `weighted_row_avx512::<4, ..>`) give each row's bits as one row at a time: f32, bf16
