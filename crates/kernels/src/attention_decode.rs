@@ -666,8 +666,8 @@ mod tests {
 
     /// A whole decoding step gives the same bits with the AVX-512 rows taken four at a time as
     /// one at a time, whichever walk this CPU would pick: f32, bf16 and q8_0 caches, GQA groups
-    /// of 4 and 1, chunks with a ragged last block of rows (77 and 600 cached: 13 and 88 rows
-    /// past the last whole chunk).
+    /// of 4 and 1, one chunk whose last row is left over past its fours (77 cached) and chunks
+    /// of 128 rows with a shorter last one (600 cached: 4 × 128 and 88).
     #[test]
     #[cfg(target_arch = "x86_64")]
     fn both_avx512_walks_decode_the_same_bits() {
