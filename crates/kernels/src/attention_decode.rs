@@ -664,6 +664,27 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     pub(super) static WALK: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
 
+    /// x's rows of `width` as C's entries, and the f32 values they stand for.
+    fn cached<C: KvElem>(x: &[f32], width: usize) -> (Vec<C>, Vec<f32>) {
+        let rows = x.len() / width;
+        let mut c = vec![C::default(); rows * C::entries(width)];
+        C::store(&mut c, x, width);
+        let mut f = vec![0f32; x.len()];
+        C::widen(None, &c, rows, width, &mut f);
+        (c, f)
+    }
+
+    /// o and lse of one decoding step over all `tkv` cached rows of k and v, on `isa`'s loops.
+    fn run_c<C: KvElem>(
+        isa: Option<Isa>,
+        (q, k, v): (&[f32], &[C], &[C]),
+        (b, tkv, s): (usize, usize, &AttnShape),
+    ) -> (Vec<f32>, Vec<f32>) {
+        let (mut o, mut lse) = (vec![0f32; b * s.nq * s.dv], vec![0f32; b * s.nq]);
+        attention_decode_on(isa, &mut o, &mut lse, q, k, v, b, tkv, tkv, s);
+        (o, lse)
+    }
+
     /// A whole decoding step gives the same bits with the AVX-512 rows taken four at a time as
     /// one at a time, whichever walk this CPU would pick: f32, bf16 and q8_0 caches, GQA groups
     /// of 4 and 1, one chunk whose last row is left over past its fours (77 cached) and chunks
@@ -693,15 +714,10 @@ mod tests {
             );
             fn walked<C: KvElem>(x: &[f32], y: &[f32], q: &[f32], s: &AttnShape, b: usize) {
                 let (w, tkv) = (s.nk * s.dk, x.len() / (b * s.nk * s.dk));
-                let (mut k, mut v) = (vec![C::default(); x.len() / w * C::entries(w)], vec![]);
-                v.resize(k.len(), C::default());
-                C::store(&mut k, x, w);
-                C::store(&mut v, y, w);
+                let (k, v) = (cached::<C>(x, w).0, cached::<C>(y, w).0);
                 let run = |walk: u8| {
                     WALK.store(walk, Relaxed);
-                    let (mut o, mut lse) = (vec![0f32; b * s.nq * s.dv], vec![0f32; b * s.nq]);
-                    let isa = Some(Isa::Avx512);
-                    attention_decode_on(isa, &mut o, &mut lse, q, &k, &v, b, tkv, tkv, s);
+                    let (o, lse) = run_c(Some(Isa::Avx512), (q, &k, &v), (b, tkv, s));
                     WALK.store(0, Relaxed);
                     o.iter()
                         .chain(&lse)
@@ -794,15 +810,6 @@ mod tests {
         let paths: Vec<Option<Isa>> = Isa::available_all().map(Some).collect();
         let mut seed = 1u32;
         let mut rand = |n: usize| crate::lcg_values(n, &mut seed, 2.0);
-        /// x's rows of `width` as C's entries, and the f32 values they stand for.
-        fn cached<C: KvElem>(x: &[f32], width: usize) -> (Vec<C>, Vec<f32>) {
-            let rows = x.len() / width;
-            let mut c = vec![C::default(); rows * C::entries(width)];
-            C::store(&mut c, x, width);
-            let mut f = vec![0f32; x.len()];
-            C::widen(None, &c, rows, width, &mut f);
-            (c, f)
-        }
         let b = 2;
         for (tkv, nq, nk, nv, dk, dv) in [
             (77, 8, 2, 2, 20, 40),
@@ -828,15 +835,6 @@ mod tests {
                 attention_decode_on(isa, &mut o, &mut lse, &q, k, v, b, tkv, tkv, &s);
                 (o, lse)
             };
-            fn run_c<C: KvElem>(
-                isa: Option<Isa>,
-                (q, k, v): (&[f32], &[C], &[C]),
-                (b, tkv, s): (usize, usize, &AttnShape),
-            ) -> (Vec<f32>, Vec<f32>) {
-                let (mut o, mut lse) = (vec![0f32; b * s.nq * s.dv], vec![0f32; b * s.nq]);
-                attention_decode_on(isa, &mut o, &mut lse, q, k, v, b, tkv, tkv, s);
-                (o, lse)
-            }
             let (kb, kbf) = cached::<bf16>(&kx, nk * dk);
             let (vb, vbf) = cached::<bf16>(&vx, nv * dv);
             let (k8, k8f) = cached::<Q8Block>(&kx, nk * dk);
